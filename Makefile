@@ -1,0 +1,54 @@
+# bsresearch: two commands do all setup on a fresh machine (Debian, Python 3.11, no GPU needed):
+#   make test   create .venv, install the package with its dev extras, run the tests
+#   make demo   the same environment, then the main job on the built-in MNIST-1D default
+#
+# torch: an exact version is installed only when the environment has no torch yet. Here
+# `pip install torch==2.13.0` takes the local CPU build; an unpinned torch would pull several GB of
+# CUDA packages. A GPU user installs their CUDA build of torch first (see README) and it is reused.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install data test demo lab clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || { \
+	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	    echo "reusing the torch installed for $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; }
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+	@$(BIN)/python -c "import bsresearch, torch, papermill, mnist1d; print('bsresearch', bsresearch.__version__, '| torch', torch.__version__, '| cuda', torch.cuda.is_available())"
+	@if $(BIN)/pip list 2>/dev/null | grep -qi '^nvidia-' && \
+	    ! $(BIN)/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then \
+	  echo "error: CUDA packages are installed on a machine without a usable GPU; see README (GPU)"; exit 1; fi
+	@touch $@
+
+# Fashion-MNIST from Debian's dataset-fashion-mnist, where apt is usable; carries on without it
+# (the tests that need it skip, and `bsresearch datasets` says how to get it).
+data:
+	@if [ ! -e $(FASHION_MNIST) ]; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } || \
+	    echo "note: could not install dataset-fashion-mnist; Fashion-MNIST tests will skip"; \
+	  else echo "note: Fashion-MNIST not found; as root: apt-get install dataset-fashion-mnist"; fi; fi
+
+test: install data
+	$(BIN)/python -m pytest -q
+
+demo: install
+	$(BIN)/bsresearch train --runs runs --name demo
+
+lab: install
+	$(BIN)/pip install -q -e ".[lab]" && $(BIN)/jupyter lab notebooks/
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,58 @@
+"""Shared by the benchmark scripts: machine label, interleaved repeats, result files."""
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine_label(device: torch.device) -> str:
+    """'cpu-<model>-<N>cores' or the GPU's name, filename-safe."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or "cpu"
+        try:
+            for line in open("/proc/cpuinfo"):
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1]
+                    break
+        except OSError:
+            pass
+        import os
+        name = f"cpu {name} {os.cpu_count()}cores"
+    return re.sub(r"[^A-Za-z0-9]+", "-", name.strip()).strip("-").lower()
+
+
+def interleaved(candidates: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Call each candidate in turn, `repeats` rounds: slow drifts of the machine hit all of them alike."""
+    out: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            out[name].append(fn())
+    return out
+
+
+def median_and_spread(values: list[float]) -> tuple[float, float]:
+    """Median and half the interquartile range."""
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+    return statistics.median(values), (q[2] - q[0]) / 2
+
+
+def time_steps(step: Callable[[], None], n_steps: int, device: torch.device) -> float:
+    """Steps per second over n_steps calls, synchronised at both ends."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(n_steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return n_steps / (time.perf_counter() - start)

@@ -1,0 +1,35 @@
+"""bsresearch: how batch size shapes training speed, GPU cost and generalization.
+
+The public API is re-exported here; see README.md for the workflow and DESIGN.md for the layout.
+Importing the package does not import torch until a torch-using name is accessed, so analysis code
+(results, plots) stays light.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+from .config import (ConfigError, RunConfig, accumulation_steps, eval_steps, lr_at, run_id,  # noqa: E402
+                     scaled_lr, steps_per_epoch, total_steps, warmup_steps)
+
+# name -> module that defines it (imported on first access: these modules import torch)
+_LAZY = {
+    "Dataset": "data", "DatasetUnavailable": "data", "load_dataset": "data", "dataset_for": "data",
+    "BatchSampler": "data", "build_model": "models", "GhostBatchNorm": "models",
+    "TrainState": "train", "RunResult": "train", "run": "train", "train_step": "train", "evaluate": "train",
+    "new_state": "train", "load_trained_model": "train",
+    "resolve_device": "runtime", "make_generator": "runtime",
+    "RunDir": "rundir",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'bsresearch' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "ConfigError", "RunConfig", "accumulation_steps", "eval_steps", "lr_at", "run_id",
+           "scaled_lr", "steps_per_epoch", "total_steps", "warmup_steps", *_LAZY]

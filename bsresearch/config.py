@@ -1,0 +1,375 @@
+"""RunConfig: every knob of one training run, validated on construction, plus the values derived from it.
+
+This module does not import torch, so analysis code (results.py, plots.py) can read configs anywhere.
+Every derived quantity (the learning rate actually used, steps per epoch, total steps, warmup steps,
+the evaluation steps) is a named function of the config, here and nowhere else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+# Accepted values. The registries in data.py, models.py and measure/ are checked against these by tests.
+DATASETS = ("mnist1d", "fashion_mnist", "synthetic", "cifar10", "cifar100", "mnist", "svhn")
+IMAGE_DATASETS = ("fashion_mnist", "cifar10", "cifar100", "mnist", "svhn")
+MODELS = ("mlp", "cnn1d", "convnet", "resnet")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+LR_SCALINGS = ("none", "linear", "sqrt")
+SCHEDULES = ("constant", "cosine", "step")
+BUDGETS = ("epochs", "steps", "examples", "target")
+PRECISIONS = ("fp32", "bf16", "fp16")
+SAMPLINGS = ("shuffle", "replacement")
+EVAL_SCHEDULES = ("every", "log")
+# Measurements a run can take after training; each name has a function in bsresearch/measure/__init__.py.
+MEASUREMENTS: tuple[str, ...] = ()
+
+# Fields that change how a run executes but not what it computes: left out of the run id, so a rerun
+# with more threads or another checkpoint interval finds the finished result.
+OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoint")
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake; the message names the field and the accepted values."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run. Batch size is the number of examples per optimizer update.
+
+    Loss is the mean cross-entropy over the batch. Durations are explicit (``budget``), and the
+    learning-rate coupling to the batch size is explicit (``lr_scaling``): see ``scaled_lr``.
+    """
+
+    # --- data
+    dataset: str = "mnist1d"            # one of DATASETS
+    data_dir: str | None = None         # where dataset files/caches live; None: $BSRESEARCH_DATA_DIR or data/
+    train_size: int | None = None       # use a fixed random subset of the training set (None: all of it)
+    # --- model
+    model: str = "cnn1d"                # one of MODELS; cnn1d is the MNIST-1D paper's convnet
+    width: int | None = None            # hidden units (mlp) or base channels (conv nets); None: model default
+    depth: int | None = None            # hidden layers (mlp), conv layers (cnn1d), blocks per stage (resnet)
+    batchnorm: bool = False             # BatchNorm after each hidden layer / conv
+    ghost_batch_size: int | None = None  # BatchNorm statistics over virtual batches of this size (Hoffer et al.)
+    # --- optimisation
+    optimizer: str = "sgd"              # sgd | adam | adamw
+    lr: float = 0.05                    # learning rate at base_batch_size (before lr_scaling)
+    momentum: float = 0.9               # SGD momentum (adam: beta1 stays 0.9)
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    batch_size: int = 32                # examples per optimizer update: the quantity being studied
+    base_batch_size: int = 32           # the batch size at which `lr` was chosen
+    lr_scaling: str = "none"            # lr = lr * rule(batch_size / base_batch_size); none | linear | sqrt
+    schedule: str = "constant"          # constant | cosine | step, applied after warmup
+    warmup_epochs: float = 0.0          # linear warmup to the scaled lr (Goyal et al. use 5 epochs)
+    lr_decay_factor: float = 0.1        # step schedule: multiply the lr by this at each milestone
+    lr_decay_at: tuple[float, ...] = (0.5, 0.75)  # step schedule: milestones as fractions of total steps
+    # --- duration
+    budget: str = "epochs"              # epochs | steps | examples | target (full-train loss <= target_loss)
+    budget_amount: float = 20.0         # number of epochs/steps/examples (unused for budget=target)
+    target_loss: float = 0.01           # budget=target: stop when the full-train loss reaches this
+    max_steps: int = 20_000             # budget=target: give up after this many steps
+    # --- mechanics
+    micro_batch_size: int | None = None  # gradient accumulation: memory only, the batch size is unchanged
+    precision: str = "fp32"             # fp32 | bf16 (autocast, CPU and CUDA) | fp16 (CUDA, GradScaler)
+    sampling: str = "shuffle"           # shuffle (epochs without replacement) | replacement (iid batches)
+    # --- evaluation
+    eval_schedule: str = "log"          # every (eval_every steps) | log (eval_per_decade points per decade)
+    eval_every: int = 100
+    eval_per_decade: int = 10
+    eval_train_size: int | None = None  # examples used for the train loss/accuracy (None: the whole set)
+    divergence_ratio: float = 10.0      # "diverged" when a batch loss exceeds this times the first one
+    measure: tuple[str, ...] = ()       # measurements taken after training, from MEASUREMENTS
+    # --- reproducibility and execution
+    seed: int = 0                       # init, data order and probes get separate generators from this
+    device: str = "auto"                # auto | cpu | cuda | cuda:N
+    threads: int = 1                    # torch CPU threads; 1 is fastest for small models (0: torch default)
+    checkpoint_every: int = 0           # steps between resumable checkpoints (0: none during the run)
+    save_checkpoint: bool = True        # keep the final weights in checkpoint.pt (for later measurements)
+
+    def __post_init__(self) -> None:
+        hints = _type_hints()
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), hints[f.name]))
+        _validate(self)
+
+    # --- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        unknown = [k for k in d if k not in FIELD_NAMES]
+        if unknown:
+            raise ConfigError(_unknown_message(unknown[0]))
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from None
+        if not isinstance(d, dict):
+            raise ConfigError("a config file must hold one JSON object of field: value pairs")
+        d = {k: v for k, v in d.items() if k != "derived"}
+        return cls.from_dict(d)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        unknown = [k for k in changes if k not in FIELD_NAMES]
+        if unknown:
+            raise ConfigError(_unknown_message(unknown[0]))
+        return dataclasses.replace(self, **changes)
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def run_id(cfg: RunConfig) -> str:
+    """Short stable hash of the config's scientific fields (sorted JSON): a rerun finds its result."""
+    d = {k: v for k, v in cfg.to_dict().items() if k not in OPERATIONAL_FIELDS}
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+
+# ----------------------------------------------------------------------------- derived values
+def scaled_lr(cfg: RunConfig) -> float:
+    """Learning rate actually used, from the base lr and the batch-size scaling rule."""
+    ratio = cfg.batch_size / cfg.base_batch_size
+    return cfg.lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[cfg.lr_scaling]
+
+
+def accumulation_steps(cfg: RunConfig) -> int:
+    """Micro-batches per optimizer update (1 without gradient accumulation)."""
+    return cfg.batch_size // (cfg.micro_batch_size or cfg.batch_size)
+
+
+def bn_statistics_batch(cfg: RunConfig) -> int | None:
+    """Examples each BatchNorm statistic is computed over in training (None without BatchNorm).
+
+    Micro-batching changes this (statistics come from each micro-batch); ghost batches make it smaller still.
+    """
+    if not cfg.batchnorm:
+        return None
+    size = cfg.micro_batch_size or cfg.batch_size
+    return min(size, cfg.ghost_batch_size) if cfg.ghost_batch_size else size
+
+
+def steps_per_epoch(cfg: RunConfig, n_train: int) -> int:
+    """Optimizer updates per pass over the training set; the last partial batch is dropped."""
+    check_batch_fits(cfg, n_train)
+    return n_train // cfg.batch_size
+
+
+def total_steps(cfg: RunConfig, n_train: int) -> int:
+    """The step budget: the one place where epochs, examples or a target become a number of steps.
+
+    For budget=target this is the cap (max_steps); the run stops earlier when the target is reached.
+    """
+    if cfg.budget == "target":
+        return cfg.max_steps
+    if cfg.budget == "steps":
+        return max(1, round(cfg.budget_amount))
+    if cfg.budget == "examples":
+        return max(1, math.ceil(cfg.budget_amount / cfg.batch_size))
+    return max(1, math.ceil(cfg.budget_amount * steps_per_epoch(cfg, n_train)))
+
+
+def warmup_steps(cfg: RunConfig, n_train: int) -> int:
+    """Steps of linear warmup (warmup_epochs converted with steps_per_epoch)."""
+    return round(cfg.warmup_epochs * steps_per_epoch(cfg, n_train))
+
+
+def lr_at(cfg: RunConfig, step: int, n_train: int) -> float:
+    """Learning rate for the update that follows `step` completed updates (step counts from 0).
+
+    Linear warmup from peak/W to the peak over W steps, then the schedule over the remaining steps.
+    """
+    peak = scaled_lr(cfg)
+    warm = warmup_steps(cfg, n_train)
+    if step < warm:
+        return peak * (step + 1) / warm
+    total = total_steps(cfg, n_train)
+    progress = (step - warm) / max(1, total - warm)
+    if cfg.schedule == "cosine":
+        return peak * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    if cfg.schedule == "step":
+        return peak * cfg.lr_decay_factor ** sum(progress >= m for m in cfg.lr_decay_at)
+    return peak
+
+
+def eval_steps(cfg: RunConfig, n_train: int) -> list[int]:
+    """Steps (completed updates) after which the model is evaluated; always includes 0 and the last step."""
+    last = total_steps(cfg, n_train)
+    if cfg.eval_schedule == "every":
+        steps = set(range(0, last + 1, cfg.eval_every))
+    else:
+        n_decades = math.log10(max(last, 1))
+        points = round(n_decades * cfg.eval_per_decade)
+        steps = {round(10 ** (i / cfg.eval_per_decade)) for i in range(points + 1)}
+    return sorted({0, last} | {s for s in steps if s <= last})
+
+
+def derived(cfg: RunConfig, n_train: int) -> dict[str, Any]:
+    """The derived values written next to the config in config.json."""
+    return {
+        "n_train": n_train,
+        "effective_lr": scaled_lr(cfg),
+        "steps_per_epoch": steps_per_epoch(cfg, n_train),
+        "total_steps": total_steps(cfg, n_train),
+        "warmup_steps": warmup_steps(cfg, n_train),
+        "accumulation_steps": accumulation_steps(cfg),
+        "bn_statistics_batch": bn_statistics_batch(cfg),
+        "run_id": run_id(cfg),
+    }
+
+
+def check_batch_fits(cfg: RunConfig, n_train: int) -> None:
+    if cfg.batch_size > n_train:
+        raise ConfigError(f"batch_size {cfg.batch_size} exceeds the training set size {n_train} "
+                          f"(dataset {cfg.dataset!r}, train_size {cfg.train_size})")
+
+
+# ----------------------------------------------------------------------------- validation
+def _choice(cfg: RunConfig, name: str, accepted: tuple[str, ...]) -> None:
+    value = getattr(cfg, name)
+    if value not in accepted:
+        raise ConfigError(f"{name} must be one of {', '.join(accepted)}; got {value!r}")
+
+
+def _positive(cfg: RunConfig, name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
+    value = getattr(cfg, name)
+    if value is None and allow_none:
+        return
+    if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ConfigError(f"{name} must be {kind} number{' or null' if allow_none else ''}; got {value!r}")
+
+
+def _validate(cfg: RunConfig) -> None:
+    for name, accepted in [("dataset", DATASETS), ("model", MODELS), ("optimizer", OPTIMIZERS),
+                           ("lr_scaling", LR_SCALINGS), ("schedule", SCHEDULES), ("budget", BUDGETS),
+                           ("precision", PRECISIONS), ("sampling", SAMPLINGS),
+                           ("eval_schedule", EVAL_SCHEDULES)]:
+        _choice(cfg, name, accepted)
+    for name in ("train_size", "width", "depth", "ghost_batch_size", "micro_batch_size", "eval_train_size"):
+        _positive(cfg, name, allow_none=True)
+    for name in ("lr", "batch_size", "base_batch_size", "max_steps", "eval_every", "eval_per_decade",
+                 "target_loss", "budget_amount", "lr_decay_factor"):
+        _positive(cfg, name)
+    for name in ("weight_decay", "warmup_epochs", "seed", "threads", "checkpoint_every"):
+        _positive(cfg, name, allow_zero=True)
+
+    if cfg.model in ("convnet", "resnet") and cfg.dataset not in IMAGE_DATASETS:
+        raise ConfigError(f"model {cfg.model!r} needs an image dataset ({', '.join(IMAGE_DATASETS)}); "
+                          f"got dataset {cfg.dataset!r}. Use mlp or cnn1d for vectors and signals")
+    if cfg.model == "cnn1d" and cfg.dataset in IMAGE_DATASETS:
+        raise ConfigError(f"model 'cnn1d' is for 1-D signals (mnist1d, synthetic); got dataset {cfg.dataset!r}. "
+                          f"Use convnet, resnet or mlp for images")
+    if not 0.0 <= cfg.momentum < 1.0:
+        raise ConfigError(f"momentum must be in [0, 1); got {cfg.momentum!r}")
+    if cfg.nesterov and (cfg.optimizer != "sgd" or cfg.momentum == 0):
+        raise ConfigError("nesterov needs optimizer 'sgd' with momentum > 0")
+    if cfg.lr_decay_factor > 1:
+        raise ConfigError(f"lr_decay_factor must be in (0, 1]; got {cfg.lr_decay_factor!r}")
+    if list(cfg.lr_decay_at) != sorted(set(cfg.lr_decay_at)) or any(not 0 < m < 1 for m in cfg.lr_decay_at):
+        raise ConfigError(f"lr_decay_at must be increasing fractions of the run in (0, 1); got {list(cfg.lr_decay_at)}")
+    if cfg.ghost_batch_size is not None and not cfg.batchnorm:
+        raise ConfigError("ghost_batch_size needs batchnorm: true")
+    if cfg.micro_batch_size is not None:
+        if cfg.micro_batch_size > cfg.batch_size or cfg.batch_size % cfg.micro_batch_size:
+            raise ConfigError(f"micro_batch_size must divide batch_size ({cfg.batch_size}); "
+                              f"got {cfg.micro_batch_size}")
+    if cfg.divergence_ratio <= 1 or not math.isfinite(cfg.divergence_ratio):
+        raise ConfigError(f"divergence_ratio must be a number > 1; got {cfg.divergence_ratio!r}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {cfg.device!r}")
+    bad = [m for m in cfg.measure if m not in MEASUREMENTS]
+    if bad:
+        raise ConfigError(f"measure: unknown measurement {bad[0]!r}; accepted: {', '.join(MEASUREMENTS)}")
+
+
+# ----------------------------------------------------------------------------- type coercion
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+
+def _type_hints() -> dict[str, Any]:
+    return typing.get_type_hints(RunConfig)
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """Turn JSON/YAML/CLI values into the field's type, or raise ConfigError naming the field."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # Optional[X]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list; got {value!r}")
+        inner = typing.get_args(hint)[0]
+        return tuple(_coerce(name, v, inner) for v in value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{name} must be true or false; got {value!r}")
+    if hint is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} must be an integer; got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = float(value.replace("_", ""))
+            except ValueError:
+                raise ConfigError(f"{name} must be an integer; got {value!r}") from None
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, int):
+            return value
+        raise ConfigError(f"{name} must be an integer; got {value!r}")
+    if hint is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} must be a number; got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a number; got {value!r}") from None
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string; got {value!r}")
+        return value
+    return value
+
+
+def _unknown_message(key: str) -> str:
+    close = difflib.get_close_matches(key, FIELD_NAMES, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown config field {key!r}{hint}; accepted fields: {', '.join(FIELD_NAMES)}"
+
+
+def field_help() -> dict[str, str]:
+    """Field name -> the comment written beside it in this file (used by the CLI and notebooks)."""
+    import inspect
+    src = inspect.getsource(RunConfig)
+    out = {}
+    for line in src.splitlines():
+        m = re.match(r"\s+(\w+): [^=]+=[^#]*#\s*(.*)", line)
+        if m and m.group(1) in FIELD_NAMES:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+

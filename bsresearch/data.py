@@ -1,0 +1,352 @@
+"""Datasets as tensors on the run's device, and the resident batch sampler.
+
+Every dataset is loaded whole into memory (they are small), standardised with training-set statistics
+and moved to the device once; an epoch is then a permutation plus indexing, with no DataLoader.
+
+Registry (names in config.DATASETS):
+- mnist1d:       generated offline by the `mnist1d` package (4000 train / 1000 test, 40-dim signals), cached.
+- fashion_mnist: IDX files from a data_dir, Debian's dataset-fashion-mnist, or torchvision's download.
+- synthetic:     a seeded teacher-network classification task of any size, for tests.
+- cifar10, cifar100, mnist, svhn: through torchvision when it imports and can find or fetch the files.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from .config import ConfigError, RunConfig
+from .runtime import make_generator
+
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+SYNTHETIC_DEFAULT_SIZE = 1024
+
+
+class DatasetUnavailable(ConfigError):
+    """The dataset's files are missing here and cannot be fetched; the message says what to install."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Standardised tensors. x: (N, *input_shape) float32; y: (N,) int64 class labels."""
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def n_train(self) -> int:
+        return len(self.x_train)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    def to(self, device: torch.device | str) -> "Dataset":
+        return replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
+                       x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+
+
+# ----------------------------------------------------------------------------- where files live
+def default_data_dir() -> Path:
+    """$BSRESEARCH_DATA_DIR, else the checkout's data/ folder, else ~/.cache/bsresearch."""
+    if os.environ.get("BSRESEARCH_DATA_DIR"):
+        return Path(os.environ["BSRESEARCH_DATA_DIR"])
+    checkout_data = Path(__file__).resolve().parent.parent / "data"
+    if checkout_data.is_dir():
+        return checkout_data
+    return Path.home() / ".cache" / "bsresearch"
+
+
+def _atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Write to a temporary file and rename: parallel workers never read a half-written cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+    os.close(fd)
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- loaders -> numpy arrays
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _load_mnist1d(data_dir: Path) -> Arrays:
+    cache = data_dir / "mnist1d" / "mnist1d_default.npz"
+    if not cache.exists():
+        try:
+            from mnist1d.data import get_dataset_args, make_dataset
+        except Exception as exc:  # noqa: BLE001 - any import failure means the same thing to the user
+            raise DatasetUnavailable(f"mnist1d needs the 'mnist1d' package (pip install mnist1d): {exc}") from None
+        # make_dataset seeds NumPy's and Python's global RNGs; keep the caller's streams untouched.
+        import random
+        np_state, py_state = np.random.get_state(), random.getstate()
+        try:
+            d = make_dataset(get_dataset_args())
+        finally:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+        _atomic_save_npz(cache, x=d["x"], y=d["y"], x_test=d["x_test"], y_test=d["y_test"])
+    with np.load(cache) as f:
+        return f["x"], f["y"], f["x_test"], f["y_test"]
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (the MNIST format), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    _, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+    shape = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    if dtype_code != 0x08:
+        raise ValueError(f"{path}: unsupported IDX element type {dtype_code:#x}")
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+_FASHION_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def _find_idx_files(folders: list[Path]) -> list[Path] | None:
+    for folder in folders:
+        found = []
+        for stem in _FASHION_FILES:
+            candidates = [folder / f"{stem}.gz", folder / stem]
+            hit = next((c for c in candidates if c.exists()), None)
+            if hit is None:
+                break
+            found.append(hit)
+        else:
+            return found
+    return None
+
+
+def fashion_mnist_folders(data_dir: Path) -> list[Path]:
+    return [data_dir / "fashion_mnist", data_dir / "fashion-mnist", data_dir,
+            data_dir / "FashionMNIST" / "raw", DEBIAN_FASHION_MNIST]
+
+
+def _load_fashion_mnist(data_dir: Path) -> Arrays:
+    files = _find_idx_files(fashion_mnist_folders(data_dir))
+    if files is None:
+        _torchvision_download("FashionMNIST", data_dir)  # raises DatasetUnavailable if it cannot
+        files = _find_idx_files(fashion_mnist_folders(data_dir))
+        assert files is not None, "torchvision downloaded Fashion-MNIST but its files were not found"
+    x, y, x_test, y_test = (_read_idx(p) for p in files)
+    return x[:, None], y, x_test[:, None], y_test
+
+
+def _load_synthetic(data_dir: Path, n_train: int = SYNTHETIC_DEFAULT_SIZE) -> Arrays:
+    """A fixed random two-layer teacher labels Gaussian inputs in 20 dimensions with 4 classes.
+
+    The task is the same for every run (its seed is fixed); `train_size` sets how many examples exist.
+    """
+    rng = np.random.default_rng(20_181_106)
+    dim, hidden, classes = 20, 32, 4
+    w1 = rng.standard_normal((dim, hidden)) / np.sqrt(dim)
+    w2 = rng.standard_normal((hidden, classes)) / np.sqrt(hidden)
+    n_test = max(256, n_train // 4)
+    x = rng.standard_normal((n_train + n_test, dim))
+    logits = np.maximum(x @ w1, 0) @ w2 + 0.1 * rng.standard_normal((n_train + n_test, classes))
+    y = logits.argmax(1)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def _import_torchvision():
+    """torchvision, or DatasetUnavailable explaining why not.
+
+    A torchvision wheel built for another torch raises RuntimeError (not ImportError) at import,
+    e.g. "operator torchvision::nms does not exist", so every exception is caught.
+    """
+    try:
+        import torchvision  # noqa: F401
+        import torchvision.datasets as datasets
+        return datasets
+    except Exception as exc:  # noqa: BLE001
+        raise DatasetUnavailable(
+            f"this dataset needs torchvision, which does not import here ({type(exc).__name__}: {exc}). "
+            f"Install the torchvision build that matches torch {torch.__version__} from the same index "
+            f"as torch (pip install 'bsresearch[vision]' on a standard PyPI torch)") from None
+
+
+def _torchvision_download(class_name: str, data_dir: Path, **kwargs):
+    datasets = _import_torchvision()
+    cls = getattr(datasets, class_name)
+    root = data_dir / "torchvision"
+    try:
+        try:
+            return cls(str(root), download=False, **kwargs)
+        except RuntimeError:
+            return cls(str(root), download=True, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - network errors come in many types
+        raise DatasetUnavailable(f"{class_name} is not in {root} and could not be downloaded "
+                                 f"({type(exc).__name__}: {exc}); place the files there or connect to the network"
+                                 ) from None
+
+
+def _torchvision_loader(class_name: str) -> Callable[[Path], Arrays]:
+    def load(data_dir: Path) -> Arrays:
+        if class_name == "SVHN":
+            train = _torchvision_download(class_name, data_dir, split="train")
+            test = _torchvision_download(class_name, data_dir, split="test")
+            return train.data, np.asarray(train.labels), test.data, np.asarray(test.labels)
+        train = _torchvision_download(class_name, data_dir, train=True)
+        test = _torchvision_download(class_name, data_dir, train=False)
+
+        def images(ds) -> np.ndarray:
+            arr = np.asarray(ds.data)
+            return arr[:, None] if arr.ndim == 3 else arr.transpose(0, 3, 1, 2)  # -> (N, C, H, W)
+        return images(train), np.asarray(train.targets), images(test), np.asarray(test.targets)
+    return load
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    description: str
+    num_classes: int
+    load: Callable[[Path], Arrays]
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "mnist1d": DatasetInfo("mnist1d", "MNIST-1D, 4000/1000 signals of length 40, generated offline", 10,
+                           _load_mnist1d),
+    "fashion_mnist": DatasetInfo("fashion_mnist", "Fashion-MNIST, 60000/10000 images 28x28", 10,
+                                 _load_fashion_mnist),
+    "synthetic": DatasetInfo("synthetic", "teacher-network task, 20-dim, 4 classes, any size", 4,
+                             _load_synthetic),
+    "cifar10": DatasetInfo("cifar10", "CIFAR-10 via torchvision, 50000/10000 images 32x32x3", 10,
+                           _torchvision_loader("CIFAR10")),
+    "cifar100": DatasetInfo("cifar100", "CIFAR-100 via torchvision, 50000/10000 images 32x32x3", 100,
+                            _torchvision_loader("CIFAR100")),
+    "mnist": DatasetInfo("mnist", "MNIST via torchvision, 60000/10000 images 28x28", 10,
+                         _torchvision_loader("MNIST")),
+    "svhn": DatasetInfo("svhn", "SVHN via torchvision, 73257/26032 images 32x32x3", 10,
+                        _torchvision_loader("SVHN")),
+}
+
+
+def dataset_availability(data_dir: str | Path | None = None) -> list[tuple[str, bool, str]]:
+    """(name, available, detail) for every dataset, without loading or downloading anything large."""
+    root = Path(data_dir) if data_dir else default_data_dir()
+    rows = []
+    for name, info in DATASETS.items():
+        if name == "synthetic":
+            rows.append((name, True, "generated on demand"))
+        elif name == "mnist1d":
+            try:
+                import mnist1d  # noqa: F401
+                cached = (root / "mnist1d" / "mnist1d_default.npz").exists()
+                rows.append((name, True, "cached" if cached else "generated on first use (about 2 s)"))
+            except Exception as exc:  # noqa: BLE001
+                rows.append((name, False, f"pip install mnist1d ({exc})"))
+        elif name == "fashion_mnist":
+            files = _find_idx_files(fashion_mnist_folders(root))
+            if files:
+                rows.append((name, True, str(files[0].parent)))
+            else:
+                rows.append((name, False, "apt-get install dataset-fashion-mnist, or put the IDX files in "
+                                          f"{root / 'fashion_mnist'}, or torchvision with network"))
+        else:
+            try:
+                _import_torchvision()
+                rows.append((name, True, "torchvision (files downloaded on first use if missing)"))
+            except DatasetUnavailable as exc:
+                rows.append((name, False, str(exc).split(". ")[0]))
+        rows[-1] = (rows[-1][0], rows[-1][1], rows[-1][2] + f" - {info.description}")
+    return rows
+
+
+# ----------------------------------------------------------------------------- public loading
+def _standardise(x_train: torch.Tensor, x_test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero mean, unit variance from training statistics: per channel for images, one scalar otherwise."""
+    dims = (0, 2, 3) if x_train.ndim == 4 else tuple(range(x_train.ndim))
+    mean = x_train.mean(dim=dims, keepdim=True)
+    std = x_train.std(dim=dims, keepdim=True).clamp_min(1e-8)
+    if x_train.ndim == 4:
+        mean, std = mean[0], std[0]
+    return (x_train - mean) / std, (x_test - mean) / std
+
+
+def load_dataset(name: str, data_dir: str | Path | None = None, train_size: int | None = None,
+                 device: torch.device | str = "cpu") -> Dataset:
+    """Load, subsample (a fixed subset, the same for every seed), standardise and move to `device`.
+
+    For `synthetic`, train_size is the number of examples generated (default 1024).
+    """
+    if name not in DATASETS:
+        raise ConfigError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
+    info = DATASETS[name]
+    root = Path(data_dir) if data_dir else default_data_dir()
+    if name == "synthetic":
+        arrays = _load_synthetic(root, train_size or SYNTHETIC_DEFAULT_SIZE)
+    else:
+        arrays = info.load(root)
+    x, y, x_test, y_test = arrays
+    x, x_test = (torch.from_numpy(np.array(a, dtype=np.float32)) for a in (x, x_test))
+    y, y_test = (torch.from_numpy(np.array(a, dtype=np.int64)) for a in (y, y_test))
+    if train_size is not None and name != "synthetic":
+        if train_size > len(x):
+            raise ConfigError(f"train_size {train_size} exceeds the {len(x)} training examples of {name}")
+        keep = torch.randperm(len(x), generator=make_generator(0, f"subset:{name}"))[:train_size]
+        x, y = x[keep], y[keep]
+    x, x_test = _standardise(x, x_test)
+    return Dataset(name, x, y, x_test, y_test, info.num_classes).to(device)
+
+
+def dataset_for(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.train_size, device)
+
+
+# ----------------------------------------------------------------------------- batches
+class BatchSampler:
+    """Indices of successive training batches, drawn on the generator's device.
+
+    shuffle: epochs of a fresh permutation each, the last partial batch dropped.
+    replacement: every batch drawn independently and uniformly (with replacement).
+    The state (generator, permutation, position) can be saved and restored for an exact resume.
+    """
+
+    def __init__(self, n: int, batch_size: int, generator: torch.Generator, replacement: bool = False):
+        if batch_size > n:
+            raise ConfigError(f"batch_size {batch_size} exceeds the training set size {n}")
+        self.n, self.batch_size, self.generator, self.replacement = n, batch_size, generator, replacement
+        self.order: torch.Tensor | None = None
+        self.position = 0
+        self.epochs_started = 0
+
+    def next(self) -> torch.Tensor:
+        device = self.generator.device
+        if self.replacement:
+            return torch.randint(self.n, (self.batch_size,), generator=self.generator, device=device)
+        if self.order is None or self.position + self.batch_size > self.n:
+            self.order = torch.randperm(self.n, generator=self.generator, device=device)
+            self.position = 0
+            self.epochs_started += 1
+        idx = self.order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state(), "order": self.order, "position": self.position,
+                "epochs_started": self.epochs_started}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.order = state["order"].to(self.generator.device) if state["order"] is not None else None
+        self.position, self.epochs_started = int(state["position"]), int(state["epochs_started"])
+
+
+def in_chunks(x: torch.Tensor, y: torch.Tensor, chunk_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive (x, y) slices of at most chunk_size examples, in order (for evaluation)."""
+    for start in range(0, len(x), chunk_size):
+        yield x[start:start + chunk_size], y[start:start + chunk_size]

@@ -1,0 +1,179 @@
+"""Model registry: mlp, cnn1d (the MNIST-1D paper's convnet), convnet and a small ResNet for images.
+
+Models are built on the meta device and initialised from an explicit generator, so the initial
+weights depend only on the seed (not on the batch size, the data order or the global RNG).
+BatchNorm, when asked for, can be ghost BatchNorm: statistics over virtual batches (Hoffer et al. 2017).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import RunConfig
+
+
+class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose training statistics come from consecutive chunks of `ghost_batch_size` examples.
+
+    Each chunk is normalised with its own mean and variance and updates the running statistics in turn;
+    eval mode uses the running statistics like ordinary BatchNorm. Works for (N, C) and (N, C, ...) inputs.
+    """
+
+    def __init__(self, num_features: int, ghost_batch_size: int, **kwargs):
+        super().__init__(num_features, **kwargs)
+        self.ghost_batch_size = ghost_batch_size
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2-D input, got {x.dim()}-D")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or len(x) <= self.ghost_batch_size:
+            return super().forward(x)
+        return torch.cat([super(GhostBatchNorm, self).forward(chunk) for chunk in x.split(self.ghost_batch_size)])
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", ghost_batch_size={self.ghost_batch_size}"
+
+
+def norm_layer(dims: int, channels: int, batchnorm: bool, ghost_batch_size: int | None) -> nn.Module:
+    """BatchNorm{1,2}d, ghost BatchNorm, or Identity."""
+    if not batchnorm:
+        return nn.Identity()
+    if ghost_batch_size:
+        return GhostBatchNorm(channels, ghost_batch_size)
+    return nn.BatchNorm1d(channels) if dims == 1 else nn.BatchNorm2d(channels)
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, width: int = 100, depth: int = 2,
+        batchnorm: bool = False, ghost_batch_size: int | None = None) -> nn.Module:
+    """Flatten -> depth x [Linear(width) -> norm -> ReLU] -> Linear(num_classes)."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    fan_in = math.prod(input_shape)
+    for _ in range(depth):
+        layers += [nn.Linear(fan_in, width), norm_layer(1, width, batchnorm, ghost_batch_size), nn.ReLU()]
+        fan_in = width
+    layers.append(nn.Linear(fan_in, num_classes))
+    return nn.Sequential(*layers)
+
+
+def cnn1d(input_shape: tuple[int, ...], num_classes: int, width: int = 25, depth: int = 3,
+          batchnorm: bool = False, ghost_batch_size: int | None = None) -> nn.Module:
+    """The MNIST-1D paper's ConvBase: conv(k5,s2) then (depth-1) x conv(k3,s2), ReLU, a linear head.
+
+    Input (N, L) or (N, 1, L); with L = 40 and the defaults: 25 channels x 5 positions -> 10 logits,
+    about 5.2k parameters.
+    """
+    length = input_shape[-1]
+    layers: list[nn.Module] = [nn.Unflatten(1, (1, length))] if len(input_shape) == 1 else []
+    channels_in = 1
+    for i in range(depth):
+        kernel = 5 if i == 0 else 3
+        layers += [nn.Conv1d(channels_in, width, kernel, stride=2, padding=1),
+                   norm_layer(1, width, batchnorm, ghost_batch_size), nn.ReLU()]
+        length = (length + 2 - kernel) // 2 + 1
+        channels_in = width
+    if length < 1:
+        raise ValueError(f"cnn1d with depth {depth} shrinks an input of length {input_shape[-1]} to nothing")
+    layers += [nn.Flatten(), nn.Linear(width * length, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def convnet(input_shape: tuple[int, ...], num_classes: int, width: int = 32, depth: int = 3,
+            batchnorm: bool = False, ghost_batch_size: int | None = None) -> nn.Module:
+    """A small image convnet: depth x [conv3x3 -> norm -> ReLU -> maxpool2 (all but the last)],
+    channels width, 2*width, 4*width, ..., then global average pooling and a linear head.
+
+    For (1, 28, 28) or (3, 32, 32) inputs.
+    """
+    channels_in = input_shape[0]
+    layers: list[nn.Module] = []
+    for i in range(depth):
+        channels = width * 2 ** i
+        layers += [nn.Conv2d(channels_in, channels, 3, padding=1),
+                   norm_layer(2, channels, batchnorm, ghost_batch_size), nn.ReLU()]
+        if i < depth - 1:
+            layers.append(nn.MaxPool2d(2))
+        channels_in = channels
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels_in, num_classes)]
+    return nn.Sequential(*layers)
+
+
+class BasicBlock(nn.Module):
+    """conv3x3 -> norm -> ReLU -> conv3x3 -> norm, plus a (1x1-projected when needed) shortcut, then ReLU."""
+
+    def __init__(self, channels_in: int, channels: int, stride: int, make_norm: Callable[[int], nn.Module]):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels_in, channels, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = make_norm(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm2 = make_norm(channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or channels_in != channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(channels_in, channels, 1, stride=stride, bias=False),
+                                          make_norm(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.norm1(self.conv1(x)))
+        out = self.norm2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+def resnet(input_shape: tuple[int, ...], num_classes: int, width: int = 16, depth: int = 1,
+           batchnorm: bool = True, ghost_batch_size: int | None = None) -> nn.Module:
+    """A CIFAR-style ResNet: a conv stem, three stages of `depth` BasicBlocks with width, 2*width and
+    4*width channels (stride 2 between stages), global average pooling, a linear head.
+    depth=1 is ResNet-8 (78k parameters at width 16), depth=3 is ResNet-20.
+    """
+    def make_norm(c: int) -> nn.Module:
+        return norm_layer(2, c, batchnorm, ghost_batch_size)
+    layers: list[nn.Module] = [nn.Conv2d(input_shape[0], width, 3, padding=1, bias=False), make_norm(width), nn.ReLU()]
+    channels_in = width
+    for stage in range(3):
+        channels = width * 2 ** stage
+        for block in range(depth):
+            stride = 2 if stage > 0 and block == 0 else 1
+            layers.append(BasicBlock(channels_in, channels, stride, make_norm))
+            channels_in = channels
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels_in, num_classes)]
+    return nn.Sequential(*layers)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn1d": cnn1d, "convnet": convnet, "resnet": resnet}
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, generator: torch.Generator) -> None:
+    """PyTorch's default initialisation (kaiming-uniform weights, uniform biases), drawn from `generator`."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+            if module.bias is not None:
+                fan_in = nn.init._calculate_fan_in_and_fan_out(module.weight)[0]
+                bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+                nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+        elif isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.reset_parameters()  # weight 1, bias 0, running mean 0, running var 1
+
+
+def build_model(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int,
+                generator: torch.Generator) -> nn.Module:
+    """The config's model on the CPU with weights drawn from `generator` (move it to the device after)."""
+    kwargs = {"batchnorm": cfg.batchnorm, "ghost_batch_size": cfg.ghost_batch_size}
+    if cfg.width is not None:
+        kwargs["width"] = cfg.width
+    if cfg.depth is not None:
+        kwargs["depth"] = cfg.depth
+    with torch.device("meta"):  # no memory, and no draws from the global RNG
+        model = MODELS[cfg.model](input_shape, num_classes, **kwargs)
+    model = model.to_empty(device="cpu")
+    init_weights(model, generator)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

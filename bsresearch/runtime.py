@@ -1,0 +1,153 @@
+"""Device choice, threads, seeded generators, autocast, synchronized timing and provenance.
+
+The entry point (train.run, the CLI, a notebook) chooses the device here; library functions never do,
+they follow the device of the tensors they are given.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .config import ConfigError
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' -> the first CUDA device if there is one, else the CPU. Asking for CUDA without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} was asked for but torch sees no CUDA device "
+                              f"(torch {torch.__version__}); use device 'cpu' or 'auto'")
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device(name)
+
+
+def set_threads(threads: int) -> None:
+    """Torch intra-op threads for this process (0 keeps torch's default).
+
+    One thread per process is fastest for the small models here on a 2-core machine; use worker
+    processes, not threads, to fill the cores.
+    """
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def derive_seed(seed: int, purpose: str) -> int:
+    """A 63-bit seed for one purpose ('init', 'data', 'probe', ...), stable across Python runs."""
+    digest = hashlib.sha256(f"{seed}:{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def make_generator(seed: int, purpose: str, device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch.Generator for one purpose, so e.g. data order does not shift the initial weights."""
+    return torch.Generator(device=device).manual_seed(derive_seed(seed, purpose))
+
+
+@dataclass
+class Generators:
+    """Separate random streams of a run. `init` lives on the CPU so weights match across devices."""
+    init: torch.Generator
+    data: torch.Generator
+    probe: torch.Generator
+
+    @classmethod
+    def from_seed(cls, seed: int, device: torch.device) -> "Generators":
+        return cls(init=make_generator(seed, "init"),
+                   data=make_generator(seed, "data", device),
+                   probe=make_generator(seed, "probe", device))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name).get_state() for name in ("init", "data", "probe")}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for name, value in state.items():
+            getattr(self, name).set_state(value)
+
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"precision 'fp16' needs a CUDA device (it uses a GradScaler); got device "
+                          f"{device.type!r}. Use 'bf16' or 'fp32' on the CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("precision 'bf16' is not supported by this GPU; use 'fp16' or 'fp32'")
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for the forward pass: a no-op for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def timed(device: torch.device) -> Iterator[list[float]]:
+    """Wall-clock seconds of the block, with the device synchronized at both ends.
+
+    Usage: ``with timed(dev) as t: ...``; then ``t[0]`` holds the seconds.
+    """
+    out: list[float] = []
+    synchronize(device)
+    start = time.perf_counter()
+    yield out
+    synchronize(device)
+    out.append(time.perf_counter() - start)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def git_commit(path: Path = PACKAGE_ROOT) -> str | None:
+    """The commit of the checkout holding the package, with '-dirty' when it has changes; None if not a checkout."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=path, capture_output=True,
+                                text=True, timeout=5).stdout.strip()
+        if not commit:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance(device: torch.device) -> dict[str, object]:
+    """Where and with what a result was computed; stored in every run's status.json."""
+    from . import __version__
+    return {
+        "bsresearch": __version__,
+        "git_commit": git_commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(device),
+        "device_name": device_name(device),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }

@@ -1,0 +1,152 @@
+import json
+import math
+
+import pytest
+
+from bsresearch import config as C
+from bsresearch.config import ConfigError, RunConfig
+
+BAD_VALUES = [
+    ("dataset", "imagenet", "dataset must be one of"),
+    ("model", "vgg", "model must be one of"),
+    ("optimizer", "lion", "optimizer must be one of"),
+    ("lr_scaling", "cubic", "lr_scaling must be one of"),
+    ("schedule", "onecycle", "schedule must be one of"),
+    ("budget", "hours", "budget must be one of"),
+    ("precision", "fp8", "precision must be one of"),
+    ("sampling", "stratified", "sampling must be one of"),
+    ("eval_schedule", "sometimes", "eval_schedule must be one of"),
+    ("batch_size", -4, "batch_size must be a positive"),
+    ("batch_size", 0, "batch_size must be a positive"),
+    ("batch_size", 3.5, "batch_size must be an integer"),
+    ("batch_size", "many", "batch_size must be an integer"),
+    ("batch_size", True, "batch_size must be an integer"),
+    ("base_batch_size", 0, "base_batch_size must be a positive"),
+    ("lr", 0.0, "lr must be a positive"),
+    ("lr", float("nan"), "lr must be a positive"),
+    ("lr", "fast", "lr must be a number"),
+    ("momentum", 1.0, "momentum must be in [0, 1)"),
+    ("weight_decay", -1e-4, "weight_decay must be a non-negative"),
+    ("warmup_epochs", -1, "warmup_epochs must be a non-negative"),
+    ("train_size", 0, "train_size must be a positive"),
+    ("width", -1, "width must be a positive"),
+    ("depth", 0, "depth must be a positive"),
+    ("budget_amount", 0, "budget_amount must be a positive"),
+    ("target_loss", -0.1, "target_loss must be a positive"),
+    ("max_steps", 0, "max_steps must be a positive"),
+    ("micro_batch_size", 5, "micro_batch_size must divide batch_size"),
+    ("micro_batch_size", 64, "micro_batch_size must divide batch_size"),
+    ("eval_every", 0, "eval_every must be a positive"),
+    ("eval_per_decade", 0, "eval_per_decade must be a positive"),
+    ("divergence_ratio", 0.5, "divergence_ratio must be a number > 1"),
+    ("lr_decay_factor", 2.0, "lr_decay_factor must be in (0, 1]"),
+    ("lr_decay_at", (0.75, 0.5), "lr_decay_at must be increasing"),
+    ("lr_decay_at", (0.5, 1.5), "lr_decay_at must be increasing"),
+    ("device", "tpu", "device must be auto, cpu, cuda"),
+    ("seed", -1, "seed must be a non-negative"),
+    ("threads", -2, "threads must be a non-negative"),
+    ("batchnorm", "maybe", "batchnorm must be true or false"),
+    ("measure", ("magic",), "measure: unknown measurement 'magic'"),
+]
+
+
+@pytest.mark.parametrize("field,value,message", BAD_VALUES)
+def test_bad_value_raises_config_error_naming_the_field(field, value, message):
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**{field: value})
+    assert message in str(info.value)
+    assert field in str(info.value)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match="ghost_batch_size needs batchnorm"):
+        RunConfig(ghost_batch_size=16)
+    with pytest.raises(ConfigError, match="nesterov needs optimizer 'sgd'"):
+        RunConfig(optimizer="adam", nesterov=True)
+    with pytest.raises(ConfigError, match="needs an image dataset"):
+        RunConfig(model="resnet", dataset="mnist1d")
+    with pytest.raises(ConfigError, match="cnn1d' is for 1-D signals"):
+        RunConfig(model="cnn1d", dataset="fashion_mnist")
+
+
+def test_unknown_field_suggests_the_close_one():
+    with pytest.raises(ConfigError, match="unknown config field 'batchsize' \\(did you mean 'batch_size'\\?\\)"):
+        RunConfig.from_dict({"batchsize": 32})
+    with pytest.raises(ConfigError, match="unknown config field"):
+        RunConfig().replace(colour="red")
+
+
+def test_strings_from_the_command_line_are_coerced():
+    cfg = RunConfig(batch_size="64", lr="1e-3", batchnorm="true", train_size="none", lr_decay_at="0.3,0.6",
+                    measure="")
+    assert cfg.batch_size == 64 and cfg.lr == 1e-3 and cfg.batchnorm is True and cfg.train_size is None
+    assert cfg.lr_decay_at == (0.3, 0.6) and cfg.measure == ()
+
+
+def test_json_round_trip_and_stable_run_id():
+    cfg = RunConfig(batch_size=128, lr=0.2, lr_decay_at=(0.25, 0.5), schedule="step")
+    again = RunConfig.from_json(cfg.to_json())
+    assert again == cfg
+    assert C.run_id(again) == C.run_id(cfg)
+    assert C.run_id(cfg.replace(batch_size=256)) != C.run_id(cfg)
+    # operational fields do not change the identity of a run
+    assert C.run_id(cfg.replace(threads=2, checkpoint_every=50, data_dir="/elsewhere")) == C.run_id(cfg)
+    # config.json carries a "derived" block that from_json ignores
+    d = json.loads(cfg.to_json()); d["derived"] = {"total_steps": 1}
+    assert RunConfig.from_json(json.dumps(d)) == cfg
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        RunConfig.from_json("{batch_size: 3")
+
+
+@pytest.mark.parametrize("rule,expected", [("none", 0.1), ("linear", 0.8), ("sqrt", 0.1 * math.sqrt(8))])
+def test_lr_scaling_rules(rule, expected):
+    cfg = RunConfig(lr=0.1, batch_size=256, base_batch_size=32, lr_scaling=rule)
+    assert C.scaled_lr(cfg) == pytest.approx(expected)
+
+
+def test_budget_arithmetic():
+    n = 4000
+    assert C.steps_per_epoch(RunConfig(batch_size=32), n) == 125
+    assert C.steps_per_epoch(RunConfig(batch_size=3000), n) == 1      # partial batch dropped
+    assert C.total_steps(RunConfig(batch_size=32, budget="epochs", budget_amount=2), n) == 250
+    assert C.total_steps(RunConfig(batch_size=32, budget="epochs", budget_amount=0.5), n) == 63
+    assert C.total_steps(RunConfig(batch_size=32, budget="steps", budget_amount=1000), n) == 1000
+    assert C.total_steps(RunConfig(batch_size=32, budget="examples", budget_amount=1000), n) == 32  # ceil
+    assert C.total_steps(RunConfig(budget="target", max_steps=777), n) == 777
+    with pytest.raises(ConfigError, match="batch_size 8000 exceeds the training set size 4000"):
+        C.steps_per_epoch(RunConfig(batch_size=8000), n)
+
+
+def test_warmup_and_schedules():
+    n = 3200  # 100 steps per epoch at batch 32
+    cfg = RunConfig(lr=0.1, batch_size=32, warmup_epochs=1, budget="epochs", budget_amount=10)
+    assert C.warmup_steps(cfg, n) == 100
+    assert C.lr_at(cfg, 0, n) == pytest.approx(0.1 / 100)
+    assert C.lr_at(cfg, 49, n) == pytest.approx(0.05)
+    assert C.lr_at(cfg, 99, n) == pytest.approx(0.1)
+    assert C.lr_at(cfg, 500, n) == pytest.approx(0.1)
+    cos = cfg.replace(schedule="cosine")
+    assert C.lr_at(cos, 100, n) == pytest.approx(0.1)
+    assert C.lr_at(cos, 550, n) == pytest.approx(0.05)
+    assert C.lr_at(cos, 1000, n) == pytest.approx(0.0, abs=1e-12)
+    step = cfg.replace(schedule="step", warmup_epochs=0, lr_decay_at=(0.5, 0.75), lr_decay_factor=0.1)
+    assert [C.lr_at(step, s, n) for s in (0, 499, 500, 749, 750)] == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001])
+
+
+def test_eval_steps():
+    n = 4000
+    every = RunConfig(batch_size=40, budget="steps", budget_amount=250, eval_schedule="every", eval_every=100)
+    assert C.eval_steps(every, n) == [0, 100, 200, 250]
+    log = RunConfig(budget="steps", budget_amount=1000, eval_schedule="log", eval_per_decade=2)
+    assert C.eval_steps(log, n) == [0, 1, 3, 10, 32, 100, 316, 1000]
+
+
+def test_derived_values_and_bn_statistics_batch():
+    cfg = RunConfig(batch_size=256, micro_batch_size=64, lr=0.1, base_batch_size=128, lr_scaling="linear",
+                    batchnorm=True)
+    d = C.derived(cfg, 4096)
+    assert d["effective_lr"] == pytest.approx(0.2)
+    assert d["accumulation_steps"] == 4 and d["steps_per_epoch"] == 16
+    assert d["bn_statistics_batch"] == 64
+    assert C.bn_statistics_batch(cfg.replace(ghost_batch_size=16)) == 16
+    assert C.bn_statistics_batch(cfg.replace(batchnorm=False)) is None
