@@ -22,10 +22,25 @@ _LAZY = {
     "new_state": "train", "load_trained_model": "train",
     "resolve_device": "runtime", "make_generator": "runtime",
     "RunDir": "rundir",
+    # measurements (bsresearch.measure.*)
+    "gradient_noise_scale": "measure.noise", "two_batch_noise_scale": "measure.noise",
+    "hessian_noise_scale": "measure.noise", "fit_critical_batch": "measure.critical",
+    "top_eigenvalues": "measure.curvature", "hessian_trace": "measure.curvature",
+    "spectral_density": "measure.curvature", "keskar_sharpness": "measure.sharpness",
+    "worst_case_sharpness": "measure.sharpness", "average_case_sharpness": "measure.sharpness",
+    "interpolate": "measure.landscape",
+    # systems
+    "measure_throughput": "systems", "measure_memory": "systems", "largest_batch_size": "systems",
+    "accumulation_plan": "systems", "recommend_batch_size": "systems", "model_workload": "systems",
+    # sweeps and results
+    "run_sweep": "sweep", "load_spec": "sweep", "SweepSpec": "sweep",
 }
+_SUBMODULES = ("results", "plots", "nqm", "measure", "systems", "sweep")
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'bsresearch' has no attribute {name!r}")

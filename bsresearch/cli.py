@@ -77,7 +77,10 @@ def _add_datasets(sub: argparse._SubParsersAction) -> None:
 
 
 # Each entry adds one subcommand; other modules add theirs here.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add_datasets]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add_datasets,
+    lambda sub: __import__("bsresearch.systems.cli", fromlist=["add_bench"]).add_bench(sub),
+    lambda sub: __import__("bsresearch.sweep.cli", fromlist=["add_parser"]).add_parser(sub),
+    lambda sub: __import__("bsresearch.report", fromlist=["add_parser"]).add_parser(sub)]
 
 
 def build_parser() -> argparse.ArgumentParser:

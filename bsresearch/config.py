@@ -27,8 +27,8 @@ BUDGETS = ("epochs", "steps", "examples", "target")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SAMPLINGS = ("shuffle", "replacement")
 EVAL_SCHEDULES = ("every", "log")
-# Measurements a run can take after training; each name has a function in bsresearch/measure/__init__.py.
-MEASUREMENTS: tuple[str, ...] = ()
+# Measurements a run can take after training; each name has an entry in bsresearch/measure/registry.py.
+MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "sharpness")
 
 # Fields that change how a run executes but not what it computes: left out of the run id, so a rerun
 # with more threads or another checkpoint interval finds the finished result.
@@ -86,6 +86,8 @@ class RunConfig:
     eval_train_size: int | None = None  # examples used for the train loss/accuracy (None: the whole set)
     divergence_ratio: float = 10.0      # "diverged" when a batch loss exceeds this times the first one
     measure: tuple[str, ...] = ()       # measurements taken after training, from MEASUREMENTS
+    noise_scale_every: int = 0          # steps between two-batch noise-scale samples from a step's micro-batches (0: off)
+    noise_scale_ema: float = 0.9        # EMA decay of those samples' |G|^2 and tr(Sigma) (history: noise_*_ema)
     # --- reproducibility and execution
     seed: int = 0                       # init, data order and probes get separate generators from this
     device: str = "auto"                # auto | cpu | cuda | cuda:N
@@ -266,7 +268,7 @@ def _validate(cfg: RunConfig) -> None:
     for name in ("lr", "batch_size", "base_batch_size", "max_steps", "eval_every", "eval_per_decade",
                  "target_loss", "budget_amount", "lr_decay_factor"):
         _positive(cfg, name)
-    for name in ("weight_decay", "warmup_epochs", "seed", "threads", "checkpoint_every"):
+    for name in ("weight_decay", "warmup_epochs", "seed", "threads", "checkpoint_every", "noise_scale_every"):
         _positive(cfg, name, allow_zero=True)
 
     if cfg.model in ("convnet", "resnet") and cfg.dataset not in IMAGE_DATASETS:
@@ -289,6 +291,12 @@ def _validate(cfg: RunConfig) -> None:
         if cfg.micro_batch_size > cfg.batch_size or cfg.batch_size % cfg.micro_batch_size:
             raise ConfigError(f"micro_batch_size must divide batch_size ({cfg.batch_size}); "
                               f"got {cfg.micro_batch_size}")
+    if cfg.noise_scale_every and accumulation_steps(cfg) < 2:
+        raise ConfigError(f"noise_scale_every needs at least 2 micro-batches per step (micro_batch_size < "
+                          f"batch_size): the small batch is one micro-batch; got micro_batch_size "
+                          f"{cfg.micro_batch_size}, batch_size {cfg.batch_size}")
+    if not 0.0 <= cfg.noise_scale_ema < 1.0:
+        raise ConfigError(f"noise_scale_ema must be in [0, 1); got {cfg.noise_scale_ema!r}")
     if cfg.divergence_ratio <= 1 or not math.isfinite(cfg.divergence_ratio):
         raise ConfigError(f"divergence_ratio must be a number > 1; got {cfg.divergence_ratio!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):

@@ -8,6 +8,7 @@ Read `run` top to bottom: it is the whole experiment. Conventions (see DESIGN.md
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import sys
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from . import config as C
 from .config import ConfigError, RunConfig
 from .data import BatchSampler, Dataset, dataset_for, in_chunks
+from .measure.noise import NoiseScaleEMA, noise_ema_columns, squared_grad_norm, update_noise_ema
 from .models import build_model, count_parameters
 from .rundir import RunDir, atomic_write_bytes
 from .runtime import Generators, autocast, check_precision, provenance, resolve_device, set_threads, synchronize
@@ -46,13 +48,15 @@ class TrainState:
     first_loss: float | None = None     # the reference for divergence
     train_seconds: float = 0.0          # time spent in training steps (evaluation excluded)
     history: list[dict[str, Any]] = field(default_factory=list)
+    noise_ema: NoiseScaleEMA | None = None  # two-batch noise scale from micro-batches (cfg.noise_scale_every)
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "sampler": self.sampler.state_dict(), "generators": self.generators.state_dict(),
                 "initial_params": self.initial_params, "step": self.step, "examples_seen": self.examples_seen,
-                "first_loss": self.first_loss, "train_seconds": self.train_seconds, "history": self.history}
+                "first_loss": self.first_loss, "train_seconds": self.train_seconds, "history": self.history,
+                "noise_ema": dataclasses.asdict(self.noise_ema) if self.noise_ema else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -66,6 +70,7 @@ class TrainState:
         self.step, self.examples_seen = int(state["step"]), int(state["examples_seen"])
         self.first_loss, self.train_seconds = state["first_loss"], float(state["train_seconds"])
         self.history = list(state["history"])
+        self.noise_ema = NoiseScaleEMA(**state["noise_ema"]) if state.get("noise_ema") else None
 
 
 def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -95,6 +100,8 @@ def train_step(state: TrainState, cfg: RunConfig, data: Dataset, lr: float) -> t
     With micro_batch_size, the batch is split and gradients accumulate; each micro-batch's mean loss is
     weighted by its share of the batch, so the gradient equals the full batch's (BatchNorm aside: its
     statistics then come from micro-batches).
+    Every cfg.noise_scale_every steps, |G_small|^2 (the first micro-batch's gradient alone) and |G_big|^2
+    (the whole batch's) feed the two-batch noise-scale EMA: both at the same parameters, no drift.
     """
     model, optimizer, scaler = state.model, state.optimizer, state.scaler
     device = data.x_train.device
@@ -104,13 +111,22 @@ def train_step(state: TrainState, cfg: RunConfig, data: Dataset, lr: float) -> t
     optimizer.zero_grad(set_to_none=True)
     micro_batches = idx.split(cfg.micro_batch_size) if cfg.micro_batch_size else (idx,)
     total_loss = torch.zeros((), device=device)
-    for micro in micro_batches:
+    sample_noise = cfg.noise_scale_every > 0 and state.step % cfg.noise_scale_every == 0
+    for i, micro in enumerate(micro_batches):
         with autocast(cfg.precision, device):
             loss = F.cross_entropy(model(data.x_train[micro]), data.y_train[micro])
         if len(micro_batches) > 1:
             loss = loss * (len(micro) / len(idx))
         (scaler.scale(loss) if scaler else loss).backward()
+        if sample_noise and i == 0:  # undo the micro-batch weight: the small batch's own mean-loss gradient
+            small_sq_norm = squared_grad_norm(model) / (len(micro) / len(idx)) ** 2
         total_loss += loss.detach().float()
+    if sample_noise:
+        grad_scale_sq = scaler.get_scale() ** 2 if scaler else 1.0
+        state.noise_ema = update_noise_ema(state.noise_ema or NoiseScaleEMA(cfg.noise_scale_ema),
+                                           float(small_sq_norm) / grad_scale_sq,
+                                           float(squared_grad_norm(model)) / grad_scale_sq,
+                                           len(micro_batches[0]), len(idx))
     if scaler:
         scaler.step(optimizer)
         scaler.update()
@@ -160,7 +176,8 @@ def evaluation_row(state: TrainState, cfg: RunConfig, data: Dataset, n_train: in
             "lr": C.lr_at(cfg, max(state.step - 1, 0), n_train),
             "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
             "distance_from_init": distance, "weight_norm": norm,
-            "train_seconds": state.train_seconds, "wall_seconds": wall_s}
+            "train_seconds": state.train_seconds, "wall_seconds": wall_s,
+            **(noise_ema_columns(state.noise_ema) if cfg.noise_scale_every else {})}
 
 
 @dataclass

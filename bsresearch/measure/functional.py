@@ -1,0 +1,207 @@
+"""What every measurement shares: leaving the model as found, the mean loss as a function of a flat
+parameter vector, parameter groups, and random draws from an explicit generator.
+
+Conventions (all measurements):
+- the loss is a *mean* over examples (`loss_fn(logits, targets)` returns the batch mean, like
+  `F.cross_entropy`); a loss over several batches is their example-weighted mean, i.e. the mean over
+  all examples;
+- BatchNorm is in eval mode (running statistics) unless `bn_mode="train"` is asked for, in which case
+  the whole model is put in train mode and each batch is normalised with its own statistics;
+- parameters, buffers, train/eval flags and `.grad` are restored bit for bit on exit (`measuring`);
+- every random draw comes from a passed `torch.Generator`; the global RNGs are never touched.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from ..config import ConfigError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> mean loss, a scalar
+Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+BN_MODES = ("eval", "train")
+DEFAULT_CHUNK = 1024  # examples per forward pass when a loss is summed over a data set
+
+
+def check_bn_mode(bn_mode: str) -> None:
+    if bn_mode not in BN_MODES:
+        raise ConfigError(f"bn_mode must be one of {', '.join(BN_MODES)}; got {bn_mode!r}")
+
+
+@contextlib.contextmanager
+def measuring(model: nn.Module, bn_mode: str = "eval") -> Iterator[nn.Module]:
+    """Put `model` in the measurement mode; on exit restore parameters, buffers, train/eval flags and
+    gradients exactly as they were (even if the block raises).
+
+    bn_mode "eval": model.eval() (BatchNorm uses running statistics); "train": model.train() (batch
+    statistics; running statistics updated inside are thrown away on exit).
+    """
+    check_bn_mode(bn_mode)
+    modes = [m.training for m in model.modules()]
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    saved = {name: t.detach().clone() for name, t in tensors.items()}
+    grads = [p.grad for p in model.parameters()]
+    model.train(bn_mode == "train")
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, t in tensors.items():
+                t.copy_(saved[name])
+        for module, mode in zip(model.modules(), modes):
+            module.training = mode
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+# ----------------------------------------------------------------------------- parameters
+def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """name -> detached parameter tensor (shares storage with the model: do not modify in place)."""
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def flatten(tensors: dict[str, torch.Tensor] | Sequence[torch.Tensor]) -> torch.Tensor:
+    values = tensors.values() if isinstance(tensors, dict) else tensors
+    return torch.cat([t.reshape(-1) for t in values])
+
+
+def unflatten(vector: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Split a flat vector into tensors shaped like `like` (views into `vector`)."""
+    out, start = {}, 0
+    for name, t in like.items():
+        out[name] = vector[start:start + t.numel()].view_as(t)
+        start += t.numel()
+    if start != vector.numel():
+        raise ValueError(f"vector has {vector.numel()} entries, the parameters {start}")
+    return out
+
+
+def layer_of(parameter_name: str) -> str:
+    """'3.weight' -> '3', 'block.conv1.weight' -> 'block.conv1': parameters are grouped by module."""
+    return parameter_name.rsplit(".", 1)[0] if "." in parameter_name else parameter_name
+
+
+def layer_slices(model: nn.Module) -> dict[str, slice]:
+    """Layer (module) name -> its slice of the flat parameter vector, in parameter order."""
+    out: dict[str, slice] = {}
+    start = 0
+    for name, p in model.named_parameters():
+        layer = layer_of(name)
+        if layer in out and out[layer].stop != start:
+            raise ValueError(f"parameters of {layer!r} are not contiguous in model.parameters()")
+        out[layer] = slice(out[layer].start if layer in out else start, start + p.numel())
+        start += p.numel()
+    return out
+
+
+# ----------------------------------------------------------------------------- data
+def batches_of(x: torch.Tensor, y: torch.Tensor,
+               chunk_size: int = DEFAULT_CHUNK) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive (x, y) chunks of at most chunk_size examples (views, no copy)."""
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a positive integer; got {chunk_size!r}")
+    return [(x[i:i + chunk_size], y[i:i + chunk_size]) for i in range(0, len(x), chunk_size)]
+
+
+# ----------------------------------------------------------------------------- randomness
+def generator_or_default(generator: torch.Generator | None, seed: int = 0) -> torch.Generator:
+    """The caller's generator, or a fresh CPU one seeded with `seed` (never the global RNG)."""
+    return generator if generator is not None else torch.Generator().manual_seed(seed)
+
+
+def normal_like(like: torch.Tensor, generator: torch.Generator,
+                shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Standard normal draws from `generator` (on its device), returned on like's device and dtype."""
+    shape = tuple(like.shape) if shape is None else shape
+    z = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float32)
+    return z.to(device=like.device, dtype=like.dtype)
+
+
+def rademacher_like(like: torch.Tensor, generator: torch.Generator,
+                    shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Random signs (+1/-1, equal odds) from `generator`, on like's device and dtype."""
+    shape = tuple(like.shape) if shape is None else shape
+    z = torch.randint(0, 2, shape, generator=generator, device=generator.device)
+    return (2 * z - 1).to(device=like.device, dtype=like.dtype)
+
+
+# ----------------------------------------------------------------------------- the mean loss
+class MeanLoss:
+    """The mean loss over `batches` as a function of the flat parameter vector; buffers held fixed.
+
+    Call inside `measuring(model, bn_mode)`: the model's mode decides how BatchNorm normalises. The
+    buffers are copied once, so train-mode BatchNorm updates the copies, never the model.
+    Counts the gradient and Hessian-vector products it computes (`n_gradients`, `n_products`).
+    """
+
+    def __init__(self, model: nn.Module, batches: Batches, loss_fn: LossFn = F.cross_entropy):
+        if not batches:
+            raise ValueError("no data: batches is empty")
+        self.model, self.batches, self.loss_fn = model, list(batches), loss_fn
+        self.like = parameters_of(model)
+        self.buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+        self.n_examples = sum(len(x) for x, _ in self.batches)
+        self.point = flatten(self.like).clone()   # the model's own parameters, flat
+        self.n_gradients = 0
+        self.n_products = 0
+
+    @property
+    def dim(self) -> int:
+        return self.point.numel()
+
+    def logits(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.model, {**params, **self.buffers}, (x,))
+
+    def _batch_loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.logits(unflatten(flat, self.like), x), y) * (len(x) / self.n_examples)
+
+    def value(self, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean loss at `flat` (default: the model's parameters); a 0-d tensor on the device."""
+        flat = self.point if flat is None else flat
+        with torch.no_grad():
+            return sum(self._batch_loss(flat, x, y) for x, y in self.batches)
+
+    def value_and_accuracy(self, flat: torch.Tensor | None = None) -> tuple[float, float]:
+        """(mean loss, accuracy) at `flat`, as floats."""
+        flat = self.point if flat is None else flat
+        params = unflatten(flat, self.like)
+        loss = torch.zeros((), device=flat.device, dtype=torch.float64)
+        correct = torch.zeros((), device=flat.device, dtype=torch.int64)
+        with torch.no_grad():
+            for x, y in self.batches:
+                out = self.logits(params, x)
+                loss += self.loss_fn(out, y).double() * len(x)
+                correct += (out.argmax(1) == y).sum()
+        return loss.item() / self.n_examples, correct.item() / self.n_examples
+
+    def value_and_grad(self, flat: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean loss, its gradient as a flat vector) at `flat`."""
+        flat = (self.point if flat is None else flat).detach().requires_grad_(True)
+        total, grad = torch.zeros((), device=flat.device, dtype=flat.dtype), torch.zeros_like(flat)
+        for x, y in self.batches:
+            loss = self._batch_loss(flat, x, y)
+            grad += torch.autograd.grad(loss, flat)[0]
+            total += loss.detach()
+        self.n_gradients += 1
+        return total, grad
+
+    def hvp(self, vector: torch.Tensor, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """Hessian-vector product H v of the mean loss at `flat` (default: the model's parameters),
+        by double backpropagation, one batch at a time (memory of one batch's graph)."""
+        flat = (self.point if flat is None else flat).detach().requires_grad_(True)
+        vector = vector.detach()
+        out = torch.zeros_like(flat)
+        for x, y in self.batches:
+            grad = torch.autograd.grad(self._batch_loss(flat, x, y), flat, create_graph=True)[0]
+            out += torch.autograd.grad(grad @ vector, flat)[0]
+        self.n_products += 1
+        return out

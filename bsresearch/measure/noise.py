@@ -1,0 +1,309 @@
+"""Gradient noise scale (McCandlish et al. 2018): exact per-example statistics, the two-batch estimator,
+the training loop's EMA of it, a bootstrap interval, and B_noise with the Hessian.
+
+Scaling, everywhere: the loss is the mean cross-entropy over a batch (any mean-reduced loss_fn works);
+g_i is the gradient of example i's loss, G the mean of g_i over the data, Sigma the covariance of
+the g_i (1/(N-1) normalisation). Then a batch of B examples has gradient noise covariance Sigma/B and
+B_simple = tr(Sigma)/|G|^2 is in examples. Per-example gradients need BatchNorm in eval mode (a single
+example has no batch statistics), so every per-example quantity here uses eval mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from .critical import CriticalBatchFit, fit_critical_batch, fit_critical_batch_examples  # noqa: F401 (re-export)
+from .functional import (LossFn, MeanLoss, batches_of, generator_or_default, layer_slices, measuring,
+                         parameters_of, rademacher_like, unflatten)
+
+
+# ----------------------------------------------------------------------------- exact, per example
+def _per_example_flat(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                      x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
+    """(len(x), n_parameters) per-example gradients by vmap over grad (model already in eval mode)."""
+    def example_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        return loss_fn(functional_call(model, {**p, **buffers}, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+    grads = vmap(grad(example_loss), in_dims=(None, 0, 0))(params, x, y)
+    return torch.cat([g.reshape(len(x), -1) for g in grads.values()], dim=1)
+
+
+def per_example_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                          loss_fn: LossFn = F.cross_entropy) -> torch.Tensor:
+    """Per-example gradients, shape (N, n_parameters), flat in model.parameters() order, eval mode.
+
+    Holds all N x n_parameters numbers: for statistics over many examples use gradient_noise_scale,
+    which processes them in chunks.
+    """
+    with measuring(model, "eval"):
+        buffers = {name: b.detach() for name, b in model.named_buffers()}
+        return _per_example_flat(model, parameters_of(model), buffers, x, y, loss_fn)
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """Exact gradient noise statistics over a data set (eval-mode BatchNorm)."""
+    b_simple: float             # tr(Sigma) / |G|^2, in examples (inf when the |G|^2 estimate is <= 0)
+    trace_cov: float            # tr(Sigma): per-example gradient variance summed over parameters, 1/(N-1)
+    grad_sq_norm: float         # |G|^2 used in b_simple: |mean g_i|^2, minus tr(Sigma)/N when unbiased
+    n_examples: int
+    mean_grad_sq_norm: float    # |mean g_i|^2 without correction
+    unbiased: bool              # True: the data is a sample of a larger set and |G|^2 is corrected
+    b_simple_interval: tuple[float, float] | None = None  # bootstrap percentile interval, if asked for
+    confidence: float | None = None
+    n_bootstrap: int = 0
+    per_layer: dict[str, "NoiseScale"] | None = None       # the same per module ('0' = '0.weight' + '0.bias')
+    bn_mode: str = "eval"
+
+
+def _noise_from_sums(sum_grad_sq: float, sum_sq_norms: float, n: int,
+                     unbiased: bool) -> tuple[float, float, float, float]:
+    """(b_simple, trace_cov, grad_sq_norm, mean_grad_sq_norm) from |sum g_i|^2 and sum |g_i|^2."""
+    mean_sq = sum_grad_sq / n ** 2
+    trace_cov = (sum_sq_norms - n * mean_sq) / (n - 1)
+    grad_sq = mean_sq - trace_cov / n if unbiased else mean_sq
+    b_simple = trace_cov / grad_sq if grad_sq > 0 else math.inf
+    return b_simple, trace_cov, grad_sq, mean_sq
+
+
+def _bootstrap_counts(n: int, n_bootstrap: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """(n_bootstrap, n) multiplicities of each example in resamples of size n drawn with replacement."""
+    idx = torch.randint(n, (n_bootstrap, n), generator=generator, device=generator.device)
+    ones = torch.ones_like(idx, dtype=torch.float32)
+    counts = torch.zeros(n_bootstrap, n, device=generator.device).scatter_add_(1, idx, ones)
+    return counts.to(device)
+
+
+def gradient_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_size: int = 256,
+                         per_layer: bool = False, unbiased: bool = True, n_bootstrap: int = 0,
+                         confidence: float = 0.95, generator: torch.Generator | None = None,
+                         loss_fn: LossFn = F.cross_entropy) -> NoiseScale:
+    """Exact B_simple = tr(Sigma)/|G|^2 from the per-example gradients of all N examples of (x, y).
+
+    Per-example gradients come from torch.func (vmap over grad), chunk_size examples at a time, so
+    memory is chunk_size x n_parameters; sums are accumulated in float64.
+    unbiased=True treats (x, y) as a sample of a larger set: |G|^2 = |mean g_i|^2 - tr(Sigma)/N is
+    unbiased for the larger set's |G|^2. unbiased=False treats (x, y) as the whole population (e.g.
+    the training set SGD samples from): |G|^2 = |mean g_i|^2 exactly.
+    n_bootstrap > 0 adds a percentile interval for B_simple from that many resamples of the examples,
+    each put through the same estimator (extra memory n_bootstrap x n_parameters, draws from
+    `generator`). It describes sampling variability, so it belongs with unbiased=True on a sample; it is
+    trustworthy when B_simple << N (when |G|^2 is not much above tr(Sigma)/N, |mean g_i|^2 is mostly
+    noise and the resampled B_simple is biased low).
+    """
+    n = len(x)
+    if n < 2:
+        raise ValueError(f"need at least 2 examples for a covariance; got {n}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer; got {chunk_size}")
+    generator = generator_or_default(generator)
+    with measuring(model, "eval"):
+        params = parameters_of(model)
+        buffers = {name: b.detach() for name, b in model.named_buffers()}
+        slices = layer_slices(model)
+        device = x.device
+        n_params = sum(p.numel() for p in params.values())
+        sum_grad = torch.zeros(n_params, dtype=torch.float64, device=device)
+        sq_norms = torch.zeros(n, len(slices), dtype=torch.float64, device=device)  # per example, per layer
+        counts = _bootstrap_counts(n, n_bootstrap, generator, device) if n_bootstrap else None
+        boot_sums = torch.zeros(n_bootstrap, n_params, dtype=torch.float64, device=device) if n_bootstrap else None
+        for start in range(0, n, chunk_size):
+            g = _per_example_flat(model, params, buffers, x[start:start + chunk_size], y[start:start + chunk_size],
+                                  loss_fn)
+            g64 = g.double()
+            sum_grad += g64.sum(0)
+            sq_norms[start:start + len(g)] = torch.stack([(g64[:, part] ** 2).sum(1) for part in slices.values()], 1)
+            if counts is not None:
+                boot_sums += counts[:, start:start + len(g)].to(g.dtype) @ g
+    b, trace, grad_sq, mean_sq = _noise_from_sums(float(sum_grad @ sum_grad), float(sq_norms.sum()), n, unbiased)
+    interval = None
+    if counts is not None:
+        totals = counts.double() @ sq_norms.sum(1)
+        replicates = np.array([_noise_from_sums(float(s @ s), float(t), n, unbiased)[0]
+                               for s, t in zip(boot_sums, totals)])
+        low, high = np.quantile(replicates, [(1 - confidence) / 2, (1 + confidence) / 2])
+        interval = (float(low), float(high))
+    layers = None
+    if per_layer:
+        layers = {}
+        for column, (layer, part) in enumerate(slices.items()):
+            s = sum_grad[part]
+            lb, lt, lg, lm = _noise_from_sums(float(s @ s), float(sq_norms[:, column].sum()), n, unbiased)
+            layers[layer] = NoiseScale(lb, lt, lg, n, lm, unbiased)
+    return NoiseScale(b, trace, grad_sq, n, mean_sq, unbiased, interval, confidence if interval else None,
+                      n_bootstrap, layers)
+
+
+# ----------------------------------------------------------------------------- two batch sizes
+def two_batch_estimate(sq_norm_small: float, sq_norm_big: float, b_small: int, b_big: int) -> tuple[float, float]:
+    """(|G|^2, tr(Sigma)) from |G_small|^2 and |G_big|^2 (McCandlish et al., appendix A.1).
+
+    Unbiased when each squared norm is unbiased for |G|^2 + tr(Sigma)/B, e.g. batches drawn with
+    replacement; average these over draws, then take the ratio (never average ratios).
+    """
+    grad_sq = (b_big * sq_norm_big - b_small * sq_norm_small) / (b_big - b_small)
+    trace_cov = (sq_norm_small - sq_norm_big) / (1 / b_small - 1 / b_big)
+    return grad_sq, trace_cov
+
+
+@dataclass(frozen=True)
+class TwoBatchNoiseScale:
+    """B_simple from gradient norms at two batch sizes, averaged over draws before the ratio."""
+    b_simple: float             # trace_cov / grad_sq_norm (inf when grad_sq_norm <= 0)
+    grad_sq_norm: float         # mean over draws of the |G|^2 estimate
+    trace_cov: float            # mean over draws of the tr(Sigma) estimate
+    b_small: int
+    b_big: int
+    n_draws: int
+    sq_norm_small: float        # mean |G_small|^2 over draws
+    sq_norm_big: float          # mean |G_big|^2
+    replacement: bool
+    bn_mode: str
+
+
+def two_batch_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, b_small: int, b_big: int,
+                          n_draws: int = 20, generator: torch.Generator | None = None, replacement: bool = True,
+                          loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval") -> TwoBatchNoiseScale:
+    """The two-batch estimator on `n_draws` random batches of b_big examples from (x, y); the small
+    batch is the first b_small of each big one (both gradients at the same parameters).
+
+    replacement=True draws examples i.i.d., which makes both estimates unbiased for the data set's
+    Sigma with 1/N normalisation; without replacement |G|^2 is low by tr(Sigma)/N.
+    """
+    n = len(x)
+    if not 1 <= b_small < b_big:
+        raise ValueError(f"need 1 <= b_small < b_big; got b_small={b_small}, b_big={b_big}")
+    if not replacement and b_big > n:
+        raise ValueError(f"b_big {b_big} exceeds the {n} examples (sampling without replacement)")
+    generator = generator_or_default(generator)
+    small, big = [], []
+    with measuring(model, bn_mode):
+        for _ in range(n_draws):
+            if replacement:
+                idx = torch.randint(n, (b_big,), generator=generator, device=generator.device)
+            else:
+                idx = torch.randperm(n, generator=generator, device=generator.device)[:b_big]
+            idx = idx.to(x.device)
+            g_small = MeanLoss(model, [(x[idx[:b_small]], y[idx[:b_small]])], loss_fn).value_and_grad()[1]
+            g_big = MeanLoss(model, [(x[idx], y[idx])], loss_fn).value_and_grad()[1]
+            small.append(float(g_small @ g_small))
+            big.append(float(g_big @ g_big))
+    sq_small, sq_big = float(np.mean(small)), float(np.mean(big))
+    grad_sq, trace = two_batch_estimate(sq_small, sq_big, b_small, b_big)
+    return TwoBatchNoiseScale(trace / grad_sq if grad_sq > 0 else math.inf, grad_sq, trace, b_small, b_big,
+                              n_draws, sq_small, sq_big, replacement, bn_mode)
+
+
+# ----------------------------------------------------------------------------- the training loop's EMA
+@dataclass(frozen=True)
+class NoiseScaleEMA:
+    """Exponential moving averages of the two-batch |G|^2 and tr(Sigma) estimates, fed by the training
+    loop from the micro-batches of a step; ratio taken after averaging. Bias-corrected like Adam."""
+    decay: float
+    n_samples: int = 0
+    grad_sq_norm_avg: float = 0.0      # uncorrected accumulators
+    trace_cov_avg: float = 0.0
+
+    def _corrected(self, value: float) -> float:
+        return value / (1 - self.decay ** self.n_samples) if self.n_samples else math.nan
+
+    @property
+    def grad_sq_norm(self) -> float:
+        return self._corrected(self.grad_sq_norm_avg)
+
+    @property
+    def trace_cov(self) -> float:
+        return self._corrected(self.trace_cov_avg)
+
+    @property
+    def b_simple(self) -> float:
+        if not self.n_samples:
+            return math.nan
+        return self.trace_cov / self.grad_sq_norm if self.grad_sq_norm > 0 else math.inf
+
+
+def update_noise_ema(ema: NoiseScaleEMA, sq_norm_small: float, sq_norm_big: float, b_small: int,
+                     b_big: int) -> NoiseScaleEMA:
+    """The EMA after one more pair of squared gradient norms (non-finite pairs are skipped)."""
+    if not (math.isfinite(sq_norm_small) and math.isfinite(sq_norm_big)):
+        return ema
+    grad_sq, trace = two_batch_estimate(sq_norm_small, sq_norm_big, b_small, b_big)
+    d = ema.decay
+    return dataclasses.replace(ema, n_samples=ema.n_samples + 1,
+                               grad_sq_norm_avg=d * ema.grad_sq_norm_avg + (1 - d) * grad_sq,
+                               trace_cov_avg=d * ema.trace_cov_avg + (1 - d) * trace)
+
+
+def squared_grad_norm(model: nn.Module) -> torch.Tensor:
+    """|p.grad|^2 summed over the model's parameters (a 0-d float32 tensor; no device sync)."""
+    return sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)
+
+
+def noise_ema_columns(ema: NoiseScaleEMA | None) -> dict[str, float]:
+    """History columns for the training loop (NaN before the first sample)."""
+    ema = ema or NoiseScaleEMA(decay=0.0)
+    return {"noise_b_simple_ema": ema.b_simple, "noise_grad_sq_norm_ema": ema.grad_sq_norm,
+            "noise_trace_cov_ema": ema.trace_cov}
+
+
+# ----------------------------------------------------------------------------- B_noise, with the Hessian
+@dataclass(frozen=True)
+class HessianNoiseScale:
+    """B_noise = tr(H Sigma) / (G^T H G) (McCandlish et al.), eval-mode BatchNorm, (x, y) as the population."""
+    b_noise: float
+    b_noise_std_error: float    # from the Hutchinson error of tr(H Sigma)
+    trace_h_sigma: float        # Hutchinson estimate over examples
+    trace_h_sigma_std_error: float
+    g_h_g: float                # G^T H G, exact
+    n_examples: int
+    n_probes: int
+    n_products: int             # Hessian-vector products used
+    bn_mode: str = "eval"
+
+
+def hessian_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n_probes: int = 10,
+                        chunk_size: int = 1024, generator: torch.Generator | None = None,
+                        loss_fn: LossFn = F.cross_entropy) -> HessianNoiseScale:
+    """B_noise by Hessian-vector products, without per-example gradients.
+
+    tr(H Sigma) = sum_i d_i^T H d_i / (N-1) with d_i = g_i - G. For Rademacher signs z over the
+    examples, u = sum_i z_i d_i = grad(sum_i z_i loss_i) - (sum_i z_i) G has E[u^T H u] = sum_i d_i^T H d_i,
+    so each probe costs one weighted backward pass and one Hessian-vector product.
+    """
+    n = len(x)
+    if n < 2 or n_probes < 2:
+        raise ValueError(f"need at least 2 examples and 2 probes; got {n} and {n_probes}")
+    generator = generator_or_default(generator)
+    with measuring(model, "eval"):
+        loss = MeanLoss(model, batches_of(x, y, chunk_size), loss_fn)
+        mean_grad = loss.value_and_grad()[1]
+        g_h_g = float(mean_grad @ loss.hvp(mean_grad))
+        samples = []
+        for _ in range(n_probes):
+            signs = rademacher_like(x, generator, (n,))
+            u = _signed_example_gradient(loss, signs, loss_fn) - signs.sum() * mean_grad
+            samples.append(float(u @ loss.hvp(u)) / (n - 1))
+    values = np.array(samples)
+    trace, trace_se = float(values.mean()), float(values.std(ddof=1) / math.sqrt(n_probes))
+    return HessianNoiseScale(trace / g_h_g, trace_se / abs(g_h_g), trace, trace_se, g_h_g, n, n_probes,
+                             loss.n_products)
+
+
+def _signed_example_gradient(loss: MeanLoss, signs: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
+    """grad of sum_i signs_i * loss_i over all examples of loss.batches (in order), flat."""
+    flat = loss.point.detach().requires_grad_(True)
+    out = torch.zeros_like(flat)
+    start = 0
+    for x, y in loss.batches:
+        logits = loss.logits(unflatten(flat, loss.like), x)
+        example_losses = vmap(lambda o, t: loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(logits, y)
+        weighted = (signs[start:start + len(x)] * example_losses).sum()
+        out += torch.autograd.grad(weighted, flat)[0]
+        start += len(x)
+    return out

@@ -1,0 +1,103 @@
+"""The measurements a run can take after training (`RunConfig.measure`), merged into metrics.json.
+
+Each entry is `(model, data, cfg, generator) -> dict` of JSON-able numbers. All use the whole training
+set, mean cross-entropy, fp32 and eval-mode BatchNorm, and draw from the run's probe generator.
+Defaults are chosen so each costs a few seconds at most for the MNIST-1D CNN (5.2k parameters, 4000
+examples) on one CPU thread; README.md lists the measured costs.
+"""
+from __future__ import annotations
+
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from ..config import RunConfig
+from ..data import Dataset
+from . import curvature, noise, sharpness
+from .functional import batches_of
+
+NOISE_HESSIAN_PROBES = 10          # Hutchinson probes for tr(H Sigma) in B_noise
+HESSIAN_TOL = 1e-3                 # relative residual of the top eigenvalue (Lanczos)
+HESSIAN_TRACE_PROBES = 10          # Hutchinson probes for tr(H)
+KESKAR_EPS = (1e-3, 5e-4)          # Keskar et al.'s two box sizes, full space, 10 L-BFGS-B iterations
+WORST_RHO, AVERAGE_SIGMA = 0.05, 0.01                    # L2 ball radius (SAM's default) and Gaussian std
+ADAPTIVE_WORST_RHO, ADAPTIVE_AVERAGE_SIGMA = 0.5, 0.05   # the same for perturbations scaled by |w|
+SHARPNESS_SAMPLES = 10
+
+
+def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+    """Exact B_simple over the training set (the population SGD samples from: no sample correction, so
+    no sampling error either) and B_noise = tr(H Sigma)/(G^T H G) with its Hutchinson standard error."""
+    x, y = data.x_train, data.y_train
+    exact = noise.gradient_noise_scale(model, x, y, unbiased=False)
+    with_hessian = noise.hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator)
+    return {"noise_b_simple": exact.b_simple, "noise_trace_cov": exact.trace_cov,
+            "noise_grad_sq_norm": exact.grad_sq_norm,
+            "noise_n_examples": exact.n_examples, "noise_b_noise": with_hessian.b_noise,
+            "noise_b_noise_std_error": with_hessian.b_noise_std_error}
+
+
+def measure_hessian(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+    """Top Hessian eigenvalue (Lanczos) and Hutchinson trace of the training loss."""
+    batches = batches_of(data.x_train, data.y_train)
+    top = curvature.top_eigenvalues(model, batches, k=1, tol=HESSIAN_TOL, max_iter=50, generator=generator)
+    trace = curvature.hessian_trace(model, batches, n_probes=HESSIAN_TRACE_PROBES, generator=generator)
+    return {"hessian_top_eigenvalue": top.eigenvalues[0], "hessian_top_eigenvalue_residual": top.residuals[0],
+            "hessian_top_eigenvalue_converged": top.converged, "hessian_trace": trace.trace,
+            "hessian_trace_std_error": trace.std_error, "hessian_products": top.n_products + trace.n_products}
+
+
+def measure_keskar_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig,
+                             generator: torch.Generator) -> dict[str, Any]:
+    """Keskar et al.'s phi (percent) at eps 1e-3 and 5e-4, full space, on the full training loss."""
+    out: dict[str, Any] = {}
+    for eps in KESKAR_EPS:
+        result = sharpness.keskar_sharpness(model, data.x_train, data.y_train, eps, generator=generator)
+        out["keskar_loss"] = result.loss
+        out[f"keskar_phi_eps{eps:.0e}".replace("e-0", "e-")] = result.phi
+        out[f"keskar_loss_at_max_eps{eps:.0e}".replace("e-0", "e-")] = result.loss_at_max
+    return out
+
+
+def measure_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+    """Worst-case (L2 ball) and average-case (Gaussian) sharpness, plain and adaptive, on the training loss."""
+    x, y = data.x_train, data.y_train
+    worst = sharpness.worst_case_sharpness(model, x, y, WORST_RHO)
+    average = sharpness.average_case_sharpness(model, x, y, AVERAGE_SIGMA, SHARPNESS_SAMPLES, generator=generator)
+    a_worst = sharpness.worst_case_sharpness(model, x, y, ADAPTIVE_WORST_RHO, adaptive=True)
+    a_average = sharpness.average_case_sharpness(model, x, y, ADAPTIVE_AVERAGE_SIGMA, SHARPNESS_SAMPLES,
+                                                 adaptive=True, generator=generator)
+    return {f"sharpness_worst_rho{WORST_RHO:g}": worst.sharpness,
+            f"sharpness_average_sigma{AVERAGE_SIGMA:g}": average.sharpness,
+            f"sharpness_average_sigma{AVERAGE_SIGMA:g}_std_error": average.std_error,
+            f"sharpness_adaptive_worst_rho{ADAPTIVE_WORST_RHO:g}": a_worst.sharpness,
+            f"sharpness_adaptive_average_sigma{ADAPTIVE_AVERAGE_SIGMA:g}": a_average.sharpness,
+            f"sharpness_adaptive_average_sigma{ADAPTIVE_AVERAGE_SIGMA:g}_std_error": a_average.std_error}
+
+
+# name -> function(model, data, cfg, generator) -> dict of JSON-able numbers, merged into metrics.json.
+# The names must equal config.MEASUREMENTS (a test checks).
+MEASUREMENTS: dict[str, Callable[[nn.Module, Dataset, RunConfig, torch.Generator], dict[str, Any]]] = {
+    "noise_scale": measure_noise_scale,
+    "hessian": measure_hessian,
+    "keskar_sharpness": measure_keskar_sharpness,
+    "sharpness": measure_sharpness,
+}
+
+
+def take_measurements(names: tuple[str, ...], model: nn.Module, data: Dataset, cfg: RunConfig,
+                      generator: torch.Generator) -> dict[str, Any]:
+    """Run the named measurements; one that fails is recorded under 'measurement_errors', not raised,
+    so a finished training run is never lost to a measurement."""
+    out: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name in names:
+        try:
+            out.update(MEASUREMENTS[name](model, data, cfg, generator))
+        except Exception:  # noqa: BLE001
+            errors[name] = traceback.format_exc(limit=3)
+    if errors:
+        out["measurement_errors"] = errors
+    return out

@@ -1,0 +1,63 @@
+"""Figures for reports: functions that draw onto a given matplotlib Axes from a DataFrame.
+
+No torch import: figures are drawn anywhere a results table can be read. `save_figure` writes PNG
+and PDF plus a caption file stating where the numbers came from (sweep, commit, budget kind).
+
+Modules: sweeps (metric vs batch size, learning curves, lr sweeps, steps-to-target and its critical-batch
+fit; from bsresearch.results tables), systems (throughput and memory; from bsresearch.systems).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+# Scripts, tests and sweep workers draw headless; a notebook kernel (or an explicit MPLBACKEND) keeps its
+# own backend, so figures still show inline in JupyterLab.
+if "ipykernel" not in sys.modules and not os.environ.get("MPLBACKEND"):
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def log2_batch_axis(ax: plt.Axes, axis: str = "x", values: list[int] | None = None) -> None:
+    """A base-2 log axis for batch sizes, ticks at the given (or power-of-two) batch sizes, plain numbers."""
+    set_scale = ax.set_xscale if axis == "x" else ax.set_yscale
+    set_scale("log", base=2)
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    if values:
+        target.set_major_locator(FixedLocator(sorted(set(values))))
+        target.set_minor_locator(NullLocator())
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: "pd.DataFrame | None" = None) -> list[Path]:
+    """Write `stem`.png (200 dpi) and `stem`.pdf, and `stem`.txt holding the caption; return the paths.
+
+    The caption should say which sweep, which commit and which budget kind the figure shows; given the
+    `runs` table the figure was drawn from (bsresearch.results.load), that line is appended for you.
+    """
+    if runs is not None:
+        from ..results import provenance_caption
+        caption = f"{caption.rstrip()}\n{provenance_caption(runs)}"
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf"), stem.with_suffix(".txt")]
+    fig.savefig(paths[0], dpi=200, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+    paths[2].write_text(caption.rstrip() + "\n")
+    return paths
+
+
+from .sweeps import (figure_grid, learning_curves, metric_vs_batch, metric_vs_lr, run_curves,  # noqa: E402
+                     steps_to_target_plot)
+
+__all__ = ["log2_batch_axis", "save_figure", "figure_grid", "learning_curves", "metric_vs_batch", "metric_vs_lr",
+           "run_curves", "steps_to_target_plot"]

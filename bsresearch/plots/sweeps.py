@@ -1,0 +1,128 @@
+"""Sweep figures: each function draws on the Axes it is given, from a bsresearch.results table, and returns it.
+
+Means are over seeds with seaborn's 95% confidence interval (bootstrap, fixed seed), and the individual
+seeds are drawn as faint points so a reader sees how many there are. Batch-size axes are base-2 log.
+seaborn is imported by the functions that use it (it takes a second or more to import, and the run
+template, executed once per run, only needs `run_curves`).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from . import log2_batch_axis
+
+CI = ("ci", 95)
+LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate", "step": "step (updates)",
+          "examples": "examples seen", "epoch": "epoch", "train_loss": "train loss", "test_loss": "test loss",
+          "train_acc": "train accuracy", "test_acc": "test accuracy", "gap_acc": "train - test accuracy",
+          "steps_to_target": "steps to target", "examples_to_target": "examples to target"}
+
+
+def _label(name: str) -> str:
+    if name.startswith("keskar_phi_eps"):  # measure.registry's names, e.g. keskar_phi_eps1e-3
+        return f"Keskar sharpness phi (%), eps {name.removeprefix('keskar_phi_eps')}"
+    return LABELS.get(name, name.replace("_", " "))
+
+
+def _plain_numbers(ax: plt.Axes) -> None:
+    """No '+1' offset on a linear y axis (accuracies near 1 otherwise read as 0.0000)."""
+    formatter = ax.yaxis.get_major_formatter()
+    if hasattr(formatter, "set_useOffset"):
+        formatter.set_useOffset(False)
+
+
+def _categorical(data: pd.DataFrame, column: str | None) -> tuple[pd.DataFrame, list[str] | None]:
+    """A numeric hue as ordered text labels (seaborn would otherwise use a continuous colour scale)."""
+    if column is None:
+        return data, None
+    order = sorted(data[column].dropna().unique())
+    labels = {v: f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v) for v in order}
+    return data.assign(**{column: data[column].map(labels)}), [labels[v] for v in order]
+
+
+def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: str | None = None,
+                    errorbar: Any = CI, seeds: bool = True, **kwargs: Any) -> plt.Axes:
+    """Mean of `y` over seeds against batch size (log2 axis), with a 95% interval; one line per `hue`."""
+    import seaborn as sns
+    data, order = _categorical(runs.dropna(subset=[y]), hue)
+    sns.lineplot(data=data, x="batch_size", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
+                 err_style="bars", seed=0, ax=ax, **kwargs)
+    if seeds:
+        ax.scatter(data["batch_size"], data[y], s=10, color="0.3", alpha=0.35, zorder=3, linewidths=0)
+    log2_batch_axis(ax, "x", [int(b) for b in runs["batch_size"].unique()])
+    _plain_numbers(ax)
+    ax.set(xlabel=_label("batch_size"), ylabel=_label(y))
+    return ax
+
+
+def metric_vs_lr(ax: plt.Axes, runs: pd.DataFrame, y: str, hue: str | None = "batch_size",
+                 errorbar: Any = CI, **kwargs: Any) -> plt.Axes:
+    """Mean of `y` over seeds against the learning rate (log axis), one line per `hue` (batch size)."""
+    import seaborn as sns
+    data, order = _categorical(runs.dropna(subset=[y]), hue)
+    sns.lineplot(data=data, x="lr", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
+                 err_style="bars", seed=0, ax=ax, **kwargs)
+    ax.set_xscale("log")
+    ax.set(xlabel=_label("lr"), ylabel=_label(y))
+    return ax
+
+
+def learning_curves(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", x: str = "step",
+                    hue: str | None = "batch_size", errorbar: Any = CI, log_x: bool = True, log_y: bool = True,
+                    **kwargs: Any) -> plt.Axes:
+    """`y` against `x` from a long-form history (results.load_history), mean over seeds with a 95%
+    interval, one line per `hue`. Step 0 is left out of a log x axis."""
+    import seaborn as sns
+    data = history[history[x] > 0] if log_x else history
+    data, order = _categorical(data, hue)
+    sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, errorbar=errorbar, seed=0, ax=ax, **kwargs)
+    if log_x:
+        ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set(xlabel=_label(x), ylabel=_label(y))
+    return ax
+
+
+def run_curves(ax_loss: plt.Axes, ax_acc: plt.Axes, history: pd.DataFrame, x: str = "step") -> None:
+    """One run's train and test loss (log-log) and accuracy against `x`, from its history rows."""
+    data = history[history[x] > 0]
+    for split, style in (("train", "-"), ("test", "--")):
+        ax_loss.plot(data[x], data[f"{split}_loss"], style, label=split)
+        ax_acc.plot(data[x], data[f"{split}_acc"], style, label=split)
+    ax_loss.set(xscale="log", yscale="log", xlabel=_label(x), ylabel="loss (mean cross-entropy)")
+    ax_acc.set(xscale="log", xlabel=_label(x), ylabel="accuracy")
+    ax_loss.legend()
+    ax_acc.legend()
+
+
+def steps_to_target_plot(ax: plt.Axes, table: pd.DataFrame, steps: str = "steps_to_target",
+                         fit: Any | None = None, label: str | None = None) -> plt.Axes:
+    """Steps to the target against batch size (log2 x, log y): each row a point (e.g. best lr per batch
+    size, or every seed), and, given a CriticalBatchFit, the curve S_min (1 + B_crit/B) and B_crit."""
+    data = table.dropna(subset=[steps])
+    ax.plot(data["batch_size"], data[steps], "o", label=label or "measured")
+    if fit is not None:
+        b = np.geomspace(data["batch_size"].min() / 2, data["batch_size"].max() * 2, 200)
+        ax.plot(b, fit.predict_steps(b), "-", color="0.3",
+                label=f"S_min (1 + B_crit/B): B_crit = {fit.b_crit:.3g}, S_min = {fit.s_min:.3g}")
+        ax.axvline(fit.b_crit, color="0.6", linestyle=":", linewidth=1)
+    log2_batch_axis(ax, "x", [int(v) for v in data["batch_size"].unique()])
+    ax.set_yscale("log")
+    ax.set(xlabel=_label("batch_size"), ylabel=_label(steps))
+    ax.legend()
+    return ax
+
+
+def figure_grid(n: int, width: float = 4.0, height: float = 3.2, ncols: int | None = None
+                ) -> tuple[plt.Figure, Sequence[plt.Axes]]:
+    """A row (or grid) of n Axes sized for a report, with a tight layout."""
+    ncols = ncols or n
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), layout="constrained",
+                             squeeze=False)
+    return fig, list(axes.flat)[:n]

@@ -1,0 +1,93 @@
+"""`bsresearch report SPEC`: execute the spec's analysis notebook into REPORTS/<name>/.
+
+The notebook gets four parameters (sweep, runs_dir, out_dir, spec_path), runs with out_dir as its working
+directory and writes its figures (PNG, PDF and a caption file each) and tables there. The executed
+notebook is kept next to them as <notebook>.ipynb, and as HTML when nbconvert is available.
+No torch import here; the notebook's kernel imports what it needs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .config import ConfigError
+from .sweep.runner import MANIFEST
+from .sweep.spec import SweepSpec, load_spec
+
+
+def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", reports_root: str | Path = "reports",
+               timeout: float = 1800.0, kernel: str = "python3", html: bool = True) -> Path:
+    """Execute the analysis notebook of `spec`; returns the report folder. Raises ConfigError when the spec
+    has no analysis notebook or the sweep has no runs, RuntimeError when a notebook cell fails (the
+    executed notebook, with the error in it, is kept)."""
+    spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    if spec.analysis is None:
+        raise ConfigError(f"analysis: spec {spec.name!r} names no analysis notebook; add "
+                          f"'analysis: ../notebooks/10_sweep_report.ipynb'")
+    sweep_dir = Path(runs_root).resolve() / spec.name
+    if not (sweep_dir / MANIFEST).exists():
+        raise ConfigError(f"no sweep {spec.name!r} under {sweep_dir.parent}: run `bsresearch sweep "
+                          f"{spec.path or spec.name}` first")
+    out_dir = Path(reports_root).resolve() / spec.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    output = out_dir / spec.analysis.name
+    partial = out_dir / f".{spec.analysis.stem}.partial.ipynb"
+    parameters = {"sweep": spec.name, "runs_dir": str(sweep_dir.parent), "out_dir": str(out_dir),
+                  "spec_path": str(spec.path) if spec.path else None}
+
+    import papermill as pm
+    try:
+        pm.execute_notebook(str(spec.analysis), str(partial), parameters=parameters, kernel_name=kernel,
+                            cwd=str(out_dir), progress_bar=False, execution_timeout=timeout,
+                            coalesce_streams=True, shutdown_kernel="immediate")
+    except pm.PapermillExecutionError as exc:
+        raise RuntimeError(f"{spec.analysis.name} cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
+                           f"(the executed notebook is {output})") from None
+    finally:
+        if partial.exists():
+            os.replace(partial, output)
+    if html:
+        export_html(output)
+    return out_dir
+
+
+def export_html(notebook: Path) -> Path | None:
+    """Write notebook.html beside the notebook (figures embedded); None if nbconvert is unavailable."""
+    try:
+        import nbformat
+        from nbconvert import HTMLExporter
+    except ImportError:
+        return None
+    try:
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(notebook, as_version=4))
+    except Exception as exc:  # noqa: BLE001 - the notebook and figures are the report; HTML is a convenience
+        print(f"note: no HTML export ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+    path = notebook.with_suffix(".html")
+    path.write_text(body)
+    return path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="execute a sweep's analysis notebook into reports/<name>/",
+                       description="Execute the spec's analysis notebook over the sweep's results; figures, "
+                                   "tables and the executed notebook go to REPORTS/<name>/.")
+    p.add_argument("spec", help="experiment spec, e.g. experiments/demo.yaml")
+    p.add_argument("--runs", default="runs", help="root folder of run directories [runs]")
+    p.add_argument("--reports", default="reports", help="root folder of reports [reports]")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per notebook cell [1800]")
+    p.add_argument("--no-html", action="store_true", help="do not export the executed notebook to HTML")
+    p.set_defaults(handler=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    try:
+        out_dir = run_report(args.spec, args.runs, args.reports, args.timeout, html=not args.no_html)
+    except RuntimeError as exc:
+        print(f"bsresearch: report failed: {exc}", file=sys.stderr)
+        return 1
+    files = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith("."))
+    print(f"report in {out_dir}: {', '.join(files)}")
+    return 0

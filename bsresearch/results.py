@@ -1,0 +1,266 @@
+"""Sweep results as tidy pandas tables, and the analysis helpers. No torch import: analysis runs anywhere.
+
+    runs = load("demo")                 # one row per run: config columns, final metrics, state, provenance
+    history = load_history(runs)        # long form: one row per (run, evaluation)
+    ok = finished(runs)                 # state ok (or also diverged)
+    summarize(ok, "batch_size", ["test_acc"])        # mean, std, t-interval over seeds
+    best_lr(ok, "steps_to_target", by="batch_size")  # lr tuned per batch size (mean over seeds)
+    critical_batch(table)               # S = S_min (1 + B_crit/B) on steps-to-target
+
+Columns of `load`: sweep, run_id, label, state, error, notebook_error, every RunConfig field (tuples stay
+tuples), the derived values of config.json (effective_lr, total_steps, n_train, ...), every final metric of
+metrics.json (nested measurement results flattened as "name.key"), git_commit, device_name, started,
+ended, run_dir. A point of the sweep that has not run yet has state "pending".
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .config import FIELD_NAMES, ConfigError
+
+MANIFEST = "sweep.json"  # written by bsresearch.sweep.runner (kept equal by a test)
+FINISHED = ("ok", "diverged")
+LOWER_IS_BETTER = ("loss", "steps", "examples", "epochs", "gap", "seconds", "sharpness")
+
+
+# ----------------------------------------------------------------------------- loading
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def sweep_dir(sweep: str | Path, runs_root: str | Path = "runs") -> Path:
+    """The folder of a sweep: `sweep` itself when it is a folder, else RUNS_ROOT/<sweep>."""
+    path = Path(sweep)
+    if path.is_dir() and ((path / MANIFEST).exists() or any(path.glob("*/config.json"))):
+        return path
+    path = Path(runs_root) / str(sweep)
+    if not path.is_dir():
+        raise ConfigError(f"no sweep {str(sweep)!r}: {path} does not exist (run `bsresearch sweep` first, or "
+                          f"pass runs_root)")
+    return path
+
+
+def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any]) -> dict[str, Any]:
+    config = _read_json(run_dir / "config.json")
+    status = _read_json(run_dir / "status.json") or {}
+    row: dict[str, Any] = {"sweep": sweep, "run_id": run_dir.name, "label": label}
+    if config is None:  # listed in the manifest, not started yet
+        row.update(coords, state="pending")
+        return row
+    row.update(state=status.get("state"), error=status.get("error"), notebook_error=status.get("notebook_error"))
+    derived = config.pop("derived", {}) or {}
+    row.update({k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+    row.update({k: v for k, v in derived.items() if k not in row})
+    for k, v in _flatten(_read_json(run_dir / "metrics.json") or {}).items():
+        if k not in row:
+            row[k] = v
+        elif row[k] != v:
+            row[f"final_{k}"] = v
+    prov = status.get("provenance") or {}
+    row.update(git_commit=prov.get("git_commit"), device_name=prov.get("device_name"),
+               started=status.get("started"), ended=status.get("ended"), run_dir=str(run_dir))
+    return row
+
+
+def load(sweeps: str | Path | Iterable[str | Path], runs_root: str | Path = "runs",
+         all_runs: bool = False) -> pd.DataFrame:
+    """One row per run of one or more sweeps (names under runs_root, or sweep folders).
+
+    By default the runs are the points listed in the sweep's manifest (sweep.json), in order; all_runs
+    (or a folder without a manifest) takes every run directory in the folder instead.
+    """
+    if isinstance(sweeps, (str, Path)):
+        sweeps = [sweeps]
+    rows = []
+    for sweep in sweeps:
+        folder = sweep_dir(sweep, runs_root)
+        manifest = _read_json(folder / MANIFEST)
+        name = manifest["name"] if manifest else folder.name
+        points = [] if manifest is None or all_runs else manifest.get("points", [])
+        if points:
+            for p in points:
+                rows.append(_run_row(folder / p["run_id"], name, p.get("label"), p.get("coords") or {}))
+        else:
+            for run_dir in sorted(d for d in folder.iterdir() if (d / "config.json").exists()):
+                rows.append(_run_row(run_dir, name, None, {}))
+    return pd.DataFrame(rows)
+
+
+def sweep_axes(sweep: str | Path, runs_root: str | Path = "runs") -> list[str]:
+    """The grid axes of a sweep, as its spec wrote them (from the manifest), seed last; [] without one."""
+    manifest = _read_json(sweep_dir(sweep, runs_root) / MANIFEST) or {}
+    points = manifest.get("points") or [{}]
+    return list((points[0].get("coords") or {}).keys())
+
+
+def finished(runs: pd.DataFrame, include_diverged: bool = False) -> pd.DataFrame:
+    """The runs that ended ok (and, if asked, those that diverged)."""
+    states = FINISHED if include_diverged else ("ok",)
+    return runs[runs["state"].isin(states)].reset_index(drop=True)
+
+
+def varying_columns(runs: pd.DataFrame) -> list[str]:
+    """RunConfig fields whose value differs between the runs (the sweep's axes, seed included)."""
+    return [c for c in FIELD_NAMES if c in runs and runs[c].astype(str).nunique(dropna=False) > 1]
+
+
+def load_history(runs: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """Long-form history of `runs` (from `load`): one row per (run, evaluation).
+
+    Columns: sweep, run_id, the given config `columns` (default: the varying ones plus batch_size and
+    seed), then history.csv's (step, epoch, examples, lr, train/test loss and accuracy, ...). Note that
+    the history's `lr` is the rate at that step; the config's lr is kept as `config_lr` when asked for.
+    """
+    if columns is None:
+        columns = list(dict.fromkeys([*varying_columns(runs), "batch_size", "seed"]))
+    columns = [c for c in columns if c in runs]
+    frames = []
+    for _, run in runs.iterrows():
+        path = Path(str(run.get("run_dir"))) / "history.csv"
+        if run.get("run_dir") is None or not path.exists() or path.stat().st_size == 0:
+            continue
+        hist = pd.read_csv(path)
+        keys = {"sweep": run["sweep"], "run_id": run["run_id"]}
+        keys.update({("config_lr" if c == "lr" else c): run[c] for c in columns})
+        front = pd.DataFrame({k: [v] * len(hist) for k, v in keys.items()})  # lists: tuples stay values
+        frames.append(pd.concat([front, hist], axis=1))
+    if not frames:
+        return pd.DataFrame(columns=["sweep", "run_id", *columns, "step"])
+    return pd.concat(frames, ignore_index=True)
+
+
+# ----------------------------------------------------------------------------- analysis helpers
+def summarize(runs: pd.DataFrame, by: str | Sequence[str], metrics: Sequence[str],
+              confidence: float = 0.95) -> pd.DataFrame:
+    """Per group (e.g. batch size): n, and for each metric its mean, std, and the Student-t interval of
+    the mean over seeds (`<metric>_mean`, `_std`, `_low`, `_high`). NaN values (e.g. never reached the
+    target) are left out of that metric's statistics."""
+    from scipy import stats
+    by = [by] if isinstance(by, str) else list(by)
+    rows = []
+    for key, group in runs.groupby(by, sort=True, dropna=False):
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        row["n"] = len(group)
+        for m in metrics:
+            values = pd.to_numeric(group[m], errors="coerce").dropna().to_numpy(float)
+            mean = float(values.mean()) if len(values) else math.nan
+            std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+            half = float(stats.t.ppf((1 + confidence) / 2, len(values) - 1) * std / math.sqrt(len(values))) \
+                if len(values) > 1 else math.nan
+            row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_low": mean - half, f"{m}_high": mean + half})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def lower_is_better(metric: str) -> bool:
+    """Losses, steps, examples, epochs, gaps, seconds and sharpness are minimised; the rest maximised."""
+    return any(word in metric for word in LOWER_IS_BETTER)
+
+
+def best_lr(runs: pd.DataFrame, metric: str, by: str | Sequence[str] = "batch_size", lr: str = "lr",
+            minimize: bool | None = None) -> pd.DataFrame:
+    """For each group (batch size), the learning rate with the best mean `metric` over seeds.
+
+    A run with a missing value (diverged, never reached the target) counts as the worst possible, so an
+    lr that fails for some seed is not chosen over one that always works. Columns: the `by` columns,
+    lr, `<metric>` (mean over seeds at that lr), n_seeds, n_lrs, and `interior`: whether the best lr lies
+    strictly inside the lrs tried (if not, extend the grid: the optimum may lie beyond it).
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    minimize = lower_is_better(metric) if minimize is None else minimize
+    worst = math.inf if minimize else -math.inf
+    scores = runs.assign(_score=pd.to_numeric(runs[metric], errors="coerce").fillna(worst))
+    per_lr = scores.groupby(by + [lr], sort=True)["_score"].agg(["mean", "size"]).reset_index()
+    rows = []
+    for key, group in per_lr.groupby(by, sort=True):
+        best = group.loc[group["mean"].idxmin() if minimize else group["mean"].idxmax()]
+        lrs = sorted(group[lr])
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        row.update({lr: best[lr], metric: best["mean"] if math.isfinite(best["mean"]) else math.nan,
+                    "n_seeds": int(best["size"]), "n_lrs": len(lrs),
+                    "interior": len(lrs) > 2 and lrs[0] < best[lr] < lrs[-1]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def to_target(history: pd.DataFrame, target: float, loss: str = "train_loss") -> pd.DataFrame:
+    """Per run: steps, examples and epochs at the first evaluation where `loss` <= target (NaN if never).
+
+    The resolution is that of the evaluation schedule. The config columns carried by the history
+    (batch_size, seed, ...) are kept.
+    """
+    keep = [c for c in history.columns if c in FIELD_NAMES or c in ("sweep", "run_id", "config_lr")]
+    rows = []
+    for run_id, group in history.groupby("run_id", sort=False):
+        group = group.sort_values("step")
+        hit = group[group[loss] <= target]
+        row = group.iloc[0][keep].to_dict()
+        first = hit.iloc[0] if len(hit) else None
+        for col in ("step", "examples", "epoch"):
+            name = {"step": "steps", "examples": "examples", "epoch": "epochs"}[col]
+            row[f"{name}_to_target"] = float(first[col]) if first is not None else math.nan
+        row["target"] = target
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def generalization_gap(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with gap_acc = train_acc - test_acc and gap_loss = test_loss - train_loss (final values)."""
+    return runs.assign(gap_acc=runs["train_acc"] - runs["test_acc"], gap_loss=runs["test_loss"] - runs["train_loss"])
+
+
+def critical_batch(table: pd.DataFrame, steps: str = "steps_to_target", batch: str = "batch_size",
+                   confidence: float = 0.95):
+    """Fit S = S_min (1 + B_crit/B) to the rows of `table` (e.g. best_lr on steps_to_target, or every
+    seed's steps) with bsresearch.measure.critical.fit_critical_batch; rows without a finite `steps`
+    value are left out. Returns its CriticalBatchFit (s_min, b_crit, e_min, intervals, ...)."""
+    from .measure.critical import fit_critical_batch  # numpy/scipy only
+    values = table[[batch, steps]].apply(pd.to_numeric, errors="coerce")
+    values = values[np.isfinite(values[steps]) & (values[steps] > 0)]
+    return fit_critical_batch(values[batch].to_numpy(float), values[steps].to_numpy(float), confidence)
+
+
+# ----------------------------------------------------------------------------- provenance for captions
+def budget_description(runs: pd.DataFrame) -> str:
+    """The budget kind(s) of the runs in words, e.g. "until train loss <= 0.01 (cap 4000-40000 steps)"."""
+    kinds = []
+    if "budget" not in runs:
+        return "unknown budget"
+    target = runs[runs["budget"] == "target"]
+    for loss, group in target.groupby("target_loss", sort=True):
+        caps = sorted({int(c) for c in group["max_steps"]})
+        cap = f"{caps[0]}" if len(caps) == 1 else f"{caps[0]}-{caps[-1]}"
+        kinds.append(f"until train loss <= {loss:g} (cap {cap} steps)")
+    fixed = runs[runs["budget"] != "target"]
+    for (kind, amount), _ in fixed.groupby(["budget", "budget_amount"], sort=True):
+        kinds.append(f"fixed {kind}: {amount:g}")
+    return "; ".join(kinds) or "unknown budget"
+
+
+def provenance_caption(runs: pd.DataFrame) -> str:
+    """"Sweep demo (9 runs, seeds 0-2); commit 1a2b3c; budget: ..." for a figure's caption file."""
+    sweeps = ", ".join(map(str, dict.fromkeys(runs["sweep"]))) if "sweep" in runs else "?"
+    commits = sorted({str(c) for c in runs.get("git_commit", pd.Series(dtype=object)).dropna()}) or ["unknown"]
+    seeds = sorted(int(s) for s in runs["seed"].dropna().unique()) if "seed" in runs else []
+    seed_text = f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if seeds else ""
+    return (f"Sweep {sweeps} ({len(runs)} runs{seed_text}); commit {', '.join(commits)}; "
+            f"budget: {budget_description(runs)}.")

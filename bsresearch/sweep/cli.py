@@ -1,0 +1,93 @@
+"""`bsresearch sweep SPEC ...`: plan and execute a sweep (registered in bsresearch.cli.COMMANDS)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError
+from .executors import CLUSTERS, EXECUTORS
+
+EXAMPLES = """examples:
+  bsresearch sweep experiments/smoke.yaml --dry-run          # list the runs and what would be done
+  bsresearch sweep experiments/demo.yaml --workers 2         # papermill, 2 local worker processes
+  bsresearch sweep experiments/demo.yaml --executor inline   # in this process, no notebooks
+  bsresearch sweep experiments/demo.yaml --executor dask --scheduler tcp://head:8786
+  bsresearch sweep experiments/demo.yaml --executor dask --cluster slurm --workers 8 \\
+      --cluster-option queue=gpu --cluster-option 'job_extra_directives=["--gres=gpu:1"]'
+  bsresearch sweep experiments/demo.yaml --cluster slurm --job-script   # print a worker job script
+Rerunning a sweep skips finished runs and redoes interrupted ones; --retry-failed also redoes
+failed, oom, timeout and died runs."""
+
+
+def parse_cluster_options(items: list[str] | None) -> dict[str, Any]:
+    """KEY=VALUE strings -> dict; values are read as YAML (numbers, lists, quoted strings)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--cluster-option must be KEY=VALUE; got {item!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--cluster-option {key}: cannot read {value!r}: {exc}") from None
+    return out
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="run every point of an experiment spec (resumable)",
+                       description="Expand an experiment spec into runs and execute them: papermill runs the "
+                                   "spec's notebook per run (or, inline, the library is called directly).",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help="experiment spec, e.g. experiments/demo.yaml")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="inline: this process, library calls; local: worker processes here; dask: a Dask "
+                        "cluster [local]")
+    p.add_argument("--workers", type=int, help="worker processes (local), or Dask workers/jobs to start "
+                                               "[one per GPU, else one per CPU core]")
+    p.add_argument("--scheduler", help="address of a running Dask scheduler (with --executor dask)")
+    p.add_argument("--cluster", choices=CLUSTERS, help="start Dask workers as Slurm or PBS jobs (dask-jobqueue)")
+    p.add_argument("--cluster-option", action="append", metavar="KEY=VALUE",
+                   help="dask-jobqueue option, e.g. queue=gpu, walltime=02:00:00, memory=8GB (repeatable)")
+    p.add_argument("--job-script", action="store_true", help="print the job script of one --cluster worker and exit")
+    p.add_argument("--engine", choices=("papermill", "library"),
+                   help="papermill: execute the spec's notebook per run; library: call train.run "
+                        "[papermill, library for inline]")
+    p.add_argument("--runs", default="runs", help="root folder of run directories [runs]")
+    p.add_argument("--timeout", type=float, help="seconds per run before it is killed [the spec's timeout]")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate, list the runs and what would be done; run nothing")
+    p.add_argument("--retry-failed", action="store_true", help="also redo runs that failed, ran out of memory, "
+                                                               "timed out or died")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_cmd_sweep)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .executors import job_script
+    from .runner import run_sweep
+    from .spec import load_spec
+
+    options = parse_cluster_options(args.cluster_option)
+    spec = load_spec(args.spec)
+    if args.job_script:
+        if not args.cluster:
+            raise ConfigError("--job-script needs --cluster slurm or --cluster pbs")
+        print(job_script(args.cluster, options))
+        return 0
+    if (args.cluster or args.scheduler) and args.executor == "inline":
+        raise ConfigError("--scheduler and --cluster run on Dask: use --executor dask")
+    executor = "dask" if (args.cluster or args.scheduler) else args.executor
+    report = run_sweep(spec, runs_root=args.runs, executor=executor, workers=args.workers,
+                       scheduler=args.scheduler, cluster=args.cluster, cluster_options=options, engine=args.engine,
+                       retry_failed=args.retry_failed, dry_run=args.dry_run, timeout=args.timeout,
+                       progress=False if args.quiet else None)
+    if args.dry_run:
+        print(report.plan_table())
+        todo = sum(p.action == "run" for p in report.planned)
+        print(f"{len(report.planned)} runs in {report.sweep_dir}: {todo} to run "
+              f"({report.executor}/{report.engine}, {report.workers} worker(s)); nothing was run (--dry-run)")
+        return 0
+    print(report.summary())
+    return 0 if report.all_finished else 1

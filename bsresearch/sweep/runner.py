@@ -1,0 +1,253 @@
+"""A sweep: spec -> planned runs (finished ones skipped) -> executed on an Executor -> a report.
+
+    report = run_sweep("experiments/keskar.yaml", executor="local", workers=2)
+    print(report.summary())
+
+Run directories are RUNS/<name>/<run_id>/; RUNS/<name>/sweep.json lists the sweep's points (the manifest
+results.load reads). What happens to a run directory found on disk:
+- ok, diverged: finished, skipped (unless killed while its notebook was still plotting: the notebook is
+  executed again, and train.run returns the finished training without redoing it);
+- running with its lock free (its process died, e.g. the sweep was killed), or no status: redone;
+- failed, oom, timeout, died: kept, and redone with retry_failed;
+- locked by a live process (another sweep is running it): left alone ("busy").
+A failing run never stops the sweep; only a bad spec does, before anything runs.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from ..config import ConfigError, check_batch_fits
+from ..rundir import FINISHED_STATES, RunDir, atomic_write_json, now
+from . import supervise
+from .executors import default_workers, make_executor, visible_gpus
+from .spec import Point, SweepSpec, expand, load_spec
+from .task import BUSY, RunOutcome, RunTask, is_complete, is_locked
+from .worker import execute_task
+
+MANIFEST = "sweep.json"
+RETRYABLE_STATES = ("failed", "oom", "timeout", "died")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A point of the sweep, what was found in its run directory, and what the sweep will do."""
+    point: Point
+    run_dir: Path
+    found: str    # new, interrupted (left running by a dead process), unfinished (trained, notebook cut
+                  # short), or the state on disk
+    action: str   # run | skip | busy
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What a sweep did: the plan, the outcome of each executed run, the wall time."""
+    spec: SweepSpec
+    sweep_dir: Path
+    executor: str
+    engine: str
+    workers: int
+    planned: tuple[PlannedRun, ...]
+    outcomes: tuple[RunOutcome, ...]
+    seconds: float
+    dry_run: bool = False
+
+    def final_states(self) -> dict[str, str]:
+        """run_id -> state after the sweep (executed runs: their outcome; others: what was found)."""
+        states = {p.point.run_id: p.found for p in self.planned}
+        states.update({o.run_id: o.state for o in self.outcomes})
+        return states
+
+    @property
+    def all_finished(self) -> bool:
+        return all(s in FINISHED_STATES for s in self.final_states().values())
+
+    def plan_table(self) -> str:
+        width = max([len(p.point.label) for p in self.planned] + [5])
+        lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  action"]
+        lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action}" for p in self.planned]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        counts = Counter(self.final_states().values())
+        ran = len(self.outcomes)
+        lines = [f"sweep {self.spec.name}: {len(self.planned)} runs in {self.sweep_dir} "
+                 f"({ran} executed with {self.executor}/{self.engine}, {self.workers} worker(s), "
+                 f"{self.seconds:.1f} s)",
+                 "  " + ", ".join(f"{state} {n}" for state, n in sorted(counts.items()))]
+        for o in self.outcomes:
+            if o.state not in FINISHED_STATES or o.notebook_error:
+                detail = o.error if o.state not in FINISHED_STATES else f"notebook: {o.notebook_error}"
+                lines.append(f"  {o.state:<8} {o.run_id}  {o.label}: {(detail or '').splitlines()[0][:160]}")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- planning
+def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -> list[PlannedRun]:
+    """Decide, for each point, from its run directory on disk, whether to run it."""
+    out = []
+    for point in points:
+        run_dir = sweep_dir / point.run_id
+        state = RunDir(run_dir).state()
+        if is_locked(run_dir):
+            found, action = state or "new", BUSY
+        elif is_complete(run_dir):
+            found, action = state, "skip"
+        elif state in FINISHED_STATES:  # trained, but killed before its notebook ended: finish the notebook
+            found, action = "unfinished", "run"
+        elif state in RETRYABLE_STATES:
+            found, action = state, "run" if retry_failed else "skip"
+        else:  # no status, or "running" with nobody holding the lock
+            found, action = ("interrupted" if state == "running" else "new"), "run"
+        out.append(PlannedRun(point, run_dir, found, action))
+    return out
+
+
+def check_data(points: list[Point]) -> None:
+    """Load each dataset the points use once (on the CPU) and check every batch fits: a missing dataset
+    or a batch larger than the training set is reported now, not by each worker."""
+    from ..data import dataset_for  # imports torch
+    sizes: dict[tuple, int] = {}
+    for point in points:
+        cfg = point.config
+        key = (cfg.dataset, cfg.data_dir, cfg.train_size)
+        try:
+            if key not in sizes:
+                sizes[key] = dataset_for(cfg, "cpu").n_train
+            check_batch_fits(cfg, sizes[key])
+            if cfg.eval_train_size and cfg.eval_train_size > sizes[key]:
+                raise ConfigError(f"eval_train_size {cfg.eval_train_size} exceeds the training set size {sizes[key]}")
+        except ConfigError as exc:
+            raise ConfigError(f"grid point {point.label}: {exc}") from None
+
+
+def write_manifest(spec: SweepSpec, sweep_dir: Path, points: list[Point]) -> None:
+    """RUNS/<name>/sweep.json: the spec as written and the points, so results.load knows the sweep."""
+    from ..runtime import git_commit
+    atomic_write_json(sweep_dir / MANIFEST, {
+        "name": spec.name, "description": spec.description, "spec_file": str(spec.path) if spec.path else None,
+        "spec": spec.raw, "updated": now(), "git_commit": git_commit(),
+        "points": [{"run_id": p.run_id, "label": p.label, "coords": p.coords} for p in points],
+    })
+
+
+# ----------------------------------------------------------------------------- execution
+def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", executor: str = "local",
+              workers: int | None = None, scheduler: str | None = None, cluster: str | None = None,
+              cluster_options: dict[str, Any] | None = None, engine: str | None = None,
+              retry_failed: bool = False, dry_run: bool = False, timeout: float | None = None,
+              progress: bool | None = None) -> SweepReport:
+    """Plan and execute a sweep; returns its report. Bad input raises ConfigError before any run starts.
+
+    engine: "papermill" (default for local and dask: executes the spec's notebook per run) or "library"
+    (calls train.run; the only engine of the inline executor). timeout overrides the spec's per-run timeout
+    (not enforced by the inline executor, which runs in this process).
+    """
+    spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    engine = engine or ("library" if executor == "inline" else "papermill")
+    _check_options(spec, executor, engine, workers, timeout)
+    if cluster and workers is None:
+        raise ConfigError(f"--cluster {cluster} needs --workers N: the number of batch jobs to submit")
+    points = expand(spec)
+    remote = executor == "dask" and (scheduler or cluster)
+    if not remote:  # a remote cluster may see data this machine does not
+        check_data(points)
+    sweep_dir = Path(runs_root).resolve() / spec.name
+    planned = plan(points, sweep_dir, retry_failed)
+    todo = [p for p in planned if p.action == "run"]
+    gpus = () if remote else visible_gpus()
+    workers = workers or default_workers(len(todo), gpus)
+    start = time.monotonic()
+    if dry_run or not todo:
+        if not dry_run:
+            write_manifest(spec, sweep_dir, points)
+        return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run)
+
+    write_manifest(spec, sweep_dir, points)
+    tasks = [RunTask(run_dir=str(p.run_dir), config=p.point.config.to_dict(), label=p.point.label, engine=engine,
+                     notebook=str(spec.notebook) if spec.notebook else None,
+                     timeout=float(timeout or spec.timeout), gpus=gpus)
+             for p in todo]
+    fn = execute_task if executor == "inline" else supervise.run_task
+    window = {"inline": 1, "local": workers}.get(executor, len(tasks))
+    outcomes: list[RunOutcome] = []
+    bar = _progress_bar(len(tasks), progress, spec.name)
+    supervise.start_accepting()
+    try:
+        with make_executor(executor, workers, scheduler, cluster, cluster_options) as pool:
+            try:
+                for task, future in _completed(pool, fn, tasks, window):
+                    outcomes.append(_outcome(task, future))
+                    bar.update(1)
+                    bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in
+                                                 sorted(Counter(o.state for o in outcomes).items())))
+            except KeyboardInterrupt:  # stop the workers before the executor waits for them; their runs
+                supervise.stop_all()   # stay "running" with no lock held, and are redone next time
+                raise
+    finally:
+        bar.close()
+    return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), tuple(outcomes),
+                       time.monotonic() - start)
+
+
+def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | None, timeout: float | None) -> None:
+    if engine not in ("papermill", "library"):
+        raise ConfigError(f"engine must be papermill or library; got {engine!r}")
+    if executor == "inline" and engine != "library":
+        raise ConfigError("the inline executor calls the library in this process; use --executor local "
+                          "(or dask) to execute notebooks with papermill")
+    if engine == "papermill" and importlib.util.find_spec("papermill") is None:
+        raise ConfigError("the papermill engine needs papermill (pip install papermill), or use --engine library")
+    if engine == "papermill" and spec.notebook is None:
+        raise ConfigError(f"notebook: spec {spec.name!r} names no run template to execute; add "
+                          f"'notebook: ../notebooks/01_train.ipynb' or use --engine library")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be a positive integer; got {workers}")
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"timeout must be a positive number of seconds; got {timeout}")
+
+
+def _completed(pool: Executor, fn: Callable[[RunTask], RunOutcome], tasks: list[RunTask],
+               window: int) -> Iterator[tuple[RunTask, Future]]:
+    """Submit tasks keeping at most `window` in flight; yield each (task, future) as it completes."""
+    queue = iter(tasks)
+    pending: dict[Future, RunTask] = {}
+
+    def fill() -> None:
+        while len(pending) < window:
+            task = next(queue, None)
+            if task is None:
+                return
+            pending[pool.submit(fn, task)] = task
+
+    fill()
+    while pending:
+        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+        for future in done:
+            yield pending.pop(future), future
+        fill()
+
+
+def _outcome(task: RunTask, future: Future) -> RunOutcome:
+    """The future's outcome; an exception (a bug, or Dask giving up on a killed worker) is recorded as
+    "died" in the run's status when nobody holds the run."""
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - one run's problem, the sweep goes on
+        error = f"{type(exc).__name__}: {exc}"
+        rd = RunDir(task.run_dir)
+        if not is_locked(rd.path) and rd.state() not in FINISHED_STATES:
+            rd.write_status("died", error=error)
+        return RunOutcome(task.run_id, task.label, "died", error)
+
+
+def _progress_bar(total: int, enabled: bool | None, name: str):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, unit="run", desc=name, dynamic_ncols=True, leave=True,
+                disable=not (sys.stderr.isatty() if enabled is None else enabled))

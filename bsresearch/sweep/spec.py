@@ -1,0 +1,289 @@
+"""Experiment specs (experiments/*.yaml): read, validate, expand into one RunConfig per grid point.
+
+No torch import: a spec is checked, and its runs listed, before anything heavy starts.
+
+A spec (every key but `name` is optional):
+
+    name: keskar                 # runs go to RUNS/<name>/<run_id>/, reports to REPORTS/<name>/
+    description: one line for people
+    notebook: ../notebooks/01_train.ipynb     # run template executed by papermill (relative to this file)
+    analysis: ../notebooks/10_sweep_report.ipynb  # executed by `bsresearch report`
+    timeout: 1800                # seconds per run; a run past it is killed and recorded as "timeout"
+    base: {dataset: mnist1d, optimizer: adam, lr: 0.001, budget: target}   # RunConfig fields
+    grid: {batch_size: [32, 4000]}            # any RunConfig fields; the cartesian product is taken
+    seeds: [0, 1, 2]             # or a count: 3 means [0, 1, 2]
+    measurements: [keskar_sharpness]          # RunConfig.measure for every run
+    overrides:                   # applied in order to every point that matches all of `where`
+      - where: {batch_size: 4000}
+        set: {eval_every: 25}
+
+Every mistake raises ConfigError naming the key (e.g. "grid.bacth_size: unknown RunConfig field ...").
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .. import config as C
+from ..config import FIELD_NAMES, ConfigError, RunConfig, run_id
+
+SPEC_KEYS = ("name", "description", "notebook", "analysis", "timeout", "base", "grid", "seeds",
+             "measurements", "overrides")
+DEFAULT_TIMEOUT = 3600.0  # seconds per run
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+
+
+@dataclass(frozen=True)
+class Override:
+    """Set `values` on every point whose fields match all of `where` (field -> accepted values)."""
+    where: dict[str, tuple[Any, ...]]
+    values: dict[str, Any]
+
+    def matches(self, fields: dict[str, Any]) -> bool:
+        return all(fields.get(k) in accepted for k, accepted in self.where.items())
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated experiment spec. Paths are absolute; grid values are coerced to the fields' types."""
+    name: str
+    path: Path | None                 # the YAML file, if read from one
+    description: str = ""
+    notebook: Path | None = None      # run template (papermill engine)
+    analysis: Path | None = None      # analysis notebook (bsresearch report)
+    timeout: float = DEFAULT_TIMEOUT  # seconds per run
+    base: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    seeds: tuple[int, ...] = (0,)
+    measurements: tuple[str, ...] = ()
+    overrides: tuple[Override, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as written, kept in the manifest
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a sweep: its config, its id and the grid coordinates (and seed) that define it."""
+    run_id: str
+    config: RunConfig
+    coords: dict[str, Any]
+    label: str  # "batch_size=32 lr=0.001 seed=0"
+
+
+# ----------------------------------------------------------------------------- reading
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a spec file. Raises ConfigError naming the file and the key at fault."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep spec {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return parse_spec(raw, base_dir=path.resolve().parent, path=path.resolve())
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -> SweepSpec:
+    """Validate a spec given as a dict (as read from YAML); relative paths resolve against base_dir."""
+    if not isinstance(raw, dict):
+        raise ConfigError("a sweep spec must be a YAML mapping with at least a 'name' key")
+    for key in raw:
+        if key not in SPEC_KEYS:
+            close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{key}: unknown key{hint}; accepted keys: {', '.join(SPEC_KEYS)}")
+    base_dir = Path(base_dir).resolve()
+    name = raw.get("name")
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        raise ConfigError(f"name: required, letters, digits and _.- only (it names folders); got {name!r}")
+    description = raw.get("description") or ""
+    if not isinstance(description, str):
+        raise ConfigError(f"description: must be a string; got {description!r}")
+    base = _parse_base(raw.get("base"), base_dir)
+    grid = _parse_grid(raw.get("grid"))
+    seeds = _parse_seeds(raw.get("seeds", [base.get("seed", 0)]))
+    measurements = _parse_measurements(raw.get("measurements"))
+    overrides = tuple(_parse_override(i, o) for i, o in enumerate(_as_list(raw.get("overrides"), "overrides")))
+    spec = SweepSpec(name=name, path=path, description=description,
+                     notebook=_parse_path(raw.get("notebook"), "notebook", base_dir),
+                     analysis=_parse_path(raw.get("analysis"), "analysis", base_dir),
+                     timeout=_parse_timeout(raw.get("timeout", DEFAULT_TIMEOUT)),
+                     base=base, grid=grid, seeds=seeds, measurements=measurements, overrides=overrides, raw=raw)
+    expand(spec)  # every point must make a valid RunConfig; the error names the point
+    return spec
+
+
+def _as_list(value: Any, key: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: must be a list; got {value!r}")
+    return value
+
+
+def _check_field(key: str, name: Any) -> str:
+    if name not in FIELD_NAMES:
+        close = difflib.get_close_matches(str(name), FIELD_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}: unknown RunConfig field{hint}; accepted fields: {', '.join(FIELD_NAMES)}")
+    return name
+
+
+def coerce_field(key: str, name: str, value: Any) -> Any:
+    """`value` converted to RunConfig field `name`'s type (YAML reads 1e-3 as a string); errors name `key`."""
+    try:
+        return C._coerce(name, value, C._type_hints()[name])
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def _parse_base(raw: Any, base_dir: Path) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"base: must be a mapping of RunConfig fields; got {raw!r}")
+    out = {}
+    for name, value in raw.items():
+        _check_field(f"base.{name}", name)
+        if name == "measure":
+            raise ConfigError("base.measure: use the top-level 'measurements' list")
+        out[name] = coerce_field(f"base.{name}", name, value)
+    if out.get("data_dir") and not Path(out["data_dir"]).is_absolute():
+        out["data_dir"] = str((base_dir / out["data_dir"]).resolve())  # runs execute with their own cwd
+    return out
+
+
+def _parse_grid(raw: Any) -> dict[str, tuple[Any, ...]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"grid: must be a mapping of RunConfig field -> list of values; got {raw!r}")
+    grid = {}
+    for name, values in raw.items():
+        key = f"grid.{name}"
+        _check_field(key, name)
+        if name == "seed":
+            raise ConfigError(f"{key}: use the top-level 'seeds' list")
+        if name == "measure":
+            raise ConfigError(f"{key}: use the top-level 'measurements' list")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{key}: must be a non-empty list of values; got {values!r}")
+        coerced = tuple(coerce_field(f"{key}[{i}]", name, v) for i, v in enumerate(values))
+        if len(set(map(repr, coerced))) != len(coerced):
+            raise ConfigError(f"{key}: values repeat: {list(values)}")
+        grid[name] = coerced
+    return grid
+
+
+def _parse_seeds(raw: Any) -> tuple[int, ...]:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        if raw < 1:
+            raise ConfigError(f"seeds: a count must be at least 1; got {raw}")
+        return tuple(range(raw))
+    ok = isinstance(raw, list) and raw and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                               for s in raw)
+    if not ok:
+        raise ConfigError(f"seeds: must be a non-empty list of non-negative integers, or a count; got {raw!r}")
+    if len(set(raw)) != len(raw):
+        raise ConfigError(f"seeds: values repeat: {raw}")
+    return tuple(raw)
+
+
+def _parse_measurements(raw: Any) -> tuple[str, ...]:
+    names = _as_list(raw, "measurements")
+    for name in names:
+        if name not in C.MEASUREMENTS:  # read at call time: measure/ registers its names in config
+            accepted = ", ".join(C.MEASUREMENTS) or "none registered yet"
+            raise ConfigError(f"measurements: unknown measurement {name!r}; accepted: {accepted}")
+    return tuple(names)
+
+
+def _parse_override(index: int, raw: Any) -> Override:
+    key = f"overrides[{index}]"
+    if not isinstance(raw, dict) or set(raw) - {"where", "set"} or "set" not in raw:
+        raise ConfigError(f"{key}: must be a mapping with 'where' (optional) and 'set'; got {raw!r}")
+    where_raw, set_raw = raw.get("where") or {}, raw["set"]
+    if not isinstance(where_raw, dict):
+        raise ConfigError(f"{key}.where: must be a mapping of field -> value or list of values; got {where_raw!r}")
+    if not isinstance(set_raw, dict) or not set_raw:
+        raise ConfigError(f"{key}.set: must be a non-empty mapping of RunConfig fields; got {set_raw!r}")
+    where = {}
+    for name, accepted in where_raw.items():
+        _check_field(f"{key}.where.{name}", name)
+        values = accepted if isinstance(accepted, list) else [accepted]
+        where[name] = tuple(coerce_field(f"{key}.where.{name}", name, v) for v in values)
+    values = {}
+    for name, value in set_raw.items():
+        _check_field(f"{key}.set.{name}", name)
+        if name == "seed":
+            raise ConfigError(f"{key}.set.seed: seeds come from the top-level 'seeds' list")
+        values[name] = coerce_field(f"{key}.set.{name}", name, value)
+    return Override(where=where, values=values)
+
+
+def _parse_path(raw: Any, key: str, base_dir: Path) -> Path | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise ConfigError(f"{key}: must be a path; got {raw!r}")
+    path = (base_dir / raw).resolve()
+    if not path.is_file():
+        raise ConfigError(f"{key}: file {str(path)!r} does not exist (relative paths are relative to the "
+                          f"spec file's folder)")
+    if path.suffix != ".ipynb":
+        raise ConfigError(f"{key}: must be a notebook (.ipynb); got {raw!r}")
+    return path
+
+
+def _parse_timeout(raw: Any) -> float:
+    ok = isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and raw > 0
+    if not ok:
+        raise ConfigError(f"timeout: must be a positive number of seconds per run; got {raw!r}")
+    return float(raw)
+
+
+# ----------------------------------------------------------------------------- expansion
+_DEFAULTS = dataclasses.asdict(RunConfig())  # tuples stay tuples, for matching
+
+
+def _label(coords: dict[str, Any]) -> str:
+    def show(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    return " ".join(f"{k}={show(v)}" for k, v in coords.items())
+
+
+def expand(spec: SweepSpec) -> list[Point]:
+    """The runs of a spec: grid (cartesian product, in the order written) x seeds, overrides applied.
+
+    Points that end up with the same config (e.g. an override fixes the lr a grid axis varies) are one
+    run: the first is kept. Raises ConfigError naming the point when a config is invalid.
+    """
+    names = list(spec.grid)
+    points: dict[str, Point] = {}
+    for values in itertools.product(*spec.grid.values()):
+        for seed in spec.seeds:
+            coords = {**dict(zip(names, values)), "seed": seed}
+            fields = {**_DEFAULTS, **spec.base, **coords}  # overrides may match on defaults too
+            if spec.measurements:
+                fields["measure"] = spec.measurements
+            for override in spec.overrides:
+                if override.matches(fields):
+                    fields.update(override.values)
+            label = _label(coords)
+            try:
+                cfg = RunConfig(**fields)
+            except ConfigError as exc:
+                raise ConfigError(f"grid point {label}: {exc}") from None
+            rid = run_id(cfg)
+            points.setdefault(rid, Point(run_id=rid, config=cfg, coords=coords, label=label))
+    return list(points.values())

@@ -1,0 +1,159 @@
+"""Run one RunTask in its own worker process, with a deadline; what the local and Dask executors call.
+
+`run_task(task)` starts `python -m bsresearch.sweep` (the same interpreter as this process, so
+papermill's kernel "python3" is this environment's Python too), feeds it the task, and waits:
+- past the task's timeout the worker gets SIGTERM (it kills its kernel and exits), then SIGKILL, and the
+  run is recorded as "timeout";
+- a worker that dies without recording a verdict (killed, segfault) leaves the run recorded as "died".
+The worker dies with the thread that started it (Linux PDEATHSIG), so killing the sweep stops it.
+Threads: the worker's environment asks for the run's `threads` (OMP/MKL), and on a machine with GPUs each
+worker slot sees one GPU through CUDA_VISIBLE_DEVICES.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..rundir import FINISHED_STATES, RunDir
+from .task import (BUSY, RUNNER_LOG, RunOutcome, RunTask, outcome_from_status, recorded_pid, run_lock,
+                   wait_for_exit)
+from .worker import EXIT_BUSY, PREVIOUS_OWNER_WAIT
+
+STARTUP_GRACE = 30.0  # seconds added to the run's timeout for starting the worker and its kernel
+STOP_GRACE = 10.0     # seconds between SIGTERM and SIGKILL
+
+_slot = threading.local()
+_live: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def set_slot(index: int) -> None:
+    """Mark the calling thread as worker slot `index` (local executor threads call this once)."""
+    _slot.index = index
+
+
+def current_slot() -> int | None:
+    """This worker's slot: the local executor's thread index, or a LocalCluster worker's numeric name."""
+    index = getattr(_slot, "index", None)
+    if index is not None:
+        return index
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        from distributed import get_worker
+        name = str(get_worker().name)
+    except (ImportError, ValueError):
+        return None
+    return int(name) if name.isdigit() else None
+
+
+def worker_env(task: RunTask, slot: int | None) -> dict[str, str]:
+    """The worker's environment: thread counts, one GPU per slot when GPUs were handed out, our pid."""
+    env = dict(os.environ)
+    threads = int(task.config.get("threads") or 0)
+    if threads > 0:  # 0 keeps torch's default
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(threads)
+    device = str(task.config.get("device", "auto"))
+    if task.gpus and slot is not None and device in ("auto", "cuda"):  # explicit cuda:N is left alone
+        env["CUDA_VISIBLE_DEVICES"] = task.gpus[slot % len(task.gpus)]
+    # the worker and its kernel import this very bsresearch, installed or not
+    package_parent = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([package_parent, *paths])
+    env["JUPYTER_PREFER_ENV_PATH"] = "1"  # kernel "python3" from this environment, not a user-wide kernelspec
+    env["PYTHONUNBUFFERED"] = "1"
+    env["BSRESEARCH_SUPERVISOR_PID"] = str(os.getpid())
+    return env
+
+
+def run_task(task: RunTask) -> RunOutcome:
+    """Execute `task` in a fresh worker process; never raises for a failing run."""
+    start = time.monotonic()
+    rd = RunDir(task.run_dir)
+    rd.path.mkdir(parents=True, exist_ok=True)
+    with open(rd.path / RUNNER_LOG, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "bsresearch.sweep"], stdin=subprocess.PIPE,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=rd.path,
+                                env=worker_env(task, current_slot()), start_new_session=True)
+        with _live_lock:
+            _live.add(proc)
+        timed_out = False
+        try:
+            try:
+                proc.stdin.write(task.to_json().encode())
+                proc.stdin.close()
+            except BrokenPipeError:  # the worker is already gone; its exit status says why
+                pass
+            try:
+                code = proc.wait(timeout=task.timeout + STARTUP_GRACE)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                code = stop(proc)
+        finally:
+            with _live_lock:
+                _live.discard(proc)
+    seconds = time.monotonic() - start
+    if _stopping.is_set():  # the sweep is being stopped: the run is left to be redone, not judged
+        return RunOutcome(task.run_id, task.label, "interrupted", "the sweep was stopped", seconds)
+    if code == EXIT_BUSY:
+        return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it", seconds)
+    leftover = recorded_pid(rd.path)  # a kernel outliving its worker exits within a second or two
+    if leftover and leftover != proc.pid:
+        wait_for_exit(leftover, PREVIOUS_OWNER_WAIT)
+    with run_lock(rd.path) as held:  # not held: another sweep has taken the run over since; leave it be
+        state = rd.state()
+        if held and timed_out and state not in FINISHED_STATES:
+            rd.write_status("timeout", error=f"killed after the {task.timeout:g} s timeout per run")
+        elif held and state in (None, "running"):
+            rd.write_status("died", error=f"the worker process ended without a verdict ({describe_exit(code)}); "
+                                          f"see {RUNNER_LOG}")
+    return outcome_from_status(task, seconds)
+
+
+def stop(proc: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL after a grace period; returns the exit status."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        return proc.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        return proc.wait()
+
+
+def start_accepting() -> None:
+    """Undo `stop_all` (a new sweep in the same process)."""
+    _stopping.clear()
+
+
+def stop_all() -> None:
+    """Stop every worker this process started (Ctrl-C on the sweep); their runs are redone next time."""
+    _stopping.set()
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        stop(proc)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def runner_log(run_dir: str | Path) -> str:
+    """The run's runner.log (worker and kernel output of every attempt), or '' if there is none."""
+    path = Path(run_dir) / RUNNER_LOG
+    return path.read_text(errors="replace") if path.exists() else ""

@@ -1,0 +1,146 @@
+"""Execute one RunTask in this process: take the run's lock, run it (papermill or the library), and write
+the runner's own verdict into status.json.
+
+`python -m bsresearch.sweep` (__main__.py) reads a RunTask as JSON on stdin and executes it; the supervisor
+(supervise.py) starts one such process per run, so a crash, a timeout or a kill takes down one run only.
+The inline executor calls `execute_task` directly.
+
+Why the runner writes its own status: papermill's verdict is not enough. `sys.exit(0)` in a cell stops
+the notebook and papermill reports success; a cell timeout and a dead kernel raise exceptions that are
+not cell errors; an error in a plotting cell after a finished run is not a failed run. So the state is
+taken from the run's status.json (written by train.run), corrected with what the runner saw:
+- training finished (ok, diverged, failed, oom): that state stands; a later notebook problem is kept
+  as `notebook_error`;
+- training did not finish: "timeout" (a cell ran past the timeout), "died" (the kernel died), or
+  "failed" (a cell raised, or the notebook ended early) with the reason as the error.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from ..config import ConfigError, RunConfig
+from ..rundir import RunDir
+from .task import (BUSY, PARTIAL_NOTEBOOK, RunOutcome, RunTask, clear_partial_files, die_with_parent, is_complete,
+                   kill_children, outcome_from_status, recorded_pid, run_lock, wait_for_exit)
+
+PREVIOUS_OWNER_WAIT = 15.0  # seconds to wait for a process left over from a killed attempt to exit
+EXIT_BUSY = 75              # worker exit status when another live process holds the run's lock
+
+
+def execute_task(task: RunTask) -> RunOutcome:
+    """Run `task` in this process unless it is finished or locked; the verdict is in status.json."""
+    start = time.monotonic()
+    rd = RunDir(task.run_dir)
+    with run_lock(rd.path) as held:
+        if not held:
+            return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it")
+        if is_complete(rd.path):  # completed by someone else since the sweep was planned
+            return outcome_from_status(task, 0.0)
+        leftover = recorded_pid(rd.path)
+        if leftover and not wait_for_exit(leftover, PREVIOUS_OWNER_WAIT):
+            return RunOutcome(task.run_id, task.label, BUSY,
+                              f"process {leftover} from an earlier attempt is still running")
+        trained = rd.is_finished()  # only the notebook's last cells were cut short: the training stands
+        clear_partial_files(rd.path)
+        previous = (rd.status() or {}).get("runner") or {}
+        runner = {"engine": task.engine, "host": socket.gethostname(), "pid": os.getpid(),
+                  "attempt": int(previous.get("attempt", 0)) + 1, "timeout_s": task.timeout}
+        if trained:
+            rd.write_status(rd.state(), notebook_error=None, runner=runner)
+        else:
+            rd.write_status("running", error=None, traceback=None, notebook_error=None, runner=runner,
+                            provenance=None)  # train.run records this attempt's process in it
+        if task.engine == "papermill":
+            _run_papermill(task, rd)  # on a trained run, train.run returns the result without training
+        elif not trained:
+            _run_library(task, rd)
+    return outcome_from_status(task, time.monotonic() - start)
+
+
+def _run_library(task: RunTask, rd: RunDir) -> None:
+    from ..train import run
+    try:
+        run(RunConfig.from_dict(task.config), rd.path, progress=False)
+    except Exception as exc:  # noqa: BLE001 - e.g. ConfigError at setup: this run fails, the sweep goes on
+        rd.write_status("failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    if rd.state() == "running":
+        rd.write_status("failed", error="train.run returned without finishing the run")
+
+
+def _run_papermill(task: RunTask, rd: RunDir) -> None:
+    import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    partial = rd.path / PARTIAL_NOTEBOOK
+    forced: tuple[str, str] | None = None  # a state the runner knows better than papermill
+    problem: str | None = None             # a notebook error that is not, by itself, a run state
+    try:
+        pm.execute_notebook(str(task.notebook), str(partial), parameters={**task.config, "run_dir": str(rd.path)},
+                            kernel_name=task.kernel, cwd=str(rd.path), progress_bar=False, log_output=True,
+                            execution_timeout=task.timeout, coalesce_streams=True,
+                            shutdown_kernel="immediate")  # its files are written; a graceful stop takes seconds
+        problem = unfinished_cells(partial)
+    except CellTimeoutError:
+        forced = ("timeout", f"a notebook cell ran past the {task.timeout:g} s timeout")
+    except DeadKernelError:
+        forced = ("died", "the notebook's kernel died (killed, or out of memory)")
+    except pm.PapermillExecutionError as exc:
+        problem = f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
+    except Exception as exc:  # noqa: BLE001 - papermill could not run the notebook at all
+        problem = f"papermill: {type(exc).__name__}: {exc}"
+    finally:
+        if partial.exists():
+            os.replace(partial, rd.notebook_path)
+
+    if rd.state() == "running":  # training did not finish: the runner's verdict
+        state, error = forced or ("failed", problem or "the notebook ended before the run finished "
+                                  "(a cell called sys.exit, or the notebook does not call train.run)")
+        rd.write_status(state, error=error, notebook_error=problem)
+    elif forced or problem:      # training finished; the notebook failed afterwards
+        rd.write_status(rd.state(), notebook_error=problem or forced[1])
+
+
+def unfinished_cells(notebook: Path) -> str | None:
+    """The first code cell papermill did not complete (it reports success after sys.exit(0)), or None."""
+    nb = json.loads(Path(notebook).read_text())
+    for index, cell in enumerate(nb.get("cells", [])):
+        status = cell.get("metadata", {}).get("papermill", {}).get("status")
+        if cell.get("cell_type") == "code" and status not in (None, "completed"):
+            return f"cell {index} did not complete (papermill status {status!r}; did a cell call sys.exit?)"
+    return None
+
+
+def _stop_on_sigterm(run_dir: Path) -> None:
+    """On SIGTERM from the supervisor (timeout, Ctrl-C): kill the kernel, keep the notebook executed so
+    far as run.ipynb for inspection, and exit at once. The supervisor records the verdict."""
+    def handler(signum: int, frame: object) -> None:
+        kill_children()
+        partial = run_dir / PARTIAL_NOTEBOOK
+        if partial.exists():
+            os.replace(partial, run_dir / "run.ipynb")
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main() -> int:
+    die_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stdout)
+    task = RunTask.from_json(sys.stdin.read())
+    _stop_on_sigterm(Path(task.run_dir))
+    logging.info("worker pid %d on %s: %s (%s)", os.getpid(), socket.gethostname(), task.label, task.engine)
+    try:
+        outcome = execute_task(task)
+    except ConfigError as exc:
+        print(f"error: {exc}", flush=True)
+        return 2
+    logging.info("verdict: %s%s", outcome.state, f": {outcome.error}" if outcome.error else "")
+    return EXIT_BUSY if outcome.state == BUSY else 0

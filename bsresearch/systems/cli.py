@@ -1,0 +1,184 @@
+"""`bsresearch bench`: throughput and memory vs batch size, the out-of-memory boundary, FLOP/s, a table and a figure.
+
+    bsresearch bench --preset gpu                       # the issue's GPU table (cnn1d, convnet, resnet x fp32, bf16)
+    bsresearch bench --models cnn1d --precisions fp32,bf16 --max-batch-size 4096 --memory-budget 256MiB
+    bsresearch bench --preset gpu --device cpu --max-batch-size 8 --repeats 2 --warmup 1 --memory-budget 64MiB
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from ..config import MODELS, PRECISIONS, ConfigError
+
+UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+         "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
+
+
+def parse_bytes(text: str, name: str = "memory_budget") -> int:
+    """'2GiB', '512MiB', '500MB', '1.5e9' -> bytes; ConfigError naming `name` otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in UNITS:
+        raise ConfigError(f"{name} must be a size such as 2GiB, 512MiB, 500MB or a number of bytes; got {text!r}")
+    value = float(m.group(1)) * UNITS[m.group(2).lower()]
+    if value < 1:
+        raise ConfigError(f"{name} must be at least one byte; got {text!r}")
+    return int(value)
+
+
+def parse_ints(text: str, name: str) -> list[int]:
+    """'16,32,64' -> [16, 32, 64]; every value a positive integer."""
+    try:
+        values = [int(v) for v in str(text).replace(" ", "").split(",") if v]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"{name} must be a comma-separated list of positive integers; got {text!r}")
+    return values
+
+
+def _positive_int(text: str | None, name: str, allow_zero: bool = False) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < (0 if allow_zero else 1):
+        raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} integer; got {text!r}")
+    return value
+
+
+def _workloads(models: list[str], precisions: list[str], optimizer: str):
+    from .workload import INPUT_SHAPES, model_workload
+    out = []
+    for spec in models:
+        model, _, dataset = spec.partition(":")
+        if model not in MODELS:
+            raise ConfigError(f"models: unknown model {model!r}; accepted: {', '.join(MODELS)} "
+                              f"(optionally model:dataset, e.g. convnet:fashion_mnist)")
+        if dataset and dataset not in INPUT_SHAPES:
+            raise ConfigError(f"models: unknown dataset {dataset!r} in {spec!r}; accepted: {', '.join(INPUT_SHAPES)}")
+        for precision in precisions:
+            if precision not in PRECISIONS:
+                raise ConfigError(f"precisions: unknown precision {precision!r}; accepted: {', '.join(PRECISIONS)}")
+            out.append(model_workload(model, precision=precision, optimizer=optimizer, dataset=dataset or None))
+    return out
+
+
+def bench_args(args: argparse.Namespace):
+    """Validated settings from the parsed options (ConfigError on any bad value, before any work)."""
+    from ..runtime import check_precision, resolve_device
+    from .presets import PRESETS, powers_of_two
+    preset = PRESETS[args.preset]
+    models = args.models.split(",") if args.models else list(preset.models)
+    precisions = args.precisions.split(",") if args.precisions else list(preset.precisions)
+    workloads = _workloads(models, precisions, args.optimizer or preset.optimizer)
+    device = resolve_device(args.device)
+    for w in workloads:
+        check_precision(w.cfg.precision, device)
+    low = _positive_int(args.min_batch_size, "min_batch_size") or preset.min_batch_size
+    high = _positive_int(args.max_batch_size, "max_batch_size") or preset.max_batch_size
+    if args.batch_sizes:
+        sizes = parse_ints(args.batch_sizes, "batch_sizes")
+    else:
+        if low > high:
+            raise ConfigError(f"min_batch_size {low} exceeds max_batch_size {high}")
+        sizes = powers_of_two(low, high)
+    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    limit = _positive_int(args.search_limit, "search_limit") or (
+        max(sizes) if args.max_batch_size or args.batch_sizes else preset.search_limit)
+    if limit < min(sizes):
+        raise ConfigError(f"search_limit {limit} is below the smallest batch size {min(sizes)}")
+    warmup = _positive_int(args.warmup, "warmup", allow_zero=True)
+    repeats = _positive_int(args.repeats, "repeats")
+    threads = _positive_int(args.threads, "threads", allow_zero=True)
+    try:
+        min_seconds = float(args.min_seconds)
+    except ValueError:
+        min_seconds = -1.0
+    if not min_seconds >= 0:
+        raise ConfigError(f"min_seconds must be a non-negative number; got {args.min_seconds!r}")
+    b_noise = None
+    if args.b_noise is not None:
+        try:
+            b_noise = float(args.b_noise)
+        except ValueError:
+            b_noise = -1.0
+        if not b_noise > 0:
+            raise ConfigError(f"b_noise must be a positive number of examples; got {args.b_noise!r}")
+    return dict(workloads=workloads, batch_sizes=sizes, device=device, memory_budget=budget,
+                search=not args.no_search, search_limit=limit, warmup=warmup, repeats=repeats,
+                min_seconds=min_seconds, threads=threads, inference=args.inference), b_noise
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import device_label, run_bench, write_bench
+    settings, b_noise = bench_args(args)
+    log = (lambda message: None) if args.quiet else (lambda message: print(f"bench: {message}", file=sys.stderr))
+    result = run_bench(**settings, log=log)
+    label = args.label or device_label(settings["device"])
+    paths = write_bench(result, args.out, stem=args.stem, label=label, figure=not args.no_figure)
+    columns = [c for c in ("model", "precision", "optimizer", "largest_timed_batch", "examples_per_second",
+                           "largest_batch", "safe_batch", "first_failed_batch", "achieved_tflops",
+                           "fraction_of_peak") if c in result.summary]
+    print(result.summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if b_noise is not None:
+        paths.append(_write_recommendations(result, b_noise, Path(args.out), args.stem, label))
+    for path in paths:
+        print(f"written: {path}")
+    return 0
+
+
+def _write_recommendations(result, b_noise: float, out: Path, stem: str, label: str) -> Path:
+    import pandas as pd
+
+    from .recommend import recommend_batch_size
+    tables = []
+    for (model, precision, optimizer), rows in result.table.groupby(["model", "precision", "optimizer"], sort=False):
+        train = rows[(rows["mode"] == "train") & (rows["status"] == "ok")]
+        if train.empty:
+            continue
+        rec = recommend_batch_size(train, b_noise)
+        print(f"{model} {precision} {optimizer}: recommended batch size {rec.batch_size} "
+              f"(B_noise {b_noise:g}; predicted time to target {rec.predicted_seconds:.4g} s x S_min)")
+        tables.append(rec.table.assign(recommended=rec.table["batch_size"] == rec.batch_size))
+    path = out / f"{stem}_recommendation_{label}.csv"
+    pd.concat(tables, ignore_index=True).to_csv(path, index=False, float_format="%.6g")
+    return path
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    from .presets import PRESETS
+    p = sub.add_parser("bench", help="throughput and memory vs batch size, largest batch, FLOP/s; table + figure",
+                       description=__doc__.split("\n\n")[0] + " Presets: " + ", ".join(
+                           f"{k} ({'/'.join(v.models)} x {'/'.join(v.precisions)}, batch {v.min_batch_size}.."
+                           f"{v.max_batch_size})" for k, v in PRESETS.items()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="defaults for the options below [cpu]")
+    p.add_argument("--models", help="comma-separated models, each optionally model:dataset (the input shape) "
+                                    "[preset]; e.g. cnn1d,convnet:cifar10")
+    p.add_argument("--precisions", help="comma-separated of fp32, bf16, fp16 (CUDA) [preset]")
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], help="[sgd]")
+    p.add_argument("--batch-sizes", help="comma-separated batch sizes (default: powers of two, min to max)")
+    p.add_argument("--min-batch-size", help="smallest power-of-two batch size [preset]")
+    p.add_argument("--max-batch-size", help="largest batch size swept [preset]")
+    p.add_argument("--search-limit", help="largest batch size the OOM search tries [preset, or the max batch size]")
+    p.add_argument("--no-search", action="store_true", help="skip the largest-batch search")
+    p.add_argument("--memory-budget", help="cap memory, e.g. 2GiB: CUDA through the allocator's memory fraction, "
+                                           "CPU through the fitted memory model")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N [auto]")
+    p.add_argument("--warmup", default="3", help="untimed steps before timing [3]")
+    p.add_argument("--repeats", default="5", help="timed repeats; the median is reported [5]")
+    p.add_argument("--min-seconds", default="0.05", help="each repeat runs enough steps to last this long [0.05]")
+    p.add_argument("--threads", default="1", help="torch CPU threads (0: torch's default) [1]")
+    p.add_argument("--inference", action="store_true", help="also time inference (eval mode, no grad)")
+    p.add_argument("--b-noise", help="a measured gradient noise scale: also recommend a batch size")
+    p.add_argument("--out", default="reports/systems", help="output folder [reports/systems]")
+    p.add_argument("--stem", default="systems", help="file name stem [systems]")
+    p.add_argument("--label", help="file name label [the device: GPU model or CPU model]")
+    p.add_argument("--no-figure", action="store_true", help="write the tables only")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(handler=_cmd_bench)

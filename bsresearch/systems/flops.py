@@ -1,0 +1,104 @@
+"""FLOPs per training step, and achieved FLOP/s as a fraction of the GPU's peak.
+
+FLOPs are counted by torch.utils.flop_counter.FlopCounterMode on a copy of the model on the meta
+device (shapes only: nothing is computed, so any batch size is free to count, on any machine). It
+counts matrix multiplications and convolutions, 2 FLOPs per multiply-add, in the forward and backward
+pass; elementwise work (activations, BatchNorm, the loss) and the optimizer update are not counted,
+which for these models is a small share of the arithmetic but not of the time.
+
+Peaks are the vendors' dense (not 2:4-sparsity) tensor-core numbers for bf16/fp16/tf32 and the
+CUDA-core number for fp32, in FLOP/s, from the datasheets (where a datasheet quotes only the sparse
+figure, half of it). A GPU not in the table gets no fraction: no guessing.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """Dense peak FLOP/s of one GPU model, per arithmetic type."""
+    name: str
+    pattern: str                 # regex matched (case-insensitive) against torch.cuda.get_device_name
+    peaks: dict[str, float]      # 'fp32' (CUDA cores), 'tf32', 'bf16', 'fp16' (dense tensor cores) -> FLOP/s
+
+
+def _peak(name: str, pattern: str, fp32: float, tf32: float | None, bf16: float | None, fp16: float) -> GpuPeak:
+    values = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}
+    return GpuPeak(name, pattern, {k: v * TERA for k, v in values.items() if v is not None})
+
+
+# Dense TFLOP/s from NVIDIA datasheets. Order matters: the first matching pattern wins.
+GPU_PEAKS: tuple[GpuPeak, ...] = (
+    _peak("H100 SXM", r"H100.*(SXM|HBM3)", 67.0, 494.5, 989.5, 989.5),
+    _peak("H100 PCIe", r"H100.*PCIe", 51.0, 378.0, 756.5, 756.5),
+    _peak("H100 NVL", r"H100.*NVL", 60.0, 417.5, 835.5, 835.5),
+    _peak("H200 NVL", r"H200.*NVL", 60.0, 417.5, 835.5, 835.5),
+    _peak("H200 SXM", r"\bH200", 67.0, 494.5, 989.5, 989.5),
+    _peak("GH200", r"\bGH200", 67.0, 494.5, 989.5, 989.5),
+    _peak("A100", r"A100", 19.5, 156.0, 312.0, 312.0),
+    _peak("L40S", r"L40S", 91.6, 183.0, 366.5, 366.5),
+    _peak("L4", r"\bL4\b", 30.3, 60.0, 121.0, 121.0),
+    _peak("A10", r"\bA10\b", 31.2, 62.5, 125.0, 125.0),
+    _peak("V100 SXM2", r"V100.*SXM", 15.7, None, None, 125.0),
+    _peak("V100 PCIe", r"V100.*PCIE", 14.0, None, None, 112.0),
+    _peak("T4", r"\bT4\b", 8.1, None, None, 65.0),
+)
+
+
+def gpu_peak(device_name: str) -> GpuPeak | None:
+    """The table entry for a torch.cuda.get_device_name string, or None for a GPU not in the table."""
+    return next((g for g in GPU_PEAKS if re.search(g.pattern, device_name, re.IGNORECASE)), None)
+
+
+def peak_dtype(precision: str, tf32_enabled: bool) -> str:
+    """Which peak a run at `precision` is compared with: bf16/fp16 tensor cores, or for fp32 the TF32
+    tensor cores when torch may use them (torch.backends.cudnn.allow_tf32, on by default for
+    convolutions, or torch.backends.cuda.matmul.allow_tf32), else the fp32 CUDA cores."""
+    if precision in ("bf16", "fp16"):
+        return precision
+    return "tf32" if tf32_enabled else "fp32"
+
+
+def tf32_enabled() -> bool:
+    """Whether torch may run fp32 convolutions or matmuls on TF32 tensor cores in this process."""
+    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+    """Dense peak FLOP/s of the named GPU for dtype ('fp32', 'tf32', 'bf16', 'fp16'); None if unknown.
+
+    A known GPU without that dtype (TF32 on a V100) falls back to its fp32 peak for 'tf32', else None.
+    """
+    entry = gpu_peak(device_name)
+    if entry is None:
+        return None
+    if dtype == "tf32" and "tf32" not in entry.peaks:
+        dtype = "fp32"
+    return entry.peaks.get(dtype)
+
+
+def count_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
+                backward: bool = True) -> int:
+    """FLOPs of one forward (and backward) pass of `model` on a batch of batch_size, mean cross-entropy loss.
+
+    Counted on a deep copy moved to the meta device: the model itself is untouched and nothing runs.
+    The input does not require grad, as in training (the first layer computes no input gradient).
+    """
+    meta = copy.deepcopy(model).to("meta")
+    x = torch.empty((batch_size, *input_shape), device="meta")
+    y = torch.zeros((batch_size,), dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        loss = F.cross_entropy(meta(x), y.clamp(max=num_classes - 1))
+        if backward:
+            loss.backward()
+    return int(counter.get_total_flops())

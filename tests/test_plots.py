@@ -1,0 +1,105 @@
+"""Figures: drawn on the given Axes, log2 batch axes, means over seeds, captions with provenance."""
+from __future__ import annotations
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from bsresearch.measure.critical import fit_critical_batch
+from bsresearch.plots import (figure_grid, learning_curves, log2_batch_axis, metric_vs_batch, metric_vs_lr,
+                              run_curves, save_figure, steps_to_target_plot)
+
+
+@pytest.fixture
+def runs():
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in (32, 400, 4000):
+        for lr in (0.001, 0.01):
+            for seed in range(3):
+                rows.append({"sweep": "toy", "batch_size": b, "lr": lr, "seed": seed, "git_commit": "c0ffee",
+                             "budget": "target", "target_loss": 0.01, "max_steps": 9000, "budget_amount": 20.0,
+                             "test_acc": 0.9 - 0.01 * np.log2(b) + 0.01 * rng.standard_normal(),
+                             "steps_to_target": 1000 * (1 + 256 / b)})
+    return pd.DataFrame(rows)
+
+
+def line_data(ax):
+    """(x, y) of the drawn lines (seaborn adds unlabelled copies for markers and empty legend handles)."""
+    return [(tuple(line.get_xdata()), tuple(line.get_ydata())) for line in ax.get_lines()
+            if len(line.get_xdata()) and line.get_label() != "_nolegend_"]
+
+
+def test_metric_vs_batch_draws_seed_means_on_a_log2_axis(runs):
+    fig, ax = plt.subplots()
+    assert metric_vs_batch(ax, runs, "test_acc", hue="lr") is ax
+    assert ax.get_xscale() == "log" and ax.xaxis.get_scale() == "log"
+    assert ax.xaxis._scale.base == 2
+    assert list(ax.get_xticks()) == [32, 400, 4000]
+    means = runs.groupby(["lr", "batch_size"])["test_acc"].mean()
+    drawn = [xy for xy in line_data(ax) if len(xy[0]) == 3]
+    for lr, (xs, ys) in zip((0.001, 0.01), drawn[:2]):  # one mean line per lr, in order
+        assert xs == (32, 400, 4000)
+        assert np.allclose(ys, means[lr].to_numpy())
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["0.001", "0.01"]
+    assert len(ax.collections) >= 1  # the individual seeds
+    plt.close(fig)
+
+
+def test_learning_curves_average_over_seeds():
+    history = pd.DataFrame([{"batch_size": b, "seed": s, "step": step, "train_loss": (s + 1) / (step + 1)}
+                            for b in (8, 64) for s in range(2) for step in (0, 10, 100)])
+    fig, ax = plt.subplots()
+    learning_curves(ax, history, "train_loss", hue="batch_size", errorbar=None)
+    (xs, ys), _ = line_data(ax)[:2]
+    assert xs == (10, 100) and np.allclose(ys, [1.5 / 11, 1.5 / 101])  # step 0 left off the log axis
+    assert ax.get_yscale() == "log"
+    plt.close(fig)
+
+
+def test_steps_to_target_plot_draws_the_fit(runs):
+    table = runs.groupby("batch_size", as_index=False)["steps_to_target"].mean()
+    fit = fit_critical_batch(table["batch_size"], table["steps_to_target"])
+    fig, ax = plt.subplots()
+    steps_to_target_plot(ax, table, fit=fit)
+    (bx, by), (fx, fy) = line_data(ax)[:2]
+    assert np.allclose(by, table["steps_to_target"])
+    assert np.allclose(fy, 1000 * (1 + 256 / np.asarray(fx)), rtol=1e-3)
+    assert "B_crit = 256" in ax.get_legend().get_texts()[1].get_text()
+    plt.close(fig)
+
+
+def test_lr_plot_run_curves_and_grid(runs):
+    fig, axes = figure_grid(3)
+    metric_vs_lr(axes[0], runs, "test_acc")
+    assert axes[0].get_xscale() == "log"
+    history = pd.DataFrame({"step": [0, 1, 10], "train_loss": [2.0, 1.0, 0.5], "test_loss": [2.0, 1.2, 0.9],
+                            "train_acc": [0.1, 0.5, 0.9], "test_acc": [0.1, 0.4, 0.7]})
+    run_curves(axes[1], axes[2], history)
+    assert len(axes[1].get_lines()) == 2 and axes[1].get_xscale() == "log"
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    log2_batch_axis(ax, "y", [16, 64])
+    assert ax.get_yscale() == "log" and list(ax.get_yticks()) == [16, 64]
+    plt.close(fig)
+
+
+def test_save_figure_writes_png_pdf_and_a_caption_with_provenance(runs, tmp_path):
+    fig, ax = plt.subplots()
+    metric_vs_batch(ax, runs, "test_acc")
+    paths = save_figure(fig, tmp_path / "figs" / "acc", "Test accuracy against batch size.", runs=runs)
+    assert [p.suffix for p in paths] == [".png", ".pdf", ".txt"] and all(p.stat().st_size > 0 for p in paths)
+    assert paths[0].read_bytes()[:4] == b"\x89PNG" and paths[1].read_bytes()[:4] == b"%PDF"
+    caption = paths[2].read_text()
+    assert caption.startswith("Test accuracy against batch size.")
+    assert "Sweep toy" in caption and "commit c0ffee" in caption
+    assert "until train loss <= 0.01 (cap 9000 steps)" in caption
+    plain = save_figure(fig, tmp_path / "plain", "Just a caption.")
+    assert plain[2].read_text() == "Just a caption.\n"
+    plt.close(fig)
+
+
+def test_headless_outside_notebooks():
+    assert matplotlib.get_backend().lower() == "agg"

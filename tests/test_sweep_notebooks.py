@@ -1,0 +1,106 @@
+"""The notebooks: the run template's parameters cell holds every RunConfig field; run by hand (nbclient,
+as JupyterLab does) or by papermill it gives the same run; `bsresearch report` executes the analysis one."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from papermill.translators import PythonTranslator
+
+from bsresearch.config import FIELD_NAMES, RunConfig, run_id
+from bsresearch.report import run_report
+from bsresearch.rundir import RunDir
+from bsresearch.sweep import RunTask, execute_task, run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "notebooks" / "01_train.ipynb"
+REPORT = ROOT / "notebooks" / "10_sweep_report.ipynb"
+SMOKE = ROOT / "experiments" / "smoke.yaml"
+COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
+
+
+def parameters_cell(nb) -> nbformat.NotebookNode:
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1
+    return cells[0]
+
+
+def test_notebooks_are_committed_without_outputs():
+    for path in (TEMPLATE, REPORT):
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        assert nb.metadata.kernelspec.name == "python3"
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, path
+
+
+def test_template_parameters_are_every_runconfig_field_with_its_default_and_a_comment():
+    nb = nbformat.read(TEMPLATE, as_version=4)
+    cell = parameters_cell(nb)
+    namespace: dict = {}
+    exec(cell.source, namespace)
+    assert RunConfig(**{name: namespace[name] for name in FIELD_NAMES}) == RunConfig()
+    params = PythonTranslator.inspect(cell)  # what papermill sees: it must parse every line
+    assert [p.name for p in params] == [*FIELD_NAMES, "runs_dir", "sweep", "run_dir"], \
+        "regenerate the template: .venv/bin/python notebooks/build_notebooks.py"
+    assert all(p.help and p.inferred_type_name != "None" for p in params), [p.name for p in params if not p.help]
+    config_cell = next(c for c in nb.cells if "RunConfig(" in c.source and c is not cell)
+    for name in FIELD_NAMES:
+        assert f"{name}={name}" in config_cell.source, name
+
+
+def hand_edited(tmp_path: Path, values: dict) -> nbformat.NotebookNode:
+    """The template as a researcher runs it in JupyterLab: values typed into the parameters cell."""
+    nb = nbformat.read(TEMPLATE, as_version=4)
+    cell = parameters_cell(nb)
+    cell.source += "\n" + "\n".join(f"{k} = {v!r}" for k, v in values.items())
+    return nb
+
+
+@pytest.mark.slow
+def test_by_hand_and_by_papermill_give_the_same_run(tmp_path, tiny):
+    from nbclient import NotebookClient
+    cfg = tiny(budget_amount=25)
+    values = {k: v for k, v in cfg.to_dict().items() if v != getattr(RunConfig(), k)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    nb = hand_edited(tmp_path, {**values, "runs_dir": str(tmp_path / "hand")})
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}},
+                   shutdown_kernel="immediate").execute()
+    by_hand = RunDir(tmp_path / "hand" / "notebook" / run_id(cfg))
+    assert by_hand.state() == "ok"
+
+    task = RunTask(run_dir=str(tmp_path / "pm" / run_id(cfg)), config=cfg.to_dict(), label="x", notebook=str(TEMPLATE))
+    assert execute_task(task).state == "ok"
+    by_papermill = RunDir(task.run_dir)
+    assert by_papermill.config() == by_hand.config()
+    assert {k: by_papermill.metrics()[k] for k in COMPARED} == {k: by_hand.metrics()[k] for k in COMPARED}
+    assert by_papermill.history_rows()[-1]["train_loss"] == by_hand.history_rows()[-1]["train_loss"]
+
+
+@pytest.mark.slow
+def test_report_executes_the_analysis_notebook_into_the_reports_folder(tmp_path):
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    assert run_sweep(SMOKE, runs_root=runs, executor="inline", progress=False).all_finished
+    out = run_report(SMOKE, runs, reports)
+    assert out == reports.resolve() / "smoke"
+    names = {p.name for p in out.iterdir()}
+    for stem in ("metrics_vs_batch", "learning_curves"):
+        assert {f"{stem}.png", f"{stem}.pdf", f"{stem}.txt"} <= names
+        caption = (out / f"{stem}.txt").read_text()
+        assert "Sweep smoke (4 runs" in caption and "commit" in caption and "fixed steps: 30" in caption
+    assert {"summary.csv", "summary.md", "10_sweep_report.ipynb", "10_sweep_report.html"} <= names
+    nb = nbformat.read(out / "10_sweep_report.ipynb", as_version=4)
+    assert all(c.metadata.papermill.status == "completed" for c in nb.cells if c.cell_type == "code")
+    assert "| 16 | 0.05 | 1 |" in (out / "summary.md").read_text()
+
+
+def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):
+    from bsresearch.config import ConfigError
+    with pytest.raises(ConfigError, match="run `bsresearch sweep"):
+        run_report(SMOKE, tmp_path / "runs", tmp_path / "reports")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\n")
+    with pytest.raises(ConfigError, match="analysis: spec 's' names no analysis notebook"):
+        run_report(spec, tmp_path / "runs", tmp_path / "reports")

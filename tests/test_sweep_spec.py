@@ -1,0 +1,173 @@
+"""Sweep specs: validation messages that name the key, expansion, overrides, planning. No runs here."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bsresearch.config import ConfigError, RunConfig, run_id
+from bsresearch.rundir import RunDir
+from bsresearch.sweep import expand, load_spec, parse_spec, plan, run_lock
+from bsresearch.sweep.runner import check_data
+from bsresearch.sweep.spec import Point
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "experiments" / "smoke.yaml"
+DEMO = ROOT / "experiments" / "demo.yaml"
+BASE = {"dataset": "synthetic", "train_size": 64, "model": "mlp", "budget": "steps", "budget_amount": 3}
+
+
+def spec(**changes):
+    raw = {"name": "t", "base": dict(BASE), "grid": {"batch_size": [8, 16]}, "seeds": [0]}
+    raw.update(changes)
+    return parse_spec(raw, base_dir=ROOT / "experiments")
+
+
+def test_committed_specs_load_and_expand():
+    smoke = load_spec(SMOKE)
+    points = expand(smoke)
+    assert smoke.name == "smoke" and smoke.notebook.name == "01_train.ipynb"
+    assert smoke.analysis.name == "10_sweep_report.ipynb"
+    assert [p.label for p in points] == ["batch_size=16 lr=0.05 seed=0", "batch_size=16 lr=0.2 seed=0",
+                                         "batch_size=64 lr=0.05 seed=0", "batch_size=64 lr=0.2 seed=0"]
+    assert len({p.run_id for p in points}) == 4
+    demo = expand(load_spec(DEMO))
+    assert len(demo) == 9
+    by_batch = {p.config.batch_size: p.config for p in demo}
+    assert by_batch[32].eval_every == 250 and by_batch[4000].eval_every == 25   # per-point overrides
+    assert all(p.config.optimizer == "adam" and p.config.lr == 1e-3 for p in demo)
+
+
+def test_grid_is_a_product_times_seeds_and_run_ids_match_the_config():
+    s = spec(grid={"batch_size": [8, 16], "lr": ["1e-3", 0.01]}, seeds=3)  # YAML reads 1e-3 as a string
+    points = expand(s)
+    assert len(points) == 2 * 2 * 3
+    assert s.grid["lr"] == (0.001, 0.01)
+    for p in points:
+        assert p.run_id == run_id(p.config)
+        assert p.config == RunConfig(**{**BASE, **p.coords})
+    assert points[0].coords == {"batch_size": 8, "lr": 0.001, "seed": 0}
+
+
+def test_overrides_match_on_grid_values_and_defaults_and_duplicates_collapse():
+    s = spec(grid={"batch_size": [8, 16], "lr": [0.1, 0.2]},
+             overrides=[{"where": {"batch_size": 16}, "set": {"lr": 0.05}},          # lr tuned per batch size
+                        {"where": {"optimizer": "sgd"}, "set": {"momentum": 0.5}}])  # sgd is the default
+    points = expand(s)
+    assert sorted((p.config.batch_size, p.config.lr) for p in points) == [(8, 0.1), (8, 0.2), (16, 0.05)]
+    assert all(p.config.momentum == 0.5 for p in points)
+
+
+def test_measurements_map_onto_runconfig_measure():
+    from bsresearch import config
+    if not config.MEASUREMENTS:
+        pytest.skip("no measurement registered")
+    name = config.MEASUREMENTS[0]
+    assert all(p.config.measure == (name,) for p in expand(spec(measurements=[name])))
+
+
+def test_relative_data_dir_resolves_against_the_spec_folder():
+    s = spec(base={**BASE, "data_dir": "../data"})
+    assert s.base["data_dir"] == str((ROOT / "data").resolve())
+
+
+BAD = [
+    ({"nmae": "x"}, "nmae: unknown key (did you mean 'name'?)"),
+    ({"name": "a b"}, "name: required"),
+    ({"grid": {"bacth_size": [8]}}, "grid.bacth_size: unknown RunConfig field (did you mean 'batch_size'?)"),
+    ({"grid": {"batch_size": 8}}, "grid.batch_size: must be a non-empty list"),
+    ({"grid": {"batch_size": []}}, "grid.batch_size: must be a non-empty list"),
+    ({"grid": {"batch_size": [8, 8]}}, "grid.batch_size: values repeat"),
+    ({"grid": {"seed": [0, 1]}}, "grid.seed: use the top-level 'seeds' list"),
+    ({"grid": {"lr": ["fast"]}}, "grid.lr[0]: lr must be a number"),
+    ({"grid": {"batch_size": [8, -4]}}, "grid point batch_size=-4 seed=0: batch_size must be a positive"),
+    ({"grid": {"optimizer": ["lion"]}}, "grid point optimizer=lion seed=0: optimizer must be one of sgd, adam, adamw"),
+    ({"base": {"optimiser": "adam"}}, "base.optimiser: unknown RunConfig field (did you mean 'optimizer'?)"),
+    ({"base": {"measure": ["x"]}}, "base.measure: use the top-level 'measurements' list"),
+    ({"base": [1]}, "base: must be a mapping"),
+    ({"seeds": [0, -1]}, "seeds: must be a non-empty list of non-negative integers"),
+    ({"seeds": 0}, "seeds: a count must be at least 1"),
+    ({"seeds": [1, 1]}, "seeds: values repeat"),
+    ({"measurements": ["no_such"]}, "measurements: unknown measurement 'no_such'"),
+    ({"measurements": "hessian"}, "measurements: must be a list"),
+    ({"overrides": [{"when": {}, "set": {"lr": 1}}]}, "overrides[0]: must be a mapping with 'where'"),
+    ({"overrides": [{"where": {"bs": 8}, "set": {"lr": 1}}]}, "overrides[0].where.bs: unknown RunConfig field"),
+    ({"overrides": [{"set": {"lr": "x"}}]}, "overrides[0].set.lr: lr must be a number"),
+    ({"overrides": [{"set": {"seed": 3}}]}, "overrides[0].set.seed: seeds come from the top-level 'seeds'"),
+    ({"notebook": "../notebooks/nope.ipynb"}, "notebook: file"),
+    ({"analysis": "smoke.yaml"}, "analysis: must be a notebook"),
+    ({"timeout": 0}, "timeout: must be a positive number of seconds"),
+]
+
+
+@pytest.mark.parametrize("changes, message", BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_specs_name_the_key(changes, message):
+    with pytest.raises(ConfigError) as err:
+        spec(**changes)
+    assert message in str(err.value)
+
+
+def test_spec_file_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_spec(path)
+    path.write_text(yaml.safe_dump({"name": "x", "grid": {"lr": [0]}}))
+    with pytest.raises(ConfigError, match=r"bad.yaml: grid point lr=0 seed=0: lr must be a positive"):
+        load_spec(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_data_check_finds_a_batch_larger_than_the_data_before_anything_runs():
+    points = expand(spec(grid={"batch_size": [8, 128]}))   # train_size 64
+    with pytest.raises(ConfigError, match="grid point batch_size=128 seed=0: batch_size 128 exceeds the training set size 64"):
+        check_data(points)
+
+
+def _point(**changes) -> Point:
+    cfg = RunConfig(**{**BASE, **changes})
+    return Point(run_id(cfg), cfg, changes, str(changes))
+
+
+def test_plan_skips_finished_redoes_interrupted_and_leaves_locked_runs_alone(tmp_path):
+    states = {"ok": 1, "diverged": 2, "running": 3, "failed": 4, "timeout": 5, None: 6, "died": 7}
+    points = {state: _point(seed=seed) for state, seed in states.items()}
+    for state, p in points.items():
+        if state:
+            RunDir(tmp_path / p.run_id).write_status(state)
+    locked = _point(seed=8)
+    RunDir(tmp_path / locked.run_id).write_status("running")
+    with run_lock(tmp_path / locked.run_id) as held:   # a live process is running it
+        assert held
+        plans = {p.point.run_id: p for p in plan([*points.values(), locked], tmp_path)}
+        retry = {p.point.run_id: p.action for p in plan([*points.values(), locked], tmp_path, retry_failed=True)}
+    action = {state: plans[p.run_id].action for state, p in points.items()}
+    assert action == {"ok": "skip", "diverged": "skip", "running": "run", "failed": "skip", "timeout": "skip",
+                      None: "run", "died": "skip"}
+    assert plans[points["running"].run_id].found == "interrupted"
+    assert plans[locked.run_id].action == "busy"
+    assert {s: retry[p.run_id] for s, p in points.items()} == {**action, "failed": "run", "timeout": "run",
+                                                               "died": "run"}
+    assert retry[locked.run_id] == "busy"
+
+
+def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bsresearch", "sweep", str(SMOKE), "--dry-run", "--runs",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "batch_size=64 lr=0.2 seed=0" in proc.stdout and "4 to run" in proc.stdout
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_bad_spec_is_one_line_without_traceback(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "grid": {"batch_size": [8, "many"]}}))
+    proc = subprocess.run([sys.executable, "-m", "bsresearch", "sweep", str(path), "--runs", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "grid.batch_size[1]: batch_size must be an integer" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

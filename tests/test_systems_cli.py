@@ -1,0 +1,221 @@
+"""The recommendation, the precision table, figures, `bsresearch bench`, the GPU script and notebook 04."""
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from bsresearch.cli import main  # noqa: E402
+from bsresearch.config import ConfigError  # noqa: E402
+from bsresearch.systems import (compare_precisions, largest_batch_size, measure_b_simple, measure_memory,  # noqa: E402
+                                memory_cap, model_workload, recommend_batch_size, time_to_target)
+from bsresearch.systems.cli import parse_bytes  # noqa: E402
+from bsresearch.systems.workload import build_parts, snapshot, synthetic_batch  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
+from test_systems import state_equal  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
+TINY_BENCH = ["--models", "mlp", "--precisions", "fp32", "--min-batch-size", "2", "--max-batch-size", "8",
+              "--search-limit", "64", "--memory-budget", "200KiB", "--repeats", "2", "--warmup", "0",
+              "--min-seconds", "0", "--device", "cpu", "--quiet"]
+
+
+# ----------------------------------------------------------------------------- recommendation
+def affine_throughput(a: float, b: float, sizes) -> pd.DataFrame:
+    """seconds per step = a + b B: a fixed overhead per step plus a cost per example."""
+    seconds = [a + b * s for s in sizes]
+    return pd.DataFrame({"batch_size": sizes, "status": "ok", "seconds_per_step": seconds,
+                         "examples_per_second": [s / t for s, t in zip(sizes, seconds)]})
+
+
+def test_recommendation_minimises_the_predicted_time_against_brute_force():
+    """time(B) = S_min (1 + Bn/B)(a + bB); the continuous optimum is B* = sqrt(a Bn / b). On a grid of
+    every integer size the recommendation must be the brute-force minimiser, next to B*."""
+    a, b, b_noise, s_min = 0.02, 1e-5, 500.0, 1000.0
+    sizes = list(range(1, 4097))
+    rec = recommend_batch_size(affine_throughput(a, b, sizes), b_noise, s_min)
+    brute = min(sizes, key=lambda B: s_min * (1 + b_noise / B) * (a + b * B))
+    assert rec.batch_size == brute
+    assert abs(rec.batch_size - (a * b_noise / b) ** 0.5) <= 1
+    assert rec.predicted_seconds == pytest.approx(s_min * (1 + b_noise / brute) * (a + b * brute))
+
+
+def test_progress_rate_times_predicted_time_is_constant():
+    """examples/s x statistical efficiency = S_min B_noise / time: maximising one minimises the other."""
+    table = time_to_target(affine_throughput(0.01, 1e-4, [2 ** k for k in range(10)]), b_noise=64.0, s_min=7.0)
+    product = table["effective_examples_per_second"] * table["predicted_seconds"]
+    assert product.tolist() == pytest.approx([7.0 * 64.0] * len(table))
+    assert table["statistical_efficiency"].tolist() == pytest.approx([1 / (1 + B / 64) for B in table["batch_size"]])
+
+
+def test_recommendation_ignores_sizes_that_did_not_run_and_rejects_bad_noise_scales():
+    table = affine_throughput(0.02, 1e-5, [64, 128, 256])
+    table.loc[2, "status"] = "oom"
+    assert recommend_batch_size(table, 10_000.0).batch_size == 128
+    for bad in (0.0, -3.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="b_noise"):
+            recommend_batch_size(table, bad)
+
+
+def test_measure_b_simple_calls_the_noise_module_and_leaves_the_model_alone():
+    noise = pytest.importorskip("bsresearch.measure.noise")
+    w = model_workload("mlp", dataset="synthetic", width=8, depth=1)
+    parts = build_parts(w, CPU)
+    x, y = synthetic_batch(w, 64, CPU)
+    before = snapshot(parts)
+    value = measure_b_simple(parts.model, x, y, chunk_size=16)
+    state_equal(parts, before)
+    assert value == pytest.approx(noise.gradient_noise_scale(parts.model, x, y, chunk_size=16).b_simple)
+
+
+# ----------------------------------------------------------------------------- precision and optimizer table
+def test_precision_and_optimizer_table_on_cpu():
+    w = model_workload("mlp", dataset="synthetic", width=32, depth=1)
+    table = compare_precisions(w, [8], CPU, warmup=0, repeats=1, min_seconds=0.0)
+    assert list(zip(table["precision"], table["optimizer"])) == [
+        ("fp32", "sgd"), ("fp32", "adam"), ("bf16", "sgd"), ("bf16", "adam"), ("fp16", "sgd"), ("fp16", "adam")]
+    assert table["status"].tolist() == ["ok"] * 4 + ["unsupported"] * 2
+    assert "CUDA" in table["note"].iloc[-1]
+    rows = table.set_index(["precision", "optimizer"])
+    n_tensors = 4  # two Linear layers: two weights, two biases
+    assert rows.loc[("fp32", "adam"), "optimizer_bytes"] == 2 * rows.loc[("fp32", "sgd"), "optimizer_bytes"] + 4 * n_tensors
+    assert rows.loc[("fp32", "sgd"), "param_bytes"] == rows.loc[("bf16", "sgd"), "param_bytes"]  # fp32 master weights
+    assert (rows.loc[[("fp32", "sgd"), ("bf16", "adam")], "examples_per_second"] > 0).all()
+
+
+# ----------------------------------------------------------------------------- figures
+def test_figures_draw_from_tables_without_torch():
+    code = ("import sys, bsresearch.plots.systems; assert 'torch' not in sys.modules, 'plots imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    from bsresearch.plots.systems import bench_figure, memory_breakdown_plot, recommendation_plots
+    sizes = [4, 8, 16, 32]
+    table = pd.DataFrame([{"model": "cnn1d", "dataset": "mnist1d", "precision": p, "optimizer": "sgd",
+                           "mode": "train", "batch_size": b, "status": "oom" if b == 32 else "ok",
+                           "memory_status": "oom" if b == 32 else "ok", "examples_per_second": 100.0 * b,
+                           "seconds_q1": 0.009, "seconds_q3": 0.011, "peak_bytes": 1e6 + 1e4 * b,
+                           "param_bytes": 1e5, "grad_bytes": 1e5, "optimizer_bytes": 1e5, "input_bytes": 100.0 * b,
+                           "activation_bytes": 1e4 * b - 100.0 * b}
+                          for p in ("fp32", "bf16") for b in sizes])
+    summary = pd.DataFrame([{"model": "cnn1d", "precision": "fp32", "optimizer": "sgd", "largest_batch": 20,
+                             "search_reached_limit": False}])
+    fig = bench_figure(table, summary, memory_budget=1.2e6)
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert len(top.lines) >= 2 and [int(b) for b in top.get_xticks()] == sizes
+    assert any(line.get_xdata()[0] == 20 for line in top.lines)          # the search boundary
+    assert any(t.get_text() == "OOM" for t in bottom.texts)              # the first size that ran out
+    fig2, axes = plt.subplots(1, 4)
+    memory_breakdown_plot(axes[0], table[table["precision"] == "fp32"])
+    rec = recommend_batch_size(table[table["precision"] == "fp32"].assign(seconds_per_step=0.01), b_noise=10.0)
+    recommendation_plots(axes[1:], rec.table, rec.batch_size)
+    plt.close(fig)
+    plt.close(fig2)
+
+
+# ----------------------------------------------------------------------------- command line, script, notebook
+def test_bench_command_writes_table_summary_and_figure(tmp_path, capsys):
+    code = main(["bench", *TINY_BENCH, "--out", str(tmp_path), "--label", "test", "--b-noise", "50"])
+    assert code == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["systems_recommendation_test.csv", "systems_summary_test.csv", "systems_test.csv",
+                     "systems_test.pdf", "systems_test.png", "systems_test.txt"]
+    table = pd.read_csv(tmp_path / "systems_test.csv")
+    summary = pd.read_csv(tmp_path / "systems_summary_test.csv")
+    assert table["batch_size"].tolist() == [2, 4, 8] and (table["status"] == "ok").all()
+    assert (table["flops_per_step"] > 0).all() and table["fraction_of_peak"].isna().all()  # a CPU has no peak
+    # the search under the 200 KiB budget agrees with the fitted memory model
+    assert summary["largest_batch"].iloc[0] == summary["fit_largest_for_budget"].iloc[0] < 64
+    assert "recommended batch size" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--memory-budget", "lots"], "memory_budget must be a size"),
+    (["--models", "transformer"], "unknown model 'transformer'"),
+    (["--models", "convnet:mnist1d"], "needs an image dataset"),
+    (["--precisions", "fp16"], "precision 'fp16' needs a CUDA device"),
+    (["--batch-sizes", "8,0"], "batch_sizes must be a comma-separated list of positive integers"),
+    (["--repeats", "0"], "repeats must be a positive integer"),
+    (["--b-noise", "-1"], "b_noise must be a positive number"),
+    (["--min-batch-size", "64", "--max-batch-size", "8"], "exceeds max_batch_size"),
+])
+def test_bench_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
+    assert main(["bench", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_parse_bytes():
+    assert parse_bytes("2GiB") == 2 * 2 ** 30 and parse_bytes("500MB") == 500 * 10 ** 6
+    assert parse_bytes("1.5e3") == 1500 and parse_bytes("64 KiB") == 65536
+
+
+def test_gpu_benchmark_script_runs_end_to_end_on_a_cpu(tmp_path):
+    """benchmarks/systems_gpu.py at tiny settings, one model (the full --tiny run takes about 10 s)."""
+    proc = subprocess.run([sys.executable, "benchmarks/systems_gpu.py", "--tiny", "--device", "cpu", "--out",
+                           str(tmp_path), "--models", "cnn1d", "--precisions", "fp32,bf16", "--quiet",
+                           "--label", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = pd.read_csv(tmp_path / "systems_gpu_summary_cpu.csv")
+    assert summary["precision"].tolist() == ["fp32", "bf16"]
+    assert (tmp_path / "systems_gpu_cpu.png").exists() and (tmp_path / "systems_gpu_cpu.pdf").exists()
+
+
+def test_notebook_04_runs_under_papermill_at_tiny_settings(tmp_path):
+    import nbformat
+    import papermill as pm
+    source = nbformat.read(ROOT / "notebooks" / "04_systems.ipynb", as_version=4)
+    assert any("parameters" in c.metadata.get("tags", []) for c in source.cells)
+    assert all(not c.get("outputs") for c in source.cells if c.cell_type == "code")  # committed without outputs
+    pm.execute_notebook(str(ROOT / "notebooks" / "04_systems.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(tmp_path),
+                        progress_bar=False, parameters=dict(
+                            batch_sizes=[2, 4, 8], precisions=["fp32"], search_limit=32, memory_budget="1MiB",
+                            warmup=0, repeats=1, min_seconds=0.0, target_batch_size=512, noise_steps=10,
+                            noise_examples=128, device="cpu", out_dir=str(tmp_path / "fig")))
+    for figure in ("bench", "recommendation"):
+        assert len(list((tmp_path / "fig").glob(f"nb04_{figure}_cpu-*.png"))) == 1
+    executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert "recommended batch size" in text and "B_noise" in text
+
+
+# ----------------------------------------------------------------------------- CUDA
+@requires_cuda
+def test_cuda_budget_raises_a_real_out_of_memory_and_the_search_restores_exactly():
+    w = model_workload("convnet")
+    parts = build_parts(w, "cuda")
+    before = snapshot(parts)
+    fit_table = measure_memory(w, [16, 32, 64], "cuda")
+    per_example = (fit_table["peak_bytes"].iloc[-1] - fit_table["peak_bytes"].iloc[0]) / 48
+    budget = int(torch.cuda.memory_allocated() + 300 * per_example)
+    with memory_cap(budget, torch.device("cuda")):
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(budget * 2, dtype=torch.uint8, device="cuda")
+    result = largest_batch_size(parts, w, memory_budget=budget, start=16, limit=4096)
+    assert 16 <= result.largest_batch_size < 4096 and result.first_failure is not None
+    state_equal(parts, before)
+
+
+@requires_cuda
+def test_cuda_fp16_uses_a_grad_scaler_in_the_precision_table():
+    w = model_workload("cnn1d")
+    table = compare_precisions(w, [64], "cuda", precisions=("fp32", "fp16"), optimizers=("sgd",), warmup=1,
+                               repeats=2, min_seconds=0.0)
+    assert table["status"].tolist() == ["ok", "ok"]
+
+
+@requires_cuda
+def test_cuda_bench_reports_the_fraction_of_peak_for_a_known_gpu(tmp_path):
+    from bsresearch.systems import gpu_peak, run_bench
+    result = run_bench([model_workload("cnn1d", precision="bf16")], [64, 128], "cuda", search=False, warmup=1,
+                       repeats=2, min_seconds=0.0)
+    row = result.summary.iloc[0]
+    assert row["largest_timed_batch"] == 128 and row["peak_dtype"] in (None, "bf16")
+    known = gpu_peak(torch.cuda.get_device_name()) is not None
+    assert (row["fraction_of_peak"] is not None and 0 < row["fraction_of_peak"] < 1) if known else \
+        row["fraction_of_peak"] is None
