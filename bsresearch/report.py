@@ -27,7 +27,7 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
         raise ConfigError(f"analysis: spec {spec.name!r} names no analysis notebook; add "
                           f"'analysis: ../notebooks/10_sweep_report.ipynb'")
     sweep_dir = Path(runs_root).resolve() / spec.name
-    if not (sweep_dir / MANIFEST).exists():
+    if spec.has_runs and not (sweep_dir / MANIFEST).exists():
         raise ConfigError(f"no sweep {spec.name!r} under {sweep_dir.parent}: run `bsresearch sweep "
                           f"{spec.path or spec.name}` first")
     out_dir = Path(reports_root).resolve() / spec.name

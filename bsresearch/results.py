@@ -75,6 +75,8 @@ def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any
             row[k] = v
         elif row[k] != v:
             row[f"final_{k}"] = v
+    for k, v in coords.items():  # the spec's own coordinates, e.g. the variant name
+        row.setdefault(k, v)
     prov = status.get("provenance") or {}
     row.update(git_commit=prov.get("git_commit"), device_name=prov.get("device_name"),
                started=status.get("started"), ended=status.get("ended"), run_dir=str(run_dir))
@@ -108,8 +110,11 @@ def load(sweeps: str | Path | Iterable[str | Path], runs_root: str | Path = "run
 def sweep_axes(sweep: str | Path, runs_root: str | Path = "runs") -> list[str]:
     """The grid axes of a sweep, as its spec wrote them (from the manifest), seed last; [] without one."""
     manifest = _read_json(sweep_dir(sweep, runs_root) / MANIFEST) or {}
-    points = manifest.get("points") or [{}]
-    return list((points[0].get("coords") or {}).keys())
+    if "axes" in manifest:
+        return list(manifest["axes"])
+    points = manifest.get("points") or [{}]  # an older manifest: the coordinates' keys, seed last
+    keys = list((points[0].get("coords") or {}).keys())
+    return [k for k in keys if k != "seed"] + (["seed"] if "seed" in keys else [])
 
 
 def finished(runs: pd.DataFrame, include_diverged: bool = False) -> pd.DataFrame:

@@ -168,3 +168,15 @@ def test_results_and_plots_do_not_import_torch():
 
 def test_manifest_name_is_shared_with_the_runner():
     assert results.MANIFEST == runner.MANIFEST
+
+
+def test_the_variant_of_a_spec_is_a_column(tmp_path):
+    d = tmp_path / "runs" / "v"
+    plain = fake_run(d, batch_size=8, metrics={"test_acc": 0.5})
+    scaled = fake_run(d, batch_size=8, lr_scaling="sqrt", metrics={"test_acc": 0.6})
+    points = [{"run_id": run_id(c), "label": f"variant={v}", "coords": {"variant": v, "seed": 0}}
+              for c, v in ((plain, "plain"), (scaled, "sqrt"))]
+    atomic_write_json(d / runner.MANIFEST, {"name": "v", "points": points, "axes": ["variant", "seed"]})
+    runs = results.load("v", runs_root=d.parent)
+    assert list(runs["variant"]) == ["plain", "sqrt"] and list(runs["test_acc"]) == [0.5, 0.6]
+    assert results.sweep_axes("v", runs_root=d.parent) == ["variant", "seed"]

@@ -101,6 +101,6 @@ def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="run `bsresearch sweep"):
         run_report(SMOKE, tmp_path / "runs", tmp_path / "reports")
     spec = tmp_path / "s.yaml"
-    spec.write_text("name: s\n")
+    spec.write_text("name: s\nbase: {dataset: synthetic}\n")
     with pytest.raises(ConfigError, match="analysis: spec 's' names no analysis notebook"):
         run_report(spec, tmp_path / "runs", tmp_path / "reports")

@@ -171,3 +171,51 @@ def test_cli_bad_spec_is_one_line_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "grid.batch_size[1]: batch_size must be an integer" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_variants_are_crossed_with_the_grid_and_seeds_and_matched_by_overrides():
+    s = spec(variants={"plain": {}, "sqrt": {"lr_scaling": "sqrt", "base_batch_size": 8}},
+             seeds=[0, 1], overrides=[{"where": {"variant": "sqrt", "batch_size": 16}, "set": {"lr": 0.2}}])
+    points = expand(s)
+    assert len(points) == 2 * 2 * 2
+    assert points[0].label == "variant=plain batch_size=8 seed=0"
+    assert points[0].coords == {"variant": "plain", "batch_size": 8, "seed": 0}
+    sqrt16 = [p.config for p in points if p.coords["variant"] == "sqrt" and p.config.batch_size == 16]
+    assert all(c.lr_scaling == "sqrt" and c.lr == 0.2 for c in sqrt16)
+    plain16 = [p.config for p in points if p.coords["variant"] == "plain" and p.config.batch_size == 16]
+    assert all(c.lr_scaling == "none" and c.lr == RunConfig().lr for c in plain16)
+
+
+@pytest.mark.parametrize("variants,overrides,message", [
+    ({"a": {"bacth_size": 3}}, None, "variants.a.bacth_size: unknown RunConfig field (did you mean 'batch_size'?)"),
+    ({"a": {"seed": 3}}, None, "variants.a.seed: seeds come from the top-level 'seeds' list"),
+    ({"a b": {}}, None, "variants: a name must be letters"),
+    ([{"lr": 1}], None, "variants: must be a non-empty mapping"),
+    ({"a": {"lr": -1}}, None, "grid point variant=a batch_size=8 seed=0: lr must be a positive"),
+    ({"a": {}}, [{"where": {"variant": "b"}, "set": {"lr": 0.1}}], "overrides[0].where.variant: unknown variant 'b'"),
+])
+def test_bad_variants_name_the_key(variants, overrides, message):
+    changes = {"variants": variants}
+    if overrides:
+        changes["overrides"] = overrides
+    with pytest.raises(ConfigError) as info:
+        spec(**changes)
+    assert message in str(info.value)
+
+
+def test_manifest_keeps_the_axes_in_the_order_the_spec_wrote_them(tmp_path):
+    from bsresearch import results
+    from bsresearch.sweep.runner import write_manifest
+    s = spec(grid={"lr": [0.1, 0.2], "batch_size": [8, 16]})
+    write_manifest(s, tmp_path / "t", expand(s))
+    assert results.sweep_axes("t", runs_root=tmp_path) == ["lr", "batch_size", "seed"]
+
+
+def test_an_analysis_only_spec_has_no_runs_and_cannot_be_swept(tmp_path):
+    from bsresearch.sweep import run_sweep
+    only = parse_spec({"name": "a", "analysis": "../notebooks/10_sweep_report.ipynb"}, base_dir=ROOT / "experiments")
+    assert not only.has_runs and expand(only) == []
+    with pytest.raises(ConfigError, match="analysis-only; use `bsresearch report"):
+        run_sweep(only, runs_root=tmp_path)
+    with pytest.raises(ConfigError, match="defines no runs .* and no analysis notebook"):
+        parse_spec({"name": "a"})

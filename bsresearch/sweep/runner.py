@@ -133,6 +133,7 @@ def write_manifest(spec: SweepSpec, sweep_dir: Path, points: list[Point]) -> Non
     atomic_write_json(sweep_dir / MANIFEST, {
         "name": spec.name, "description": spec.description, "spec_file": str(spec.path) if spec.path else None,
         "spec": spec.raw, "updated": now(), "git_commit": git_commit(),
+        "axes": list(points[0].coords) if points else [],  # in the spec's order (the JSON keys get sorted)
         "points": [{"run_id": p.run_id, "label": p.label, "coords": p.coords} for p in points],
     })
 
@@ -150,6 +151,9 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     (not enforced by the inline executor, which runs in this process).
     """
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    if not spec.has_runs:
+        raise ConfigError(f"spec {spec.name!r} defines no runs (no base, grid or variants): it is analysis-only; "
+                          f"use `bsresearch report {spec.path or spec.name}`")
     engine = engine or ("library" if executor == "inline" else "papermill")
     _check_options(spec, executor, engine, workers, timeout)
     if cluster and workers is None:

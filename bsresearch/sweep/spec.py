@@ -11,6 +11,9 @@ A spec (every key but `name` is optional):
     timeout: 1800                # seconds per run; a run past it is killed and recorded as "timeout"
     base: {dataset: mnist1d, optimizer: adam, lr: 0.001, budget: target}   # RunConfig fields
     grid: {batch_size: [32, 4000]}            # any RunConfig fields; the cartesian product is taken
+    variants:                    # optional named sets of fields, each crossed with the grid and seeds;
+      plain: {}                  # the name is the `variant` column of the results and can be matched
+      sqrt_gbn: {lr_scaling: sqrt, batchnorm: true, ghost_batch_size: 32}   # by overrides' `where`
     seeds: [0, 1, 2]             # or a count: 3 means [0, 1, 2]
     measurements: [keskar_sharpness]          # RunConfig.measure for every run
     overrides:                   # applied in order to every point that matches all of `where`
@@ -35,7 +38,7 @@ import yaml
 from .. import config as C
 from ..config import FIELD_NAMES, ConfigError, RunConfig, run_id
 
-SPEC_KEYS = ("name", "description", "notebook", "analysis", "timeout", "base", "grid", "seeds",
+SPEC_KEYS = ("name", "description", "notebook", "analysis", "timeout", "base", "grid", "variants", "seeds",
              "measurements", "overrides")
 DEFAULT_TIMEOUT = 3600.0  # seconds per run
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
@@ -62,10 +65,17 @@ class SweepSpec:
     timeout: float = DEFAULT_TIMEOUT  # seconds per run
     base: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> fields; {}: no variants
     seeds: tuple[int, ...] = (0,)
     measurements: tuple[str, ...] = ()
     overrides: tuple[Override, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as written, kept in the manifest
+
+    @property
+    def has_runs(self) -> bool:
+        """False for an analysis-only spec (no base, grid, variants or notebook): `report` executes its
+        analysis notebook, which computes everything itself (e.g. the noisy quadratic model)."""
+        return bool(self.base or self.grid or self.variants or self.notebook)
 
 
 @dataclass(frozen=True)
@@ -111,14 +121,19 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
         raise ConfigError(f"description: must be a string; got {description!r}")
     base = _parse_base(raw.get("base"), base_dir)
     grid = _parse_grid(raw.get("grid"))
+    variants = _parse_variants(raw.get("variants"), base_dir)
     seeds = _parse_seeds(raw.get("seeds", [base.get("seed", 0)]))
     measurements = _parse_measurements(raw.get("measurements"))
-    overrides = tuple(_parse_override(i, o) for i, o in enumerate(_as_list(raw.get("overrides"), "overrides")))
+    overrides = tuple(_parse_override(i, o, tuple(variants))
+                      for i, o in enumerate(_as_list(raw.get("overrides"), "overrides")))
     spec = SweepSpec(name=name, path=path, description=description,
                      notebook=_parse_path(raw.get("notebook"), "notebook", base_dir),
                      analysis=_parse_path(raw.get("analysis"), "analysis", base_dir),
                      timeout=_parse_timeout(raw.get("timeout", DEFAULT_TIMEOUT)),
-                     base=base, grid=grid, seeds=seeds, measurements=measurements, overrides=overrides, raw=raw)
+                     base=base, grid=grid, variants=variants, seeds=seeds, measurements=measurements, overrides=overrides, raw=raw)
+    if not spec.has_runs and spec.analysis is None:
+        raise ConfigError("the spec defines no runs (no base, grid, variants or notebook) and no analysis "
+                          "notebook: there is nothing to do")
     expand(spec)  # every point must make a valid RunConfig; the error names the point
     return spec
 
@@ -147,17 +162,19 @@ def coerce_field(key: str, name: str, value: Any) -> Any:
         raise ConfigError(f"{key}: {exc}") from None
 
 
-def _parse_base(raw: Any, base_dir: Path) -> dict[str, Any]:
+def _parse_base(raw: Any, base_dir: Path, key: str = "base") -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"base: must be a mapping of RunConfig fields; got {raw!r}")
+        raise ConfigError(f"{key}: must be a mapping of RunConfig fields; got {raw!r}")
     out = {}
     for name, value in raw.items():
-        _check_field(f"base.{name}", name)
+        _check_field(f"{key}.{name}", name)
         if name == "measure":
-            raise ConfigError("base.measure: use the top-level 'measurements' list")
-        out[name] = coerce_field(f"base.{name}", name, value)
+            raise ConfigError(f"{key}.measure: use the top-level 'measurements' list")
+        if name == "seed" and key != "base":
+            raise ConfigError(f"{key}.seed: seeds come from the top-level 'seeds' list")
+        out[name] = coerce_field(f"{key}.{name}", name, value)
     if out.get("data_dir") and not Path(out["data_dir"]).is_absolute():
         out["data_dir"] = str((base_dir / out["data_dir"]).resolve())  # runs execute with their own cwd
     return out
@@ -185,6 +202,19 @@ def _parse_grid(raw: Any) -> dict[str, tuple[Any, ...]]:
     return grid
 
 
+def _parse_variants(raw: Any, base_dir: Path) -> dict[str, dict[str, Any]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"variants: must be a non-empty mapping of name -> RunConfig fields; got {raw!r}")
+    out = {}
+    for name, fields in raw.items():
+        if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+            raise ConfigError(f"variants: a name must be letters, digits and _.- only; got {name!r}")
+        out[name] = _parse_base(fields or {}, base_dir, key=f"variants.{name}")
+    return out
+
+
 def _parse_seeds(raw: Any) -> tuple[int, ...]:
     if isinstance(raw, int) and not isinstance(raw, bool):
         if raw < 1:
@@ -208,7 +238,7 @@ def _parse_measurements(raw: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _parse_override(index: int, raw: Any) -> Override:
+def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = ()) -> Override:
     key = f"overrides[{index}]"
     if not isinstance(raw, dict) or set(raw) - {"where", "set"} or "set" not in raw:
         raise ConfigError(f"{key}: must be a mapping with 'where' (optional) and 'set'; got {raw!r}")
@@ -219,8 +249,15 @@ def _parse_override(index: int, raw: Any) -> Override:
         raise ConfigError(f"{key}.set: must be a non-empty mapping of RunConfig fields; got {set_raw!r}")
     where = {}
     for name, accepted in where_raw.items():
-        _check_field(f"{key}.where.{name}", name)
         values = accepted if isinstance(accepted, list) else [accepted]
+        if name == "variant" and variants:
+            unknown = [v for v in values if v not in variants]
+            if unknown:
+                raise ConfigError(f"{key}.where.variant: unknown variant {unknown[0]!r}; "
+                                  f"the spec's variants: {', '.join(variants)}")
+            where[name] = tuple(values)
+            continue
+        _check_field(f"{key}.where.{name}", name)
         where[name] = tuple(coerce_field(f"{key}.where.{name}", name, v) for v in values)
     values = {}
     for name, value in set_raw.items():
@@ -263,27 +300,36 @@ def _label(coords: dict[str, Any]) -> str:
 
 
 def expand(spec: SweepSpec) -> list[Point]:
-    """The runs of a spec: grid (cartesian product, in the order written) x seeds, overrides applied.
+    """The runs of a spec: variants x grid (cartesian product, in the order written) x seeds, overrides
+    applied. A variant's fields come after the base and before the grid point.
 
     Points that end up with the same config (e.g. an override fixes the lr a grid axis varies) are one
     run: the first is kept. Raises ConfigError naming the point when a config is invalid.
     """
+    if not spec.has_runs:
+        return []
     names = list(spec.grid)
     points: dict[str, Point] = {}
-    for values in itertools.product(*spec.grid.values()):
-        for seed in spec.seeds:
-            coords = {**dict(zip(names, values)), "seed": seed}
-            fields = {**_DEFAULTS, **spec.base, **coords}  # overrides may match on defaults too
-            if spec.measurements:
-                fields["measure"] = spec.measurements
-            for override in spec.overrides:
-                if override.matches(fields):
-                    fields.update(override.values)
-            label = _label(coords)
-            try:
-                cfg = RunConfig(**fields)
-            except ConfigError as exc:
-                raise ConfigError(f"grid point {label}: {exc}") from None
-            rid = run_id(cfg)
-            points.setdefault(rid, Point(run_id=rid, config=cfg, coords=coords, label=label))
+    for variant, variant_fields in (spec.variants.items() or [(None, {})]):
+        for values in itertools.product(*spec.grid.values()):
+            for seed in spec.seeds:
+                coords = {**({"variant": variant} if variant else {}), **dict(zip(names, values)), "seed": seed}
+                fields = {**_DEFAULTS, **spec.base, **variant_fields, **dict(zip(names, values)), "seed": seed}
+                if spec.measurements:
+                    fields["measure"] = spec.measurements
+                for override in spec.overrides:  # overrides may match on defaults, and on the variant
+                    if override.matches({**fields, "variant": variant}):
+                        fields.update(override.values)
+                _add_point(points, fields, coords)
     return list(points.values())
+
+
+def _add_point(points: dict[str, Point], fields: dict[str, Any], coords: dict[str, Any]) -> None:
+    """Add the run of `fields` unless a point with the same config is there already."""
+    label = _label(coords)
+    try:
+        cfg = RunConfig(**fields)
+    except ConfigError as exc:
+        raise ConfigError(f"grid point {label}: {exc}") from None
+    rid = run_id(cfg)
+    points.setdefault(rid, Point(run_id=rid, config=cfg, coords=coords, label=label))
