@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install data test demo lab clean
+.PHONY: install data test demo lab bench bench-gpu reproduce clean
 
 install: $(STAMP)
 
@@ -44,8 +44,35 @@ data:
 test: install data
 	$(BIN)/python -m pytest -q
 
+# The main job: a Keskar-style sweep on MNIST-1D through papermill (one worker per core), then its report.
 demo: install
-	$(BIN)/bsresearch train --runs runs --name demo
+	@start=$$(date +%s); \
+	$(BIN)/bsresearch sweep experiments/demo.yaml && \
+	$(BIN)/bsresearch report experiments/demo.yaml && \
+	echo "demo: $$(( $$(date +%s) - start )) s; figures and tables in reports/demo/"
+
+# CPU benchmarks; results (CSV, figures) in benchmarks/results/, named with the machine.
+bench: install
+	$(BIN)/python benchmarks/loop_vs_dataloader.py
+	$(BIN)/python benchmarks/measure_noise_vmap_vs_loop.py --examples 1000 --chunk-sizes 64,256,1000 --repeats 3
+	$(BIN)/python benchmarks/measure_lanczos_vs_power.py --ks 1,3 --tol 1e-4 --train-epochs 5 --repeats 3
+	$(BIN)/python benchmarks/sweep_overhead.py
+	$(BIN)/bsresearch bench --preset cpu --memory-budget 256MiB --out benchmarks/results --quiet
+
+# On a CUDA machine: throughput, memory, largest batch and FLOP/s for cnn1d, convnet, resnet at fp32 and bf16.
+bench-gpu: install
+	$(BIN)/python benchmarks/systems_gpu.py
+
+# Every reproduction (reports/README.md): the sweeps, then the reports into reports/<finding>/.
+# Finished runs are kept in runs/ and skipped on a rerun; a failed run does not stop the others.
+REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs
+REPRODUCE_REPORTS := keskar keskar_fashion dinh nqm
+reproduce: install data
+	@start=$$(date +%s); \
+	for s in $(REPRODUCE_SWEEPS); do \
+	  $(BIN)/bsresearch sweep experiments/$$s.yaml --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
+	for r in $(REPRODUCE_REPORTS); do $(BIN)/bsresearch report experiments/$$r.yaml || exit 1; done; \
+	echo "reproduce: $$(( $$(date +%s) - start )) s wall; reports in reports/"
 
 lab: install
 	$(BIN)/pip install -q -e ".[lab]" && $(BIN)/jupyter lab notebooks/

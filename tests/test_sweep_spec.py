@@ -219,3 +219,20 @@ def test_an_analysis_only_spec_has_no_runs_and_cannot_be_swept(tmp_path):
         run_sweep(only, runs_root=tmp_path)
     with pytest.raises(ConfigError, match="defines no runs .* and no analysis notebook"):
         parse_spec({"name": "a"})
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_committed_spec_is_valid(path):
+    s = load_spec(path)
+    assert s.name == path.stem, "a spec's name is its file name (runs/<name>, reports/<name>)"
+    points = expand(s)
+    assert len(points) == len({p.run_id for p in points})
+    assert (len(points) > 0) == s.has_runs
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only machine's message")
+def test_a_cuda_spec_on_a_machine_without_one_fails_before_any_run(tmp_path):
+    from bsresearch.sweep import run_sweep
+    with pytest.raises(ConfigError, match="grid point batch_size=8 seed=0: device 'cuda' was asked for"):
+        run_sweep(spec(base={**BASE, "device": "cuda"}), runs_root=tmp_path, engine="library")
+    assert not (tmp_path / "t").exists()

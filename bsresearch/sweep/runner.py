@@ -110,14 +110,17 @@ def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -
 
 
 def check_data(points: list[Point]) -> None:
-    """Load each dataset the points use once (on the CPU) and check every batch fits: a missing dataset
-    or a batch larger than the training set is reported now, not by each worker."""
+    """Load each dataset the points use once (on the CPU) and check every batch fits, and that each device
+    asked for exists here: a missing dataset, a batch larger than the training set or `device: cuda` on a
+    machine without one is reported now, not by each worker."""
     from ..data import dataset_for  # imports torch
+    from ..runtime import resolve_device
     sizes: dict[tuple, int] = {}
     for point in points:
         cfg = point.config
         key = (cfg.dataset, cfg.data_dir, cfg.train_size)
         try:
+            resolve_device(cfg.device)
             if key not in sizes:
                 sizes[key] = dataset_for(cfg, "cpu").n_train
             check_batch_fits(cfg, sizes[key])
