@@ -63,19 +63,19 @@ bench: install
 bench-gpu: install
 	$(BIN)/python benchmarks/systems_gpu.py
 
-# Every reproduction (reports/README.md): the sweeps, then the reports into reports/<finding>/.
+# Every reproduction (reports/README.md): the sweeps in order (later ones reuse earlier runs' results),
+# then the reports into reports/<finding>/. The sweeps call the library directly (--engine library: the
+# same runs and numbers as through the run template notebook, without papermill's ~6 s per run).
 # Finished runs are kept in runs/ and skipped on a rerun; a failed run does not stop the others.
-REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs
-REPRODUCE_REPORTS := keskar keskar_fashion dinh nqm
+REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer goyal \
+                    steps_to_target steps_to_target_noise smith_le smith_le_edge smith_le_n smith_le_diag
+REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer goyal steps_to_target smith_le nqm
 reproduce: install data
 	@start=$$(date +%s); \
 	for s in $(REPRODUCE_SWEEPS); do \
-	  $(BIN)/bsresearch sweep experiments/$$s.yaml --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
+	  $(BIN)/bsresearch sweep experiments/$$s.yaml --engine library --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
 	for r in $(REPRODUCE_REPORTS); do $(BIN)/bsresearch report experiments/$$r.yaml || exit 1; done; \
 	echo "reproduce: $$(( $$(date +%s) - start )) s wall; reports in reports/"
-
-lab: install
-	$(BIN)/pip install -q -e ".[lab]" && $(BIN)/jupyter lab notebooks/
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -35,7 +35,10 @@ _LAZY = {
     # sweeps and results
     "run_sweep": "sweep", "load_spec": "sweep", "SweepSpec": "sweep",
 }
-_SUBMODULES = ("results", "plots", "nqm", "measure", "systems", "sweep")
+# analysis modules of the reproductions: steps_to_target (Shallue/McCandlish), optimum (Smith & Le),
+# recipes (Hoffer/Goyal), analysis (finished runs' weights: Keskar, Dinh), nqm (Zhang et al.)
+_SUBMODULES = ("results", "plots", "nqm", "measure", "systems", "sweep", "analysis", "steps_to_target", "optimum",
+               "recipes")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,321 @@
+"""Where a metric peaks along a grid, with bootstrap intervals over seeds, and how that peak scales.
+
+Smith & Le (2018): SGD's noise scale is g = lr N / (B (1 - m)), so at a fixed number of epochs the test
+accuracy peaks at a batch size B_opt proportional to lr N. Jastrzebski et al. (2017): runs with the same
+lr / B follow the same dynamics (per epoch) until the learning rate gets too large. This module turns a
+results table (bsresearch.results.load) into those numbers:
+
+    noise_scale(lr, n, b, momentum)                 # g = lr N / (B (1 - m))
+    opt = optimum_by_group(runs, "test_acc", x="batch_size", by="lr")   # B_opt per lr, bootstrap interval
+    fit = power_law(opt)                            # slope of log B_opt vs log lr (predicted: 1), interval
+    power_law_by_seed(runs, "test_acc", by="lr")    # the same slope per seed, with a t interval (a check)
+    agreement(runs, "test_acc", by="batch_size")    # along lr/B = const: each B against the smallest B
+    curve_gaps(history, "test_acc", reference=16)   # how far each B's mean learning curve is from the reference
+
+The peak along a grid is the vertex of the parabola through the best grid point and its two neighbours,
+in log2(x) (a batch-size grid is geometric); at an edge of the grid the peak is not resolved, and the edge
+value is returned with interior=False. Intervals come from a bootstrap over seeds: each grid cell's seeds
+are resampled independently. That ignores that runs sharing a seed share their initial weights (which
+tends to widen the interval), while with as few as 3 seeds a percentile bootstrap is too narrow:
+power_law_by_seed gives a t interval over per-seed slopes as a check. No torch import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .config import ConfigError
+from .results import lower_is_better
+
+
+def noise_scale(lr: float | np.ndarray, train_size: float | np.ndarray, batch_size: float | np.ndarray,
+                momentum: float | np.ndarray = 0.0) -> float | np.ndarray:
+    """Smith & Le's SGD noise scale g = lr N / (B (1 - m)) (their eps N / B, with momentum's 1/(1 - m)).
+
+    lr is the rate actually used (after any batch-size scaling); N the training-set size; B the batch size.
+    The paper's exact form is lr (N/B - 1) / (1 - m); the -1 is dropped, as in their predictions.
+    """
+    return np.asarray(lr) * np.asarray(train_size) / (np.asarray(batch_size) * (1.0 - np.asarray(momentum)))
+
+
+# ----------------------------------------------------------------------------- the peak along a grid
+@dataclass(frozen=True)
+class Peak:
+    """The best point of a curve y(x) sampled on a grid."""
+    x_best: float    # the grid value with the best y
+    x_peak: float    # vertex of the parabola in log2(x) through the best point and its neighbours (x units)
+    y_best: float    # y at x_best
+    interior: bool   # x_best has a neighbour on each side; if not, x_peak = x_best and the peak is unresolved
+
+
+def parabola_peak(x: Sequence[float], y: Sequence[float], maximize: bool = True) -> Peak:
+    """The peak of y(x) on the grid x (positive, any order; NaN y values are left out).
+
+    The vertex of the parabola through the best point and its two neighbours, fitted in log2(x), lies
+    between those neighbours (the middle point is the best of the three); a flat triple returns x_best.
+    """
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if len(x) == 0:
+        raise ValueError("parabola_peak needs at least one finite y value")
+    if np.any(x <= 0):
+        raise ValueError(f"parabola_peak fits in log2(x): x must be positive; got {x.tolist()}")
+    order = np.argsort(x)
+    u, v = np.log2(x[order]), (y[order] if maximize else -y[order])
+    k = int(np.argmax(v))
+    y_best = float(y[order][k])
+    if k == 0 or k == len(u) - 1:
+        return Peak(float(2 ** u[k]), float(2 ** u[k]), y_best, False)
+    (u0, u1, u2), (v0, v1, v2) = u[k - 1:k + 2], v[k - 1:k + 2]
+    denominator = (u1 - u0) * (v1 - v2) - (u1 - u2) * (v1 - v0)
+    if denominator == 0:
+        return Peak(float(2 ** u1), float(2 ** u1), y_best, True)
+    vertex = u1 - 0.5 * ((u1 - u0) ** 2 * (v1 - v2) - (u1 - u2) ** 2 * (v1 - v0)) / denominator
+    return Peak(float(2 ** u1), float(2 ** vertex), y_best, True)
+
+
+# ----------------------------------------------------------------------------- per group, with a bootstrap
+@dataclass(frozen=True)
+class Optimum:
+    """The peak of `metric` along `x` for each value of `by`, with bootstrap replicates over seeds.
+
+    table: one row per group: `by`, x_best, x_opt (parabola vertex of the seed-mean curve), x_opt_low and
+    x_opt_high (percentile interval of the replicates), interior (x_best inside the grid), interior_share
+    (share of replicates whose best point is inside the grid), y_best (the best seed mean), n_grid (grid
+    points with data), min_seeds (fewest seeds in a cell).
+    replicates: array (n_boot, n_groups) of the replicates' x_opt, columns in the order of table rows.
+    """
+    metric: str
+    x: str
+    by: str
+    confidence: float
+    table: pd.DataFrame
+    replicates: np.ndarray
+
+
+def _cells(group: pd.DataFrame, metric: str, x: str) -> tuple[np.ndarray, list[np.ndarray]]:
+    values = group.assign(_y=pd.to_numeric(group[metric], errors="coerce")).dropna(subset=["_y"])
+    grid = np.array(sorted(values[x].unique()), float)
+    return grid, [values.loc[values[x] == g, "_y"].to_numpy(float) for g in grid]
+
+
+def optimum_by_group(runs: pd.DataFrame, metric: str = "test_acc", x: str = "batch_size", by: str = "lr",
+                     n_boot: int = 2000, seed: int = 0, confidence: float = 0.95,
+                     maximize: bool | None = None) -> Optimum:
+    """For each value of `by` (e.g. the lr), where the seed-mean of `metric` peaks along `x` (batch size).
+
+    `runs` has one row per run (bsresearch.results.load; include diverged runs to count them with the
+    accuracy they ended at). Runs whose metric is missing are left out. The interval resamples each grid
+    cell's seeds with replacement (numpy generator seeded with `seed`), n_boot times.
+    """
+    for column in (metric, x, by):
+        if column not in runs:
+            raise ConfigError(f"optimum_by_group: no column {column!r} in the runs table")
+    maximize = not lower_is_better(metric) if maximize is None else maximize
+    rng = np.random.default_rng(seed)
+    rows, replicates = [], []
+    for key, group in runs.groupby(by, sort=True):
+        grid, cells = _cells(group, metric, x)
+        if len(grid) == 0:
+            continue
+        peak = parabola_peak(grid, [c.mean() for c in cells], maximize)
+        # n_boot resampled seed-means per cell: (n_boot, n_grid)
+        means = np.stack([c[rng.integers(0, len(c), size=(n_boot, len(c)))].mean(axis=1) for c in cells], axis=1)
+        peaks = [parabola_peak(grid, m, maximize) for m in means]
+        boot = np.array([p.x_peak for p in peaks])
+        tail = (1 - confidence) / 2
+        low, high = np.quantile(np.log2(boot), [tail, 1 - tail])
+        rows.append({by: key, "x_best": peak.x_best, "x_opt": peak.x_peak, "x_opt_low": float(2 ** low),
+                     "x_opt_high": float(2 ** high), "interior": peak.interior,
+                     "interior_share": float(np.mean([p.interior for p in peaks])), "y_best": peak.y_best,
+                     "n_grid": len(grid), "min_seeds": min(len(c) for c in cells)})
+        replicates.append(boot)
+    table = pd.DataFrame(rows)
+    reps = np.stack(replicates, axis=1) if replicates else np.empty((n_boot, 0))
+    return Optimum(metric, x, by, confidence, table, reps)
+
+
+# ----------------------------------------------------------------------------- the scaling of the peak
+@dataclass(frozen=True)
+class PowerLaw:
+    """x_opt = a * group^slope, fitted by least squares in log-log space on the groups' point estimates."""
+    slope: float
+    slope_low: float        # percentile interval of the slope over the bootstrap replicates
+    slope_high: float
+    prefactor: float        # a
+    groups: tuple[float, ...]  # the group values used (interior peaks only, unless asked otherwise)
+    confidence: float
+    n_excluded: int         # groups left out because their peak lies at an edge of the grid
+
+    def predict(self, group: float | np.ndarray) -> float | np.ndarray:
+        return self.prefactor * np.asarray(group, float) ** self.slope
+
+    def covers(self, slope: float) -> bool:
+        """Whether `slope` (e.g. the predicted 1) lies inside the interval (to rounding)."""
+        tolerance = 1e-9 * max(1.0, abs(slope))
+        return self.slope_low - tolerance <= slope <= self.slope_high + tolerance
+
+
+def _log_slope(u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
+    slope, intercept = np.polyfit(u, v, 1)
+    return float(slope), float(intercept)
+
+
+def power_law(optimum: Optimum, interior_only: bool = True) -> PowerLaw:
+    """Fit x_opt proportional to group^slope across the groups of `optimum` (e.g. B_opt vs lr).
+
+    The point estimate is the least-squares line through (log group, log x_opt); the interval is the
+    percentile interval of the same fit to each bootstrap replicate. Groups whose peak is at an edge of
+    the grid are censored (the true peak lies beyond it) and left out when interior_only.
+    """
+    table = optimum.table
+    use = table["interior"].to_numpy(bool) if interior_only else np.ones(len(table), bool)
+    groups = table[optimum.by].to_numpy(float)[use]
+    if len(groups) < 2 or len(np.unique(groups)) < 2:
+        return PowerLaw(math.nan, math.nan, math.nan, math.nan, tuple(groups), optimum.confidence,
+                        int((~use).sum()))
+    u = np.log(groups)
+    slope, intercept = _log_slope(u, np.log(table["x_opt"].to_numpy(float)[use]))
+    boot = np.array([_log_slope(u, np.log(r))[0] for r in optimum.replicates[:, use]])
+    tail = (1 - optimum.confidence) / 2
+    low, high = np.quantile(boot, [tail, 1 - tail])
+    return PowerLaw(slope, float(low), float(high), float(math.exp(intercept)), tuple(groups.tolist()),
+                    optimum.confidence, int((~use).sum()))
+
+
+@dataclass(frozen=True)
+class SeedSlopes:
+    """The power-law slope fitted to each seed's own peaks, and the Student-t interval of their mean.
+
+    A check on the bootstrap: with few seeds a percentile bootstrap interval is too narrow, while the
+    t interval over per-seed slopes (n - 1 degrees of freedom) is not, at the price of noisier peaks.
+    """
+    slopes: tuple[float, ...]   # one per seed (seeds with fewer than 2 interior peaks are left out)
+    mean: float
+    low: float
+    high: float
+    confidence: float
+    n_censored: int             # (seed, group) peaks at an edge of the grid, left out of their seed's fit
+
+    def covers(self, slope: float) -> bool:
+        return self.low <= slope <= self.high
+
+
+def power_law_by_seed(runs: pd.DataFrame, metric: str = "test_acc", x: str = "batch_size", by: str = "lr",
+                      seed: str = "seed", confidence: float = 0.95, maximize: bool | None = None) -> SeedSlopes:
+    """For each seed: the peak of its own `metric`-vs-`x` curve in every `by` group (parabola_peak), and
+    the least-squares slope of log peak against log group; then the mean slope and its t interval."""
+    from scipy import stats
+    maximize = not lower_is_better(metric) if maximize is None else maximize
+    slopes, censored = [], 0
+    for _, runs_s in runs.groupby(seed, sort=True):
+        groups, peaks = [], []
+        for key, group in runs_s.groupby(by, sort=True):
+            values = pd.to_numeric(group[metric], errors="coerce")
+            if values.notna().sum() == 0:
+                continue
+            peak = parabola_peak(group[x].to_numpy(float), values.to_numpy(float), maximize)
+            if not peak.interior:
+                censored += 1
+                continue
+            groups.append(float(key))
+            peaks.append(peak.x_peak)
+        if len(set(groups)) >= 2:
+            slopes.append(_log_slope(np.log(groups), np.log(peaks))[0])
+    values = np.array(slopes)
+    mean = float(values.mean()) if len(values) else math.nan
+    half = float(stats.t.ppf((1 + confidence) / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))) \
+        if len(values) > 1 else math.nan
+    return SeedSlopes(tuple(slopes), mean, mean - half, mean + half, confidence, censored)
+
+
+# ----------------------------------------------------------------------------- equal lr/B: where it breaks
+def agreement(runs: pd.DataFrame, metric: str = "test_acc", by: str = "batch_size", reference: float | None = None,
+              confidence: float = 0.95) -> pd.DataFrame:
+    """Each group's final `metric` against the reference group's (default: the smallest `by` value).
+
+    One row per group: `by`, n (runs), n_diverged (state "diverged", when a state column is present),
+    mean, std, diff (mean - reference mean), diff_low and diff_high (Welch's t interval of the difference;
+    NaN with fewer than 2 runs on either side), and agrees: no run diverged and the interval contains 0.
+    Runs with a missing metric count in n and n_diverged but not in the statistics.
+    """
+    from scipy import stats
+    groups = sorted(runs[by].unique())
+    if not groups:
+        return pd.DataFrame(columns=[by, "n", "n_diverged", "mean", "std", "diff", "diff_low", "diff_high", "agrees"])
+    reference = groups[0] if reference is None else reference
+    values = {g: pd.to_numeric(runs.loc[runs[by] == g, metric], errors="coerce").dropna().to_numpy(float)
+              for g in groups}
+    if reference not in values:
+        raise ConfigError(f"agreement: reference {by}={reference} is not among the runs ({groups})")
+    ref = values[reference]
+    rows = []
+    for g in groups:
+        a = values[g]
+        diverged = int((runs.loc[runs[by] == g, "state"] == "diverged").sum()) if "state" in runs else 0
+        diff = a.mean() - ref.mean() if len(a) and len(ref) else math.nan
+        low = high = math.nan
+        if len(a) > 1 and len(ref) > 1:
+            va, vr = a.var(ddof=1) / len(a), ref.var(ddof=1) / len(ref)
+            se = math.sqrt(va + vr)
+            if se > 0:  # Welch-Satterthwaite degrees of freedom
+                dof = (va + vr) ** 2 / (va ** 2 / (len(a) - 1) + vr ** 2 / (len(ref) - 1))
+                half = float(stats.t.ppf((1 + confidence) / 2, dof)) * se
+            else:
+                half = 0.0
+            low, high = diff - half, diff + half
+        agrees = diverged == 0 and (math.isnan(low) or low <= 0 <= high)
+        rows.append({by: g, "n": int((runs[by] == g).sum()), "n_diverged": diverged,
+                     "mean": float(a.mean()) if len(a) else math.nan,
+                     "std": float(a.std(ddof=1)) if len(a) > 1 else math.nan,
+                     "diff": diff, "diff_low": low, "diff_high": high, "agrees": bool(agrees)})
+    return pd.DataFrame(rows)
+
+
+def breaking_point(table: pd.DataFrame, by: str = "batch_size") -> float | None:
+    """The smallest `by` value of an `agreement` table that does not agree with the reference (None if all do)."""
+    broken = table.loc[~table["agrees"].astype(bool), by]
+    return float(broken.min()) if len(broken) else None
+
+
+def curve_gaps(history: pd.DataFrame, y: str = "test_acc", by: str = "batch_size", x: str = "epoch",
+               reference: float | None = None, points: int = 30, x_min: float | None = None) -> pd.DataFrame:
+    """How far each group's mean learning curve lies from the reference group's, on a common x grid.
+
+    Each run's y(x) is interpolated linearly in log(x) onto `points` log-spaced values from x_min (default:
+    the largest first positive x of any run) to the smallest last x of any run; the seed-mean curves are then
+    compared. One row per group: `by`, max_gap and mean_gap (largest and mean |mean - reference mean| over
+    the grid), seed_spread (mean over the grid of the group's std across seeds: the noise to compare with).
+    """
+    data = history[history[x] > 0]
+    starts = data.groupby("run_id")[x].min()
+    ends = data.groupby("run_id")[x].max()
+    lo = float(starts.max()) if x_min is None else x_min
+    hi = float(ends.min())
+    if not hi > lo:
+        raise ConfigError(f"curve_gaps: the runs' {x} ranges do not overlap ({lo:g} to {hi:g})")
+    grid = np.geomspace(lo, hi, points)
+    curves: dict[float, list[np.ndarray]] = {}
+    for _, run in data.groupby("run_id", sort=False):
+        run = run.sort_values(x)
+        curves.setdefault(run[by].iloc[0], []).append(np.interp(np.log(grid), np.log(run[x].to_numpy(float)),
+                                                                run[y].to_numpy(float)))
+    groups = sorted(curves)
+    reference = groups[0] if reference is None else reference
+    if reference not in curves:
+        raise ConfigError(f"curve_gaps: reference {by}={reference} is not among the runs ({groups})")
+    ref = np.mean(curves[reference], axis=0)
+    rows = []
+    for g in groups:
+        stack = np.stack(curves[g])
+        gap = np.abs(stack.mean(axis=0) - ref)
+        spread = float(stack.std(axis=0, ddof=1).mean()) if len(stack) > 1 else math.nan
+        rows.append({by: g, "max_gap": float(gap.max()), "mean_gap": float(gap.mean()), "seed_spread": spread,
+                     "n": len(stack)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,285 @@
+"""Steps-to-target analysis (bsresearch.steps_to_target) and its figures (plots.steps), on known answers.
+
+Oracles: steps generated from S_min (1 + B_crit/B) give back B_crit; a best lr put at a known place is
+found, and flagged when on the grid's edge; t-intervals equal scipy's; the fitted curve's exponent is 0.8
+and 0.2 at the regime boundaries; log-log interpolation of a power law is exact. No training here.
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from bsresearch.config import ConfigError
+from bsresearch.measure.critical import fit_critical_batch
+from bsresearch.plots.steps import (examples_vs_batch, mark_regimes, noise_at_target_vs_batch, noise_vs_training,
+                                    regime_legend_text, steps_vs_batch, steps_vs_lr, tuned_lr_vs_batch)
+from bsresearch.steps_to_target import (REGIMES, at_best_lr, critical_batch_fits, exponent_regime, fit_tuned_lr,
+                                        local_exponents, noise_checkpoints, regime_boundaries, regime_of,
+                                        tuned_table, value_at_loss)
+
+S_MIN, B_CRIT = 400.0, 50.0
+SIZES = [4, 16, 64, 256, 1024]
+LRS = [0.05, 0.1, 0.2, 0.4, 0.8]
+
+
+def best_lr_of(b: float) -> float:
+    """The lr each batch size is built to prefer: 0.1 at B <= 16, 0.2 at 64, 0.4 above (all interior)."""
+    return 0.1 if b <= 16 else 0.2 if b == 64 else 0.4
+
+
+def make_runs(noise: float = 0.05, seeds=(1, 2, 3)) -> pd.DataFrame:
+    """A target-budget sweep: steps = S_min (1 + B_crit/B) x (1 + 0.5 log2(lr/best)^2) x seed noise; at lr
+    0.8 batch 4 diverges (no steps)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in SIZES:
+        for lr in LRS:
+            for seed in seeds:
+                penalty = 1 + 0.5 * math.log2(lr / best_lr_of(b)) ** 2
+                steps = S_MIN * (1 + B_CRIT / b) * penalty * math.exp(noise * rng.standard_normal())
+                diverged = b == 4 and lr == 0.8
+                rows.append({"sweep": "toy", "batch_size": b, "lr": lr, "seed": seed,
+                             "state": "diverged" if diverged else "ok", "budget": "target", "target_loss": 0.3,
+                             "max_steps": 20000, "budget_amount": 20.0, "git_commit": "c0ffee",
+                             "steps_to_target": None if diverged else steps,
+                             "examples_to_target": None if diverged else steps * b})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- tuned lr and the fit
+def test_tuned_table_finds_the_best_lr_and_the_t_interval_at_it():
+    runs = make_runs()
+    table = tuned_table(runs)
+    assert list(table["batch_size"]) == SIZES
+    assert list(table["lr"]) == [best_lr_of(b) for b in SIZES]
+    assert table["interior"].all()
+    assert (table["n_lrs"] == 5).all() and (table["n_seeds"] == 3).all() and (table["n_reached"] == 3).all()
+    assert (table["lr_min"] == 0.05).all() and (table["lr_max"] == 0.8).all()
+    for _, row in table.iterrows():  # oracle: mean and t-interval of the three seeds at the best lr
+        steps = runs[(runs.batch_size == row.batch_size) & (runs.lr == row.lr)]["steps_to_target"].to_numpy(float)
+        half = stats.t.ppf(0.975, 2) * steps.std(ddof=1) / math.sqrt(3)
+        assert row.steps_mean == pytest.approx(steps.mean())
+        assert (row.steps_low, row.steps_high) == pytest.approx((steps.mean() - half, steps.mean() + half))
+        assert row.examples_mean == pytest.approx(steps.mean() * row.batch_size)
+
+
+def test_a_best_lr_on_the_grid_edge_is_flagged_and_failures_count_as_worst():
+    runs = make_runs(noise=0.0)
+    edge = runs[~((runs.batch_size == 1024) & (runs.lr == 0.8))]   # 1024's best (0.4) is now its largest lr
+    table = tuned_table(edge).set_index("batch_size")
+    assert not table.loc[1024, "interior"] and table.loc[1024, "lr"] == 0.4
+    # a seed that fails at the otherwise best lr pushes the choice to the next lr
+    failing = runs.copy()
+    failing.loc[(failing.batch_size == 64) & (failing.lr == 0.2) & (failing.seed == 1), "steps_to_target"] = None
+    assert tuned_table(failing).set_index("batch_size").loc[64, "lr"] != 0.2
+
+
+def test_at_best_lr_keeps_every_seed_of_the_chosen_lr_only():
+    runs = make_runs()
+    per_seed = at_best_lr(runs, tuned_table(runs))
+    assert len(per_seed) == len(SIZES) * 3
+    assert all(lr == best_lr_of(b) for b, lr in zip(per_seed["batch_size"], per_seed["lr"]))
+
+
+def test_critical_batch_fits_recover_b_crit():
+    exact = at_best_lr(make_runs(noise=0.0), tuned_table(make_runs(noise=0.0)))
+    fits = critical_batch_fits(exact).set_index("fit")
+    assert list(fits.index) == ["all seeds", "seed mean", "seed 1", "seed 2", "seed 3"]
+    assert np.allclose(fits["b_crit"], B_CRIT, rtol=1e-6) and np.allclose(fits["s_min"], S_MIN, rtol=1e-6)
+    assert np.allclose(fits["e_min"], S_MIN * B_CRIT, rtol=1e-6)
+    noisy = at_best_lr(make_runs(noise=0.05), tuned_table(make_runs(noise=0.05)))
+    row = critical_batch_fits(noisy).set_index("fit").loc["all seeds"]
+    assert row.n_points == 15 and row.b_crit_low < B_CRIT < row.b_crit_high
+    assert row.b_crit_low < row.b_crit < row.b_crit_high
+    with pytest.raises(ConfigError, match="2 or more batch sizes"):
+        critical_batch_fits(noisy[noisy.batch_size == 4])
+
+
+# ----------------------------------------------------------------------------- regimes and exponents
+def test_regime_boundaries_are_where_the_fitted_exponent_is_08_and_02():
+    low, high = regime_boundaries(100.0)
+    assert (low, high) == pytest.approx((25.0, 400.0))
+    fit = fit_critical_batch([8, 64, 512], [400 * (1 + 100 / b) for b in (8, 64, 512)])
+    for b, expected in ((low, 0.8), (high, 0.2)):  # oracle: numerical -dlogS/dlogB of the fitted curve
+        h = 1e-5
+        slope = (math.log(fit.predict_steps(b * math.exp(h))) - math.log(fit.predict_steps(b * math.exp(-h)))) / (2 * h)
+        assert -slope == pytest.approx(expected, rel=1e-4)
+    assert regime_of([10, 25, 100, 400, 4000], 100.0) == [REGIMES[0], REGIMES[0], REGIMES[1], REGIMES[2], REGIMES[2]]
+    assert exponent_regime(0.95) == REGIMES[0] and exponent_regime(0.5) == REGIMES[1]
+    assert exponent_regime(-0.1) == REGIMES[2] and exponent_regime(math.nan) == "unknown"
+    with pytest.raises(ConfigError, match="0 < maximal < perfect < 1"):
+        regime_boundaries(100.0, perfect=0.2, maximal=0.8)
+
+
+def test_local_exponents_measure_the_slope_between_neighbours():
+    sizes = np.array([4.0, 16.0, 64.0, 256.0])
+    table = pd.DataFrame({"batch_size": sizes, "steps_mean": S_MIN * (1 + B_CRIT / sizes)})
+    out = local_exponents(table, b_crit=B_CRIT)
+    for _, row in out.iterrows():
+        s1, s2 = S_MIN * (1 + B_CRIT / row.b_small), S_MIN * (1 + B_CRIT / row.b_large)
+        assert row.exponent == pytest.approx(-math.log(s2 / s1) / math.log(row.b_large / row.b_small))
+        mid = math.sqrt(row.b_small * row.b_large)
+        assert row.fitted_exponent == pytest.approx(B_CRIT / (mid + B_CRIT))
+    perfect = local_exponents(pd.DataFrame({"batch_size": sizes, "steps_mean": 1000 / sizes}))
+    assert np.allclose(perfect["exponent"], 1.0) and (perfect["regime"] == REGIMES[0]).all()
+    flat = local_exponents(pd.DataFrame({"batch_size": sizes, "steps_mean": [100.0] * 4}))
+    assert np.allclose(flat["exponent"], 0.0) and (flat["regime"] == REGIMES[2]).all()
+
+
+def test_fit_tuned_lr_recovers_eps_max_and_leaves_out_edges():
+    sizes = np.array([2.0, 8.0, 32.0, 128.0, 512.0, 4000.0])
+    table = pd.DataFrame({"batch_size": sizes, "lr": 0.6 / (1 + 30 / sizes), "interior": True})
+    fit = fit_tuned_lr(table)
+    assert fit.eps_max == pytest.approx(0.6, rel=1e-6) and fit.b_lr == pytest.approx(30, rel=1e-6)
+    assert fit.predict(30.0) == pytest.approx(0.3)
+    edged = table.assign(lr=np.where(sizes == 4000, 5.0, table["lr"]), interior=sizes != 4000)
+    assert fit_tuned_lr(edged).eps_max == pytest.approx(0.6, rel=1e-6)  # the edge point is not used
+
+
+# ----------------------------------------------------------------------------- the noise scale along training
+def noise_runs() -> pd.DataFrame:
+    rows = []
+    for seed in (1, 2):
+        for step, loss in ((1, 2.3), (100, 1.0), (400, 0.5), (1000, 0.25), (2000, 0.1)):
+            rows.append({"state": "ok", "batch_size": 80, "lr": 0.5, "seed": seed, "steps": step,
+                         "examples": 80 * step, "train_loss": loss, "test_acc": 0.5,
+                         "noise_b_simple": 10 * seed / loss, "noise_b_noise": 30 / loss,
+                         "noise_b_noise_std_error": 1.0, "noise_trace_cov": 1.0, "noise_grad_sq_norm": 1.0})
+    rows.append({"state": "diverged", "batch_size": 80, "lr": 0.5, "seed": 3, "steps": 5, "train_loss": 9.0})
+    return pd.DataFrame(rows).sample(frac=1.0, random_state=0)   # shuffled: the function sorts
+
+
+def test_noise_checkpoints_is_tidy_and_sorted():
+    table = noise_checkpoints(noise_runs())
+    assert list(table["seed"]) == [1] * 5 + [2] * 5
+    assert list(table["step"][:5]) == [1, 100, 400, 1000, 2000]
+    assert {"b_simple", "b_noise", "b_noise_std_error", "train_loss"} <= set(table.columns)
+    empty = noise_checkpoints(pd.DataFrame({"state": ["ok"], "steps": [3]}))
+    assert empty.empty and "b_simple" in empty
+
+
+def test_value_at_loss_interpolates_log_log_at_the_first_crossing():
+    table = noise_checkpoints(noise_runs())
+    out = value_at_loss(table, 0.3, "b_simple").set_index("seed")
+    # b_simple = 10 seed / loss is a power law in the loss: log-log interpolation is exact
+    assert out.loc[1, "b_simple"] == pytest.approx(10 / 0.3) and out.loc[2, "b_simple"] == pytest.approx(20 / 0.3)
+    assert (out.loc[1, "step_before"], out.loc[1, "step_after"]) == (400, 1000)
+    never = value_at_loss(table, 0.01, "b_simple")
+    assert never["b_simple"].isna().all()
+    already = value_at_loss(table, 5.0, "b_simple")   # below the target at the first checkpoint
+    assert already["b_simple"].isna().all()
+
+
+# ----------------------------------------------------------------------------- figures
+def fitted():
+    runs = make_runs()
+    table = tuned_table(runs)
+    per_seed = at_best_lr(runs, table)
+    fit = fit_critical_batch(per_seed["batch_size"], per_seed["steps_to_target"])
+    return runs, table, per_seed, fit
+
+
+def test_steps_and_examples_plots_draw_the_fit_and_the_regimes():
+    runs, table, per_seed, fit = fitted()
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    steps_vs_batch(ax1, per_seed, table, fit)
+    curve = [line for line in ax1.get_lines() if len(line.get_xdata()) == 200][0]
+    assert np.allclose(curve.get_ydata(), fit.predict_steps(curve.get_xdata()))
+    assert ax1.get_xscale() == "log" and ax1.get_yscale() == "log"
+    low, high = regime_boundaries(fit.b_crit)
+    spans = [p for p in ax1.patches if p.get_zorder() == 0]
+    assert len(spans) == 3  # three regimes inside the axis limits
+    edges = sorted({round(v, 6) for p in spans for v in (p.get_x(), p.get_x() + p.get_width())})
+    assert any(abs(e - low) < 1e-6 * low for e in edges) and any(abs(e - high) < 1e-6 * high for e in edges)
+    examples_vs_batch(ax2, per_seed, table, fit)
+    curve = [line for line in ax2.get_lines() if len(line.get_xdata()) == 200][0]
+    assert np.allclose(curve.get_ydata(), fit.predict_examples(curve.get_xdata()))
+    assert "0.8" in regime_legend_text() and "4 B_crit" in regime_legend_text()
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("spread", ["std", "interval"])
+def test_error_bars_are_the_seed_std_or_the_t_interval(spread):
+    _, table, per_seed, fit = fitted()
+    fig, ax = plt.subplots()
+    steps_vs_batch(ax, per_seed, table, fit, spread=spread, regimes=False)
+    bars = [c for c in ax.collections if c.__class__.__name__ == "LineCollection"][0]
+    tops = np.array([seg[1][1] for seg in bars.get_segments()])
+    expected = (table["steps_mean"] + table["steps_std"]) if spread == "std" else table["steps_high"]
+    assert np.allclose(tops, expected)
+    with pytest.raises(ValueError, match="spread"):
+        steps_vs_batch(ax, per_seed, table, fit, spread="sem")
+    plt.close(fig)
+
+
+def test_mark_regimes_leaves_out_regimes_beyond_the_axis():
+    fig, ax = plt.subplots()
+    ax.set_xscale("log")
+    ax.set_xlim(1000, 8000)          # all above 4 B_crit = 200
+    mark_regimes(ax, 50.0)
+    assert len([p for p in ax.patches]) == 1 and ax.get_xlim() == (1000, 8000)
+    plt.close(fig)
+
+
+def test_tuned_lr_and_steps_vs_lr_plots():
+    runs, table, _, _ = fitted()
+    table.loc[table.batch_size == 1024, "interior"] = False
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    tuned_lr_vs_batch(ax1, table, runs, lr_fit=fit_tuned_lr(table))
+    open_markers = [c for c in ax1.collections if len(c.get_offsets()) == 1]
+    assert len(open_markers) == 1 and tuple(open_markers[0].get_offsets()[0]) == (1024, 0.4)
+    steps_vs_lr(ax2, runs)
+    crosses = [c for c in ax2.collections if len(c.get_offsets())]
+    assert len(crosses) == 1 and tuple(crosses[0].get_offsets()[0]) == (0.8, 20000)  # batch 4 diverged at 0.8
+    assert len(ax2.get_lines()) == len(SIZES)
+    plt.close(fig)
+
+
+def test_noise_vs_training_draws_each_seed_marks_b_crit_and_orders_loss_as_training():
+    _, _, _, fit = fitted()
+    table = noise_checkpoints(noise_runs())
+    table.loc[(table.seed == 2) & (table.step == 1), "b_noise"] = -50.0   # negative curvature: not drawn
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    noise_vs_training(ax1, table, fit, x="step")
+    lines = {line.get_label(): line for line in ax1.get_lines()}
+    seed1 = table[table.seed == 1]
+    assert np.allclose(lines["B_simple, seed 1"].get_xdata(), seed1["step"])
+    assert np.allclose(lines["B_simple, seed 1"].get_ydata(), seed1["b_simple"])
+    assert len(lines["B_noise, seed 2"].get_xdata()) == 4 and min(lines["B_noise, seed 2"].get_ydata()) > 0
+    assert lines["B_simple, seed 2"].get_linestyle() != lines["B_simple, seed 1"].get_linestyle()
+    assert any(np.allclose(line.get_ydata(), fit.b_crit) for line in ax1.get_lines())
+    noise_vs_training(ax2, table, fit, x="train_loss", target_loss=0.3)
+    assert ax2.xaxis_inverted()
+    assert any(np.allclose(line.get_xdata(), 0.3) for line in ax2.get_lines())
+    plt.close(fig)
+
+
+def test_noise_at_target_vs_batch_draws_the_geometric_mean():
+    _, _, _, fit = fitted()
+    table = pd.DataFrame({"batch_size": [8, 8, 64, 64], "b_simple": [10.0, 1000.0, 50.0, 200.0]})
+    fig, ax = plt.subplots()
+    noise_at_target_vs_batch(ax, table, fit)
+    line = [line for line in ax.get_lines() if line.get_label() == "geometric mean over seeds"][0]
+    assert np.allclose(line.get_ydata(), [100.0, 100.0]) and list(line.get_xdata()) == [8, 64]
+    assert ax.get_yscale() == "log"
+    plt.close(fig)
+
+
+def test_the_analysis_and_its_figures_do_not_import_torch():
+    code = ("import sys, bsresearch.steps_to_target, bsresearch.plots.steps\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_fit_tuned_lr_needs_two_interior_points():
+    table = pd.DataFrame({"batch_size": [8.0, 64.0], "lr": [0.1, 0.4], "interior": [True, False]})
+    with pytest.raises(ConfigError, match="2 or more batch sizes"):
+        fit_tuned_lr(table)
