@@ -2,7 +2,7 @@
 
 The notebook gets four parameters (sweep, runs_dir, out_dir, spec_path), runs with out_dir as its working
 directory and writes its figures (PNG, PDF and a caption file each) and tables there. The executed
-notebook is kept next to them as <notebook>.ipynb, and as HTML when nbconvert is available.
+notebook is kept next to them as <notebook>.ipynb and <notebook>.html.
 No torch import here; the notebook's kernel imports what it needs.
 """
 from __future__ import annotations
