@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install data test demo lab bench bench-gpu reproduce clean
+.PHONY: install data test demo lab bench bench-gpu reproduce reproduce-gpu clean
 
 install: $(STAMP)
 
@@ -76,6 +76,17 @@ reproduce: install data
 	  $(BIN)/bsresearch sweep experiments/$$s.yaml --engine library --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
 	for r in $(REPRODUCE_REPORTS); do $(BIN)/bsresearch report experiments/$$r.yaml || exit 1; done; \
 	echo "reproduce: $$(( $$(date +%s) - start )) s wall; reports in reports/"
+
+# On a CUDA machine: the GPU reproductions (Keskar and steps-to-target on Fashion-MNIST with the convnet and the
+# ResNet), their reports in reports/<gpu model>/<spec>/. Not yet run (no GPU was available).
+GPU_SPECS := gpu_keskar_fashion_convnet gpu_keskar_fashion_resnet \
+             gpu_steps_to_target_fashion_convnet gpu_steps_to_target_fashion_resnet
+GPU_NAME = $(shell nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z ' 'a-z-')
+reproduce-gpu: install data
+	@test -n "$(GPU_NAME)" || { echo "error: no NVIDIA GPU found (nvidia-smi); the GPU reproductions need one"; exit 1; }
+	@for s in $(GPU_SPECS); do \
+	  $(BIN)/bsresearch sweep experiments/$$s.yaml --engine library --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
+	for s in $(GPU_SPECS); do $(BIN)/bsresearch report experiments/$$s.yaml --reports reports/$(GPU_NAME) || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,8 +1,9 @@
 """`bsresearch report SPEC`: execute the spec's analysis notebook into REPORTS/<name>/.
 
-The notebook gets four parameters (sweep, runs_dir, out_dir, spec_path), runs with out_dir as its working
-directory and writes its figures (PNG, PDF and a caption file each) and tables there. The executed
-notebook is kept next to them as <notebook>.ipynb and <notebook>.html.
+The notebook gets four parameters (sweep, runs_dir, out_dir, spec_path) and the spec's
+`analysis_parameters`, runs with out_dir as its working directory and writes its figures (PNG, PDF and
+a caption file each) and tables there. The executed notebook is kept next to them as <notebook>.ipynb
+and <notebook>.html.
 No torch import here; the notebook's kernel imports what it needs.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     output = out_dir / spec.analysis.name
     partial = out_dir / f".{spec.analysis.stem}.partial.ipynb"
     parameters = {"sweep": spec.name, "runs_dir": str(sweep_dir.parent), "out_dir": str(out_dir),
-                  "spec_path": str(spec.path) if spec.path else None}
+                  "spec_path": str(spec.path) if spec.path else None, **spec.analysis_parameters}
 
     import papermill as pm
     try:

@@ -233,10 +233,11 @@ cells = [
         from bsresearch.measure.noise import gradient_noise_scale
         from bsresearch.train import load_trained_model
         torch.set_num_threads(1)
+        device = "cuda" if torch.cuda.is_available() else "cpu"   # where the runs were trained does not matter
         rows, data = [], None
         for _, run in per_seed.iterrows():
-            model, cfg = load_trained_model(run["run_dir"])
-            data = data or dataset_for(cfg, "cpu")
+            model, cfg = load_trained_model(run["run_dir"], device=device)
+            data = data or dataset_for(cfg, device)
             ns = gradient_noise_scale(model, data.x_train, data.y_train, unbiased=False)
             rows.append({"batch_size": run["batch_size"], "lr": run["lr"], "seed": run["seed"],
                          "step": run["steps"], "train_loss": run["train_loss"], "b_simple": ns.b_simple,
@@ -255,7 +256,7 @@ cells = [
         if len(at_weights):
             noise_at_target_vs_batch(axes[2], at_weights, fit)
         save_figure(fig, out / "noise_scale",
-                    f"Exact B_simple = tr(Sigma)/|G|^2 over the 4000 training examples (blue) and B_noise = "
+                    f"Exact B_simple = tr(Sigma)/|G|^2 over the {int(tried['n_train'].iloc[0])} training examples (blue) and B_noise = "
                     f"tr(H Sigma)/(G^T H G) (red; 10 Hutchinson probes, bars: standard error) at checkpoints of the "
                     f"batch-{b0:g}, lr-{lr0:g} run, each seed a line (solid, dashed), against steps (left) and the "
                     f"full-train loss (middle, dotted: the target {target:g}); B_noise <= 0 (negative curvature along "
@@ -264,6 +265,15 @@ cells = [
                     f"{confidence:.0%} interval."
                     + (" Right: exact B_simple at the weights where each batch size first reached the target (its "
                        "best lr; each seed, and the geometric mean)." if len(at_weights) else ""), runs=tried)
+        plt.show()
+    elif len(at_weights):   # no noise sweep (analysis_parameters: {noise_sweep: ""}): B_simple at the target only
+        fig, ax = plt.subplots(figsize=(4.6, 3.8), layout="constrained")
+        noise_at_target_vs_batch(ax, at_weights, fit)
+        save_figure(fig, out / "noise_scale",
+                    f"Exact B_simple = tr(Sigma)/|G|^2 over the {int(tried['n_train'].iloc[0])} training examples at "
+                    f"the weights where each batch size first reached the target (its best lr; each seed, and the "
+                    f"geometric mean). Dashed line and grey band: B_crit = {fit.b_crit:.3g} from the steps-to-target "
+                    f"fit and its {confidence:.0%} interval.", runs=tried)
         plt.show()
     """),
     md("""

@@ -255,6 +255,16 @@ def test_critical_batch_fit_rejects_unusable_data():
     assert two.b_crit == pytest.approx(20) and math.isnan(two.b_crit_std_error)
 
 
+def test_critical_batch_interval_the_data_cannot_bound_is_inf_not_an_error():
+    # steps fall at least as fast as 1/B at every batch size measured (a small noisy quadratic model, preconditioned
+    # with momentum, batch 1-16): B_crit runs to the fit's bound far above the data and its interval has no
+    # upper end; the fit reports that (inf) instead of raising OverflowError
+    b = np.array([1, 2, 4, 8, 16])
+    fit = fit_critical_batch(b, [2407, 1121, 606, 333, 136])
+    assert fit.b_crit > 1e3 * b.max() and fit.b_crit_interval[1] == math.inf
+    assert 0 <= fit.b_crit_interval[0] < fit.b_crit and fit.s_min_interval[0] >= 0
+
+
 def test_critical_module_does_not_import_torch():
     code = "import sys, bsresearch.measure.critical; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

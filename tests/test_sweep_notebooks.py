@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 from papermill.translators import PythonTranslator
 
@@ -94,6 +95,44 @@ def test_report_executes_the_analysis_notebook_into_the_reports_folder(tmp_path)
     nb = nbformat.read(out / "10_sweep_report.ipynb", as_version=4)
     assert all(c.metadata.papermill.status == "completed" for c in nb.cells if c.cell_type == "code")
     assert "| 16 | 0.05 | 1 |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_report_passes_the_specs_analysis_parameters_to_the_notebook(tmp_path):
+    spec = tmp_path / "tiny_nqm.yaml"
+    spec.write_text(f"name: tiny_nqm\nanalysis: {ROOT / 'notebooks' / '25_nqm.ipynb'}\n"
+                    "analysis_parameters: {dim: 50, max_batch_exponent: 4, lr_grid: [-4.0, 1.0, 21]}\n")
+    out = run_report(spec, tmp_path / "runs", tmp_path / "reports", html=False)
+    steps = pd.read_csv(out / "nqm_steps.csv")
+    assert sorted(steps["batch_size"].unique()) == [1, 2, 4, 8, 16]      # 2^0 .. 2^4, not the default 2^17
+    assert {"nqm_steps.png", "nqm_steps.pdf", "nqm_critical_batch.csv"} <= {p.name for p in out.iterdir()}
+
+
+@pytest.mark.slow
+def test_steps_to_target_report_without_a_noise_sweep_measures_b_simple_at_the_target(tmp_path):
+    # the path the GPU steps-to-target specs take: analysis_parameters {noise_sweep: ""}, B_simple measured
+    # at the weights where each batch size reached the target; a tiny synthetic sweep, ~20 s
+    spec = tmp_path / "tiny_stt.yaml"
+    spec.write_text(f"""
+name: tiny_stt
+analysis: {ROOT / 'notebooks' / '23_steps_to_target.ipynb'}
+analysis_parameters: {{noise_sweep: "", measure_at_target: true}}
+base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: sgd, momentum: 0.0,
+       budget: target, target_loss: 0.9, max_steps: 3000, eval_schedule: every, eval_every: 5}}
+grid: {{batch_size: [4, 16, 64], lr: [0.1, 0.2, 0.4, 0.8, 1.6]}}
+seeds: [0, 1]
+""")
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    assert run_sweep(spec, runs_root=runs, executor="inline", progress=False).all_finished
+    out = run_report(spec, runs, reports, html=False)
+    names = {p.name for p in out.iterdir()}
+    assert {"noise_scale.png", "steps_to_target.png", "critical_batch_fit.csv", "b_simple_at_target.csv"} <= names
+    assert "noise_scale_checkpoints.csv" not in names          # no noise sweep was read
+    at_target = pd.read_csv(out / "b_simple_at_target.csv")
+    tuned = pd.read_csv(out / "tuned_lr.csv")
+    assert len(at_target) == 2 * len(tuned) == 6               # every seed at every batch size's best lr
+    assert (at_target["b_simple"] > 0).all() and (at_target["train_loss"] <= 0.9).all()
+    assert "over the 256 training examples" in (out / "noise_scale.txt").read_text()
 
 
 def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):

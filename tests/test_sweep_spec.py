@@ -100,6 +100,13 @@ BAD = [
     ({"notebook": "../notebooks/nope.ipynb"}, "notebook: file"),
     ({"analysis": "smoke.yaml"}, "analysis: must be a notebook"),
     ({"timeout": 0}, "timeout: must be a positive number of seconds"),
+    ({"analysis_parameters": [1]}, "analysis_parameters: must be a mapping of parameter names to values"),
+    ({"analysis_parameters": {"noise_sweep": ""}}, "analysis_parameters: given, but the spec names no analysis"),
+    ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"sweep": "x"}},
+     "analysis_parameters.sweep: set by `bsresearch report` itself"),
+    ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"noise_swep": ""}},
+     "analysis_parameters.noise_swep: not a parameter of 23_steps_to_target.ipynb; accepted: noise_sweep, "
+     "confidence, perfect_exponent, maximal_exponent, measure_at_target"),
 ]
 
 
@@ -236,3 +243,10 @@ def test_a_cuda_spec_on_a_machine_without_one_fails_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match="grid point batch_size=8 seed=0: device 'cuda' was asked for"):
         run_sweep(spec(base={**BASE, "device": "cuda"}), runs_root=tmp_path, engine="library")
     assert not (tmp_path / "t").exists()
+
+
+def test_analysis_parameters_are_read_from_the_notebooks_parameters_cell():
+    ok = spec(analysis="../notebooks/23_steps_to_target.ipynb",
+              analysis_parameters={"noise_sweep": "", "confidence": 0.9})
+    assert ok.analysis_parameters == {"noise_sweep": "", "confidence": 0.9}
+    assert spec().analysis_parameters == {}

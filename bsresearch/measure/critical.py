@@ -53,6 +53,14 @@ def _check(batch_sizes: Sequence[float], values: Sequence[float], name: str) -> 
     return b, v
 
 
+def _exp(x: float) -> float:
+    """exp that gives inf (or 0) instead of raising: an interval bound the data cannot constrain."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def fit_critical_batch(batch_sizes: Sequence[float], steps: Sequence[float],
                        confidence: float = 0.95) -> CriticalBatchFit:
     """Fit S = S_min (1 + B_crit/B) to steps-to-target `steps` measured at `batch_sizes`."""
@@ -85,8 +93,8 @@ def fit_critical_batch(batch_sizes: Sequence[float], steps: Sequence[float],
         s_min=s_min, b_crit=b_crit, e_min=s_min * b_crit,
         s_min_std_error=s_min * se_log_s, b_crit_std_error=b_crit * se_log_b,
         e_min_std_error=s_min * b_crit * se_log_e,
-        s_min_interval=(math.exp(log_s_min - t * se_log_s), math.exp(log_s_min + t * se_log_s)),
-        b_crit_interval=(math.exp(log_b_crit - t * se_log_b), math.exp(log_b_crit + t * se_log_b)),
+        s_min_interval=(_exp(log_s_min - t * se_log_s), _exp(log_s_min + t * se_log_s)),
+        b_crit_interval=(_exp(log_b_crit - t * se_log_b), _exp(log_b_crit + t * se_log_b)),
         confidence=confidence, n_points=n, rms_log_residual=math.sqrt(rss / n))
 
 

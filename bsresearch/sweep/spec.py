@@ -8,6 +8,7 @@ A spec (every key but `name` is optional):
     description: one line for people
     notebook: ../notebooks/01_train.ipynb     # run template executed by papermill (relative to this file)
     analysis: ../notebooks/10_sweep_report.ipynb  # executed by `bsresearch report`
+    analysis_parameters: {noise_sweep: ""}    # extra values for the analysis notebook's parameters cell
     timeout: 1800                # seconds per run; a run past it is killed and recorded as "timeout"
     base: {dataset: mnist1d, optimizer: adam, lr: 0.001, budget: target}   # RunConfig fields
     grid: {batch_size: [32, 4000]}            # any RunConfig fields; the cartesian product is taken
@@ -24,9 +25,11 @@ Every mistake raises ConfigError naming the key (e.g. "grid.bacth_size: unknown 
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import itertools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -38,8 +41,8 @@ import yaml
 from .. import config as C
 from ..config import FIELD_NAMES, ConfigError, RunConfig, run_id
 
-SPEC_KEYS = ("name", "description", "notebook", "analysis", "timeout", "base", "grid", "variants", "seeds",
-             "measurements", "overrides")
+SPEC_KEYS = ("name", "description", "notebook", "analysis", "analysis_parameters", "timeout", "base", "grid",
+             "variants", "seeds", "measurements", "overrides")
 DEFAULT_TIMEOUT = 3600.0  # seconds per run
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 
@@ -62,6 +65,7 @@ class SweepSpec:
     description: str = ""
     notebook: Path | None = None      # run template (papermill engine)
     analysis: Path | None = None      # analysis notebook (bsresearch report)
+    analysis_parameters: dict[str, Any] = field(default_factory=dict)  # passed to it, beside sweep, runs_dir, ...
     timeout: float = DEFAULT_TIMEOUT  # seconds per run
     base: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
@@ -129,11 +133,13 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
     spec = SweepSpec(name=name, path=path, description=description,
                      notebook=_parse_path(raw.get("notebook"), "notebook", base_dir),
                      analysis=_parse_path(raw.get("analysis"), "analysis", base_dir),
+                     analysis_parameters=_parse_analysis_parameters(raw.get("analysis_parameters")),
                      timeout=_parse_timeout(raw.get("timeout", DEFAULT_TIMEOUT)),
                      base=base, grid=grid, variants=variants, seeds=seeds, measurements=measurements, overrides=overrides, raw=raw)
     if not spec.has_runs and spec.analysis is None:
         raise ConfigError("the spec defines no runs (no base, grid, variants or notebook) and no analysis "
                           "notebook: there is nothing to do")
+    _check_analysis_parameters(spec)
     expand(spec)  # every point must make a valid RunConfig; the error names the point
     return spec
 
@@ -280,6 +286,47 @@ def _parse_path(raw: Any, key: str, base_dir: Path) -> Path | None:
     if path.suffix != ".ipynb":
         raise ConfigError(f"{key}: must be a notebook (.ipynb); got {raw!r}")
     return path
+
+
+REPORT_PARAMETERS = ("sweep", "runs_dir", "out_dir", "spec_path")  # set by `bsresearch report` itself
+
+
+def _parse_analysis_parameters(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
+        raise ConfigError(f"analysis_parameters: must be a mapping of parameter names to values; got {raw!r}")
+    for key in raw:
+        if key in REPORT_PARAMETERS:
+            raise ConfigError(f"analysis_parameters.{key}: set by `bsresearch report` itself; "
+                              f"not settable here ({', '.join(REPORT_PARAMETERS)})")
+    return dict(raw)
+
+
+def notebook_parameters(path: Path) -> list[str]:
+    """The names assigned in a notebook's `parameters` cell (read with ast; nothing is executed)."""
+    cells = json.loads(path.read_text()).get("cells", [])
+    names: list[str] = []
+    for cell in cells:
+        if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            for node in ast.parse(source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                    if isinstance(node, ast.AnnAssign) else []
+                names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def _check_analysis_parameters(spec: "SweepSpec") -> None:
+    if not spec.analysis_parameters:
+        return
+    if spec.analysis is None:
+        raise ConfigError("analysis_parameters: given, but the spec names no analysis notebook")
+    accepted = [n for n in notebook_parameters(spec.analysis) if n not in REPORT_PARAMETERS]
+    for key in spec.analysis_parameters:
+        if key not in accepted:
+            raise ConfigError(f"analysis_parameters.{key}: not a parameter of {spec.analysis.name}; "
+                              f"accepted: {', '.join(accepted) or 'none'}")
 
 
 def _parse_timeout(raw: Any) -> float:
