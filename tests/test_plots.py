@@ -86,6 +86,21 @@ def test_lr_plot_run_curves_and_grid(runs):
     plt.close(fig)
 
 
+def test_many_batch_sizes_get_vertical_labels_that_do_not_overlap():
+    sizes = [2, 4, 8, 16, 40, 80, 200, 400, 1000, 2000, 5000, 10000]
+    for values, rotation in ((sizes[:4], 0), (sizes, 90)):
+        fig, ax = plt.subplots(figsize=(4.6, 3.8))
+        ax.plot(values, range(len(values)))
+        log2_batch_axis(ax, "x", values)
+        fig.canvas.draw()
+        labels = [t for t in ax.get_xticklabels() if t.get_text()]
+        assert [t.get_text() for t in labels] == [f"{v:g}" for v in values]
+        assert all(t.get_rotation() == rotation for t in labels)
+        boxes = [t.get_window_extent() for t in labels]
+        assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:])), "neighbouring tick labels overlap"
+        plt.close(fig)
+
+
 def test_save_figure_writes_png_pdf_and_a_caption_with_provenance(runs, tmp_path):
     fig, ax = plt.subplots()
     metric_vs_batch(ax, runs, "test_acc")

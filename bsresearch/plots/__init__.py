@@ -40,6 +40,8 @@ def log2_batch_axis(ax: plt.Axes, axis: str = "x", values: list[int] | None = No
         target.set_minor_locator(NullLocator())
     target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     target.set_minor_formatter(NullFormatter())
+    if axis == "x" and values and len(set(values)) > 8:   # many sizes: upright labels would run together
+        ax.tick_params(axis="x", labelrotation=90)
 
 
 def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: "pd.DataFrame | None" = None) -> list[Path]:
