@@ -56,3 +56,15 @@ def time_steps(step: Callable[[], None], n_steps: int, device: torch.device) -> 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return n_steps / (time.perf_counter() - start)
+
+
+def write_results(df: "pd.DataFrame", name: str, device: torch.device, out_dir: str | Path = RESULTS) -> Path:
+    """Write df as OUT_DIR/<name>_<machine>.csv with the machine as its first column; print it."""
+    label = machine_label(device)
+    df.insert(0, "machine", label)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir) / f"{name}_{label}.csv"
+    df.to_csv(out, index=False, float_format="%.4g")
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"written: {out}")
+    return out

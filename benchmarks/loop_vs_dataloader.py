@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from common import RESULTS, interleaved, machine_label, median_and_spread, time_steps  # noqa: E402
+from common import RESULTS, interleaved, median_and_spread, time_steps, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig, scaled_lr  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="per timing")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
     args = parser.parse_args()
     device = resolve_device(args.device)
     set_threads(args.threads)
@@ -85,13 +86,7 @@ def main() -> None:
     df = pd.DataFrame(rows)
     base = df[df.loop == "tutorial DataLoader"].set_index("batch_size").steps_per_s
     df["speedup_vs_tutorial"] = df.steps_per_s / df.batch_size.map(base)
-    label = machine_label(device)
-    df.insert(0, "machine", label)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"loop_vs_dataloader_{label}.csv"
-    df.to_csv(out, index=False, float_format="%.4g")
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    print(f"written: {out}")
+    write_results(df, "loop_vs_dataloader", device, args.out_dir)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, interleaved, machine_label, median_and_spread  # noqa: E402
+from common import RESULTS, interleaved, median_and_spread, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
@@ -94,13 +94,7 @@ def main() -> None:
         products = part.hvp_products
         df.loc[df.k == k, "products_ratio_power_over_lanczos"] = products["power"] / products["lanczos"]
         df.loc[df.k == k, "time_ratio_power_over_lanczos"] = part.seconds["power"] / part.seconds["lanczos"]
-    label = machine_label(device)
-    df.insert(0, "machine", label)
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    out = Path(args.out_dir) / f"measure_lanczos_vs_power_{label}.csv"
-    df.to_csv(out, index=False, float_format="%.4g")
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    print(f"written: {out}")
+    write_results(df, "measure_lanczos_vs_power", device, args.out_dir)
 
 
 if __name__ == "__main__":

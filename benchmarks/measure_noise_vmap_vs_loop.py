@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, interleaved, machine_label, median_and_spread  # noqa: E402
+from common import RESULTS, interleaved, median_and_spread, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
@@ -90,13 +90,7 @@ def main() -> None:
                      "rel_diff_b_simple_vs_loop": 0.0 if chunk is None else agreement[chunk],
                      "repeats": args.repeats, "threads": args.threads})
     df = pd.DataFrame(rows)
-    label = machine_label(device)
-    df.insert(0, "machine", label)
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    out = Path(args.out_dir) / f"measure_noise_vmap_vs_loop_{label}.csv"
-    df.to_csv(out, index=False, float_format="%.4g")
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    print(f"written: {out}")
+    write_results(df, "measure_noise_vmap_vs_loop", device, args.out_dir)
 
 
 if __name__ == "__main__":

@@ -7,33 +7,9 @@ Each is executed by `bsresearch report experiments/<name>.yaml` into reports/<na
 import textwrap
 from pathlib import Path
 
-import nbformat as nbf
+from nbbuild import code, md, write
 
 HERE = Path(__file__).resolve().parent
-KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-          "language_info": {"name": "python"}}
-
-
-def code(src, tags=()):
-    cell = nbf.v4.new_code_cell(textwrap.dedent(src).strip("\n"))
-    if tags:
-        cell.metadata["tags"] = list(tags)
-    return cell
-
-
-def md(src):
-    return nbf.v4.new_markdown_cell(textwrap.dedent(src).strip("\n"))
-
-
-def write(cells, name):
-    nb = nbf.v4.new_notebook()
-    nb.cells = cells
-    nb.metadata.update(KERNEL)
-    for i, cell in enumerate(nb.cells):  # stable ids: regenerating an unchanged notebook changes nothing
-        cell.id = f"cell-{i:02d}"
-    nbf.validate(nb)
-    nbf.write(nb, HERE / name)
-
 
 REPORT_PARAMETERS = '''
 sweep: str = "{sweep}"              # the sweep to analyse (bsresearch report passes it)
@@ -325,7 +301,7 @@ pair: int = 0                       # rescale weighted layers (pair, pair + 1): 
     """),
 ]
 
-write(keskar, "20_keskar.ipynb")
-write(nqm, "25_nqm.ipynb")
-write(dinh, "26_dinh.ipynb")
+write(keskar, HERE / "20_keskar.ipynb")
+write(nqm, HERE / "25_nqm.ipynb")
+write(dinh, HERE / "26_dinh.ipynb")
 print("ok")

@@ -4,29 +4,14 @@ Run it after adding a RunConfig field: the template's parameters cell lists ever
     .venv/bin/python notebooks/build_notebooks.py
 """
 import inspect
-import textwrap
 from pathlib import Path
 
 import nbformat as nbf
+from nbbuild import code, md, write
 
 from bsresearch.config import FIELD_NAMES, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-          "language_info": {"name": "python"}}
-
-
-def code(src, tags=()):
-    c = nbf.v4.new_code_cell(textwrap.dedent(src).strip("\n"))
-    if tags:
-        c.metadata["tags"] = list(tags)
-    return c
-
-
-def md(src):
-    return nbf.v4.new_markdown_cell(textwrap.dedent(src).strip("\n"))
-
-
 EXTRA_HELP = {"nesterov": "Nesterov momentum (sgd with momentum only)",
               "weight_decay": "L2 penalty coefficient (decoupled from the gradient for adamw)",
               "eval_every": "steps between evaluations, for eval_schedule every",
@@ -89,14 +74,6 @@ def config_call():
         line += p + ", "
     lines.append(line.rstrip().rstrip(","))
     return "cfg = RunConfig(\n" + "\n".join(lines) + ",\n)"
-
-
-def write(nb, name):
-    nb.metadata.update(KERNEL)
-    for i, cell in enumerate(nb.cells):  # stable ids: regenerating an unchanged notebook changes nothing
-        cell.id = f"cell-{i:02d}"
-    nbf.validate(nb)
-    nbf.write(nb, ROOT / "notebooks" / name)
 
 
 train = nbf.v4.new_notebook()
@@ -165,7 +142,7 @@ train.cells[2].source = "\n".join([
     config_call(),
     "run_dir = Path(run_dir) if run_dir else Path(runs_dir) / sweep / run_id(cfg)",
     'print(f"run {run_id(cfg)} -> {run_dir}")'])
-write(train, "01_train.ipynb")
+write(train.cells, ROOT / "notebooks" / "01_train.ipynb")
 
 
 report = nbf.v4.new_notebook()
@@ -277,5 +254,5 @@ report.cells = [
     table[shown]
     """),
 ]
-write(report, "10_sweep_report.ipynb")
+write(report.cells, ROOT / "notebooks" / "10_sweep_report.ipynb")
 print("ok")

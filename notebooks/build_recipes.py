@@ -4,24 +4,12 @@
 """
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbbuild import code, md, write
 
 
-def notebook(cells):
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    out = []
-    for kind, text, *tags in cells:
-        cell = new_markdown_cell(text.strip()) if kind == "md" else new_code_cell(text.strip())
-        if tags:
-            cell.metadata["tags"] = tags
-        out.append(cell)
-    nb.cells = out
-    for i, cell in enumerate(nb.cells):  # stable ids: regenerating an unchanged notebook changes nothing
-        cell.id = f"cell-{i:02d}"
-    return nb
+def cells(spec):
+    """("md" | "code", text, *tags) tuples -> notebook cells."""
+    return [md(text) if kind == "md" else code(text, tags) for kind, text, *tags in spec]
 
 
 HOFFER = [
@@ -294,5 +282,5 @@ for b in sorted(set(table["batch_size"])):
 ]
 
 HERE = Path(__file__).resolve().parent
-nbformat.write(notebook(HOFFER), HERE / "21_hoffer.ipynb")
-nbformat.write(notebook(GOYAL), HERE / "22_goyal.ipynb")
+write(cells(HOFFER), HERE / "21_hoffer.ipynb")
+write(cells(GOYAL), HERE / "22_goyal.ipynb")

@@ -2,26 +2,11 @@
 
     .venv/bin/python notebooks/build_smith_le.py
 """
-import textwrap
 from pathlib import Path
 
-import nbformat as nbf
+from nbbuild import code, md, write
 
 OUT = Path(__file__).resolve().parent / "24_smith_le.ipynb"
-KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-          "language_info": {"name": "python"}}
-
-
-def code(src, tags=()):
-    cell = nbf.v4.new_code_cell(textwrap.dedent(src).strip("\n"))
-    if tags:
-        cell.metadata["tags"] = list(tags)
-    return cell
-
-
-def md(src):
-    return nbf.v4.new_markdown_cell(textwrap.dedent(src).strip("\n"))
-
 
 cells = [
     md("""
@@ -355,11 +340,4 @@ cells = [
     """),
 ]
 
-nb = nbf.v4.new_notebook()
-nb.cells = cells
-nb.metadata.update(KERNEL)
-for i, cell in enumerate(nb.cells):
-    cell.id = f"cell-{i:02d}"
-nbf.validate(nb)
-nbf.write(nb, OUT)
-print("wrote", OUT)
+write(cells, OUT)

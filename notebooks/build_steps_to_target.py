@@ -2,25 +2,9 @@
 
     .venv/bin/python notebooks/build_steps_to_target.py
 """
-import textwrap
 from pathlib import Path
 
-import nbformat as nbf
-
-KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-          "language_info": {"name": "python"}}
-
-
-def code(src, tags=()):
-    c = nbf.v4.new_code_cell(textwrap.dedent(src).strip("\n"))
-    if tags:
-        c.metadata["tags"] = list(tags)
-    return c
-
-
-def md(src):
-    return nbf.v4.new_markdown_cell(textwrap.dedent(src).strip("\n"))
-
+from nbbuild import code, md, write
 
 cells = [
     md("""
@@ -340,11 +324,4 @@ cells = [
     """),
 ]
 
-nb = nbf.v4.new_notebook()
-nb.cells = cells
-nb.metadata.update(KERNEL)
-for i, cell in enumerate(nb.cells):  # stable ids: regenerating an unchanged notebook changes nothing
-    cell.id = f"cell-{i:02d}"
-path = Path(__file__).resolve().parent / "23_steps_to_target.ipynb"
-nbf.write(nb, path)
-print("wrote", path)
+write(cells, Path(__file__).resolve().parent / "23_steps_to_target.ipynb")

@@ -71,19 +71,9 @@ def steps_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fi
     S_min (1 + B_crit/B), B_crit (dotted line) with its interval (a bar along the bottom) and, with regimes,
     the three regimes of the fitted curve shaded (split where its scaling exponent is `perfect` and
     `maximal`, see mark_regimes)."""
-    _draw_measured(ax, per_seed, table, "steps", steps, spread)
-    sizes = table["batch_size"].to_numpy(float)
-    if fit is not None:
-        b = _batch_span(sizes)
-        ax.plot(b, fit.predict_steps(b), "-", color="0.2", zorder=2,
-                label=f"S_min (1 + B_crit/B): S_min {fit.s_min:.3g}, B_crit {fit.b_crit:.3g}")
-        ax.axhline(fit.s_min, color="0.5", linestyle="--", linewidth=0.8, zorder=1)
-        _mark_b_crit(ax, fit)
-    log2_batch_axis(ax, "x", [int(v) for v in sizes])
-    ax.set_yscale("log")
-    if fit is not None and regimes:
-        mark_regimes(ax, fit.b_crit, perfect, maximal)
-    ax.set(xlabel="batch size (examples per update)", ylabel="steps to target")
+    curve = None if fit is None else (
+        fit.predict_steps, fit.s_min, f"S_min (1 + B_crit/B): S_min {fit.s_min:.3g}, B_crit {fit.b_crit:.3g}")
+    _to_target_vs_batch(ax, per_seed, table, fit, "steps", steps, curve, regimes, perfect, maximal, spread)
     ax.legend(fontsize=7, loc="best")
     return ax
 
@@ -93,21 +83,30 @@ def examples_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame,
                       maximal: float = MAXIMAL_EXPONENT, spread: str = "std") -> plt.Axes:
     """Examples to the target (E = S x B) at the tuned lr against batch size, with E_min (1 + B/B_crit);
     the same marks as steps_vs_batch."""
-    _draw_measured(ax, per_seed, table, "examples", examples, spread)
+    curve = None if fit is None else (
+        fit.predict_examples, fit.e_min, f"E_min (1 + B/B_crit): E_min {fit.e_min:.3g}, B_crit {fit.b_crit:.3g}")
+    _to_target_vs_batch(ax, per_seed, table, fit, "examples", examples, curve, regimes, perfect, maximal, spread)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.9))  # E rises with B; below the regime names
+    return ax
+
+
+def _to_target_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fit: CriticalBatchFit | None,
+                        kind: str, column: str, curve, regimes: bool, perfect: float, maximal: float,
+                        spread: str) -> None:
+    """What steps_vs_batch and examples_vs_batch share; `curve` is (predict, floor, label) of the fit."""
+    _draw_measured(ax, per_seed, table, kind, column, spread)
     sizes = table["batch_size"].to_numpy(float)
     if fit is not None:
+        predict, floor, label = curve
         b = _batch_span(sizes)
-        ax.plot(b, fit.predict_examples(b), "-", color="0.2", zorder=2,
-                label=f"E_min (1 + B/B_crit): E_min {fit.e_min:.3g}, B_crit {fit.b_crit:.3g}")
-        ax.axhline(fit.e_min, color="0.5", linestyle="--", linewidth=0.8, zorder=1)
+        ax.plot(b, predict(b), "-", color="0.2", zorder=2, label=label)
+        ax.axhline(floor, color="0.5", linestyle="--", linewidth=0.8, zorder=1)
         _mark_b_crit(ax, fit)
     log2_batch_axis(ax, "x", [int(v) for v in sizes])
     ax.set_yscale("log")
     if fit is not None and regimes:
         mark_regimes(ax, fit.b_crit, perfect, maximal)
-    ax.set(xlabel="batch size (examples per update)", ylabel="examples to target")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.9))  # E rises with B; below the regime names
-    return ax
+    ax.set(xlabel="batch size (examples per update)", ylabel=f"{kind} to target")
 
 
 def _mark_b_crit(ax: plt.Axes, fit: CriticalBatchFit) -> None:
