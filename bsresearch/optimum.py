@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from .config import ConfigError
+from .recipes import welch_interval
 from .results import lower_is_better
 
 
@@ -245,7 +246,6 @@ def agreement(runs: pd.DataFrame, metric: str = "test_acc", by: str = "batch_siz
     NaN with fewer than 2 runs on either side), and agrees: no run diverged and the interval contains 0.
     Runs with a missing metric count in n and n_diverged but not in the statistics.
     """
-    from scipy import stats
     groups = sorted(runs[by].unique())
     if not groups:
         return pd.DataFrame(columns=[by, "n", "n_diverged", "mean", "std", "diff", "diff_low", "diff_high", "agrees"])
@@ -259,17 +259,8 @@ def agreement(runs: pd.DataFrame, metric: str = "test_acc", by: str = "batch_siz
     for g in groups:
         a = values[g]
         diverged = int((runs.loc[runs[by] == g, "state"] == "diverged").sum()) if "state" in runs else 0
-        diff = a.mean() - ref.mean() if len(a) and len(ref) else math.nan
-        low = high = math.nan
-        if len(a) > 1 and len(ref) > 1:
-            va, vr = a.var(ddof=1) / len(a), ref.var(ddof=1) / len(ref)
-            se = math.sqrt(va + vr)
-            if se > 0:  # Welch-Satterthwaite degrees of freedom
-                dof = (va + vr) ** 2 / (va ** 2 / (len(a) - 1) + vr ** 2 / (len(ref) - 1))
-                half = float(stats.t.ppf((1 + confidence) / 2, dof)) * se
-            else:
-                half = 0.0
-            low, high = diff - half, diff + half
+        d = welch_interval(a, ref, confidence)
+        diff, low, high = d.diff, d.low, d.high
         agrees = diverged == 0 and (math.isnan(low) or low <= 0 <= high)
         rows.append({by: g, "n": int((runs[by] == g).sum()), "n_diverged": diverged,
                      "mean": float(a.mean()) if len(a) else math.nan,

@@ -39,6 +39,7 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
                   "spec_path": str(spec.path) if spec.path else None, **spec.analysis_parameters}
 
     import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
     try:
         pm.execute_notebook(str(spec.analysis), str(partial), parameters=parameters, kernel_name=kernel,
                             cwd=str(out_dir), progress_bar=False, execution_timeout=timeout,
@@ -46,6 +47,12 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     except pm.PapermillExecutionError as exc:
         raise RuntimeError(f"{spec.analysis.name} cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(the executed notebook is {output})") from None
+    except CellTimeoutError:
+        raise RuntimeError(f"{spec.analysis.name}: a cell ran past the {timeout:g} s timeout (--timeout); "
+                           f"the notebook executed so far is {output}") from None
+    except DeadKernelError:
+        raise RuntimeError(f"{spec.analysis.name}: the kernel died (killed, or out of memory); the notebook "
+                           f"executed so far is {output}") from None
     finally:
         if partial.exists():
             os.replace(partial, output)

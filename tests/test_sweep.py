@@ -16,7 +16,7 @@ from bsresearch.rundir import RunDir
 from bsresearch.sweep import RunTask, expand, load_spec, run_sweep
 from bsresearch.sweep import supervise
 from bsresearch.sweep.executors import local_executor
-from bsresearch.sweep.task import pid_alive
+from bsresearch.sweep.task import is_complete, pid_alive
 from bsresearch.train import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +110,9 @@ CASES = {  # name: (cells, expected state, text in error or notebook_error)
     "worker_killed": ([PID, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(30)"],
                       "died", "killed by SIGKILL"),
     "timeout": ([PID, "import time\ntime.sleep(60)"], "timeout", "timeout"),
+    "timeout_after_run": ([TRAIN, PID, "import time\ntime.sleep(60)"], "ok", "the next sweep executes it again"),
 }
+TIMEOUTS = {"timeout": 6.0, "timeout_after_run": 20.0}  # seconds; the others get 120
 
 
 @pytest.mark.slow
@@ -119,7 +121,7 @@ def test_runner_states_where_papermill_misreports(tmp_path, tiny, monkeypatch):
     cfg = tiny(budget_amount=5).to_dict()
     tasks = [RunTask(run_dir=str(tmp_path / name), config=cfg, label=name,
                      notebook=str(fake_notebook(tmp_path / f"{name}.ipynb", *cells)),
-                     timeout=6.0 if name == "timeout" else 120.0)
+                     timeout=TIMEOUTS.get(name, 120.0))
              for name, (cells, _, _) in CASES.items()]
     with local_executor(2) as pool:
         outcomes = {o.label: o for o in pool.map(supervise.run_task, tasks)}
@@ -137,6 +139,8 @@ def test_runner_states_where_papermill_misreports(tmp_path, tiny, monkeypatch):
                 time.sleep(0.1)
             assert not pid_alive(pid), name
     assert outcomes["error_after_run"].error is None
+    # trained, then killed while plotting: finished, but its notebook is executed again by the next sweep
+    assert not is_complete(tmp_path / "timeout_after_run") and is_complete(tmp_path / "error_after_run")
 
 
 def test_worker_env_pins_threads_and_one_gpu_per_slot(tiny):

@@ -135,6 +135,21 @@ seeds: [0, 1]
     assert "over the 256 training examples" in (out / "noise_scale.txt").read_text()
 
 
+@pytest.mark.slow
+def test_a_report_cell_past_the_timeout_is_one_clear_error_and_keeps_the_notebook(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("sweep = runs_dir = out_dir = spec_path = None")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "slow.ipynb")
+    spec = tmp_path / "slow.yaml"
+    spec.write_text(f"name: slow\nanalysis: {tmp_path / 'slow.ipynb'}\n")
+    with pytest.raises(RuntimeError, match="a cell ran past the 3 s timeout") as err:
+        run_report(spec, tmp_path / "runs", tmp_path / "reports", timeout=3, html=False)
+    assert (tmp_path / "reports" / "slow" / "slow.ipynb").exists() and "slow.ipynb" in str(err.value)
+
+
 def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):
     from bsresearch.config import ConfigError
     with pytest.raises(ConfigError, match="run `bsresearch sweep"):

@@ -112,6 +112,9 @@ def run_task(task: RunTask) -> RunOutcome:
         state = rd.state()
         if held and timed_out and state not in FINISHED_STATES:
             rd.write_status("timeout", error=f"killed after the {task.timeout:g} s timeout per run")
+        elif held and timed_out:  # trained, killed while its notebook was still plotting: redone next time
+            rd.write_status(state, notebook_error=f"the notebook was killed after the {task.timeout:g} s timeout "
+                                                  "per run; the next sweep executes it again")
         elif held and state in (None, "running"):
             rd.write_status("died", error=f"the worker process ended without a verdict ({describe_exit(code)}); "
                                           f"see {RUNNER_LOG}")
@@ -152,8 +155,3 @@ def describe_exit(code: int) -> str:
             return f"killed by signal {-code}"
     return f"exit status {code}"
 
-
-def runner_log(run_dir: str | Path) -> str:
-    """The run's runner.log (worker and kernel output of every attempt), or '' if there is none."""
-    path = Path(run_dir) / RUNNER_LOG
-    return path.read_text(errors="replace") if path.exists() else ""

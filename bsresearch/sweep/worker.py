@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -119,13 +120,17 @@ def unfinished_cells(notebook: Path) -> str | None:
 
 
 def _stop_on_sigterm(run_dir: Path) -> None:
-    """On SIGTERM from the supervisor (timeout, Ctrl-C): kill the kernel, keep the notebook executed so
-    far as run.ipynb for inspection, and exit at once. The supervisor records the verdict."""
+    """On SIGTERM from the supervisor (timeout, Ctrl-C): kill the kernel, keep a copy of the notebook
+    executed so far as run.ipynb for inspection, and exit at once. The supervisor records the verdict.
+    The half-executed notebook itself stays: it marks the run as not complete (task.is_complete), so a
+    run killed after training, while plotting, gets its notebook executed again on the next sweep."""
     def handler(signum: int, frame: object) -> None:
         kill_children()
         partial = run_dir / PARTIAL_NOTEBOOK
         if partial.exists():
-            os.replace(partial, run_dir / "run.ipynb")
+            copy = run_dir / ".run.killed.ipynb"
+            shutil.copyfile(partial, copy)
+            os.replace(copy, run_dir / "run.ipynb")
         os._exit(128 + signum)
     signal.signal(signal.SIGTERM, handler)
 
