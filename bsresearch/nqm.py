@@ -117,16 +117,17 @@ def steps_to_target(nqm: NQM, opt: Optimizer, batch_size: float, target: float, 
     crossing found; for SGD every coordinate's moment is monotone, with momentum the curve can ripple and
     the answer is then the first crossing on a dyadic search (tested against a step-by-step iteration).
     """
-    if not is_stable(nqm, opt) or stationary_loss(nqm, opt, batch_size) >= target:
+    if not is_stable(nqm, opt):
         return float("inf")
-    if nqm.initial_loss() <= target:
-        return 0.0
-    T, u, m0 = _recurrence(nqm, opt, batch_size)
-    P = _Powers(T, u, m0)
+    P = _Powers(*_recurrence(nqm, opt, batch_size))
     h = nqm.curvatures
 
     def loss(d: np.ndarray) -> float:
         return 0.5 * float(np.sum(h * (P.m_inf[:, 0] + d[:, 0])))
+    if loss(np.zeros_like(P.d0)) >= target:  # the noise floor (stationary_loss) is above the target
+        return float("inf")
+    if nqm.initial_loss() <= target:
+        return 0.0
     # find the first power of two at which the loss is below the target
     j, d_prev, t_prev = 0, P.d0, 0
     d = P.advance(P.d0, 0)

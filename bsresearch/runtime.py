@@ -11,10 +11,8 @@ import os
 import platform
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -100,20 +98,6 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@contextlib.contextmanager
-def timed(device: torch.device) -> Iterator[list[float]]:
-    """Wall-clock seconds of the block, with the device synchronized at both ends.
-
-    Usage: ``with timed(dev) as t: ...``; then ``t[0]`` holds the seconds.
-    """
-    out: list[float] = []
-    synchronize(device)
-    start = time.perf_counter()
-    yield out
-    synchronize(device)
-    out.append(time.perf_counter() - start)
 
 
 def device_name(device: torch.device) -> str:

@@ -59,14 +59,15 @@ def measuring(model: nn.Module, bn_mode: str = "eval") -> Iterator[nn.Module]:
             p.grad = g
 
 
-def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
 # ----------------------------------------------------------------------------- parameters
 def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
     """name -> detached parameter tensor (shares storage with the model: do not modify in place)."""
     return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def buffers_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """name -> detached buffer tensor (BatchNorm statistics; shares storage with the model)."""
+    return {name: b.detach() for name, b in model.named_buffers()}
 
 
 def flatten(tensors: dict[str, torch.Tensor] | Sequence[torch.Tensor]) -> torch.Tensor:
@@ -148,15 +149,11 @@ class MeanLoss:
             raise ValueError("no data: batches is empty")
         self.model, self.batches, self.loss_fn = model, list(batches), loss_fn
         self.like = parameters_of(model)
-        self.buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+        self.buffers = {name: b.clone() for name, b in buffers_of(model).items()}
         self.n_examples = sum(len(x) for x, _ in self.batches)
         self.point = flatten(self.like).clone()   # the model's own parameters, flat
         self.n_gradients = 0
         self.n_products = 0
-
-    @property
-    def dim(self) -> int:
-        return self.point.numel()
 
     def logits(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.model, {**params, **self.buffers}, (x,))
@@ -169,19 +166,6 @@ class MeanLoss:
         flat = self.point if flat is None else flat
         with torch.no_grad():
             return sum(self._batch_loss(flat, x, y) for x, y in self.batches)
-
-    def value_and_accuracy(self, flat: torch.Tensor | None = None) -> tuple[float, float]:
-        """(mean loss, accuracy) at `flat`, as floats."""
-        flat = self.point if flat is None else flat
-        params = unflatten(flat, self.like)
-        loss = torch.zeros((), device=flat.device, dtype=torch.float64)
-        correct = torch.zeros((), device=flat.device, dtype=torch.int64)
-        with torch.no_grad():
-            for x, y in self.batches:
-                out = self.logits(params, x)
-                loss += self.loss_fn(out, y).double() * len(x)
-                correct += (out.argmax(1) == y).sum()
-        return loss.item() / self.n_examples, correct.item() / self.n_examples
 
     def value_and_grad(self, flat: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean loss, its gradient as a flat vector) at `flat`."""

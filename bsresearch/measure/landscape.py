@@ -20,8 +20,8 @@ from torch.func import functional_call
 from ..config import ConfigError
 from ..data import Dataset
 from .curvature import top_eigenvalues
-from .functional import (DEFAULT_CHUNK, Batches, LossFn, batches_of, flatten, generator_or_default, measuring,
-                         normal_like, parameters_of, unflatten)
+from .functional import (DEFAULT_CHUNK, Batches, LossFn, batches_of, buffers_of, flatten, generator_or_default,
+                         measuring, normal_like, parameters_of, unflatten)
 
 DEFAULT_ALPHAS = tuple(float(a) for a in np.linspace(-1.0, 2.0, 25))  # Keskar et al.: 25 points in [-1, 2]
 SPLITS = ("train", "test")
@@ -48,7 +48,7 @@ def _loss_and_accuracy(model: nn.Module, tensors: dict[str, torch.Tensor], x: to
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: t.detach() for name, t in list(model.named_parameters()) + list(model.named_buffers())}
+    return {**parameters_of(model), **buffers_of(model)}
 
 
 def interpolate(model_a: nn.Module, model_b: nn.Module, data: Dataset, alphas: Sequence[float] = DEFAULT_ALPHAS,
@@ -128,7 +128,7 @@ def slice_2d(model: nn.Module, data: Dataset, direction_x: Direction, direction_
     rows = []
     with measuring(model, "eval"):
         like = parameters_of(model)
-        buffers = {name: b.detach() for name, b in model.named_buffers()}
+        buffers = buffers_of(model)
         theta = flatten(like)
         dx = _flat(direction_x, like)
         dy = _flat(direction_y, like) if direction_y is not None else torch.zeros_like(theta)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from .critical import CriticalBatchFit, fit_critical_batch, fit_critical_batch_examples  # noqa: F401 (re-export)
-from .functional import (LossFn, MeanLoss, batches_of, generator_or_default, layer_slices, measuring,
+from .functional import (LossFn, MeanLoss, batches_of, buffers_of, generator_or_default, layer_slices, measuring,
                          parameters_of, rademacher_like, unflatten)
 
 
@@ -42,7 +42,7 @@ def per_example_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     which processes them in chunks.
     """
     with measuring(model, "eval"):
-        buffers = {name: b.detach() for name, b in model.named_buffers()}
+        buffers = buffers_of(model)
         return _per_example_flat(model, parameters_of(model), buffers, x, y, loss_fn)
 
 
@@ -105,7 +105,7 @@ def gradient_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chu
     generator = generator_or_default(generator)
     with measuring(model, "eval"):
         params = parameters_of(model)
-        buffers = {name: b.detach() for name, b in model.named_buffers()}
+        buffers = buffers_of(model)
         slices = layer_slices(model)
         device = x.device
         n_params = sum(p.numel() for p in params.values())

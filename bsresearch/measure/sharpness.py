@@ -60,7 +60,7 @@ def keskar_sharpness(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: fl
             matrix = normal_like(x0, generator_or_default(generator), (x0.numel(), subspace_dim))
             coords = torch.linalg.pinv(matrix.double()) @ x0.double()
         box = eps * (coords.double().abs().cpu().numpy() + 1.0)
-        best = {"loss": -math.inf, "y": np.zeros_like(box)}
+        best = {"loss": -math.inf, "y": np.zeros_like(box), "f0": None}  # f0: L-BFGS-B starts at y = 0
 
         def negative_loss(yv: np.ndarray) -> tuple[float, np.ndarray]:
             step = torch.tensor(yv, dtype=x0.dtype, device=x0.device)
@@ -68,15 +68,17 @@ def keskar_sharpness(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: fl
             value = float(value)
             if matrix is not None:
                 grad = matrix.T @ grad
+            if best["f0"] is None:
+                best["f0"] = value
             if value > best["loss"]:
                 best["loss"], best["y"] = value, yv.copy()
             return -value, -grad.double().cpu().numpy()
 
-        f0 = -negative_loss(np.zeros_like(box))[0]
         result = optimize.minimize(negative_loss, np.zeros_like(box), jac=True, method="L-BFGS-B",
                                    bounds=optimize.Bounds(-box, box),
                                    # start at a near-stationary point: do not stop on a tiny gradient
                                    options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-15})
+    f0 = best["f0"]
     phi = (best["loss"] - f0) / (1 + f0) * 100
     return KeskarSharpness(phi, eps, f0, best["loss"], subspace_dim, best["y"], box, int(result.get("nit", 0)),
                            loss.n_gradients, loss.n_examples, bn_mode)

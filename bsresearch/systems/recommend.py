@@ -72,9 +72,5 @@ def measure_b_simple(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_s
 
     A convenience for recommend_batch_size; the model is left as found (the measurement is pure).
     """
-    try:
-        from ..measure.noise import gradient_noise_scale
-    except ImportError as exc:
-        raise ImportError(f"measure_b_simple needs bsresearch.measure.noise.gradient_noise_scale ({exc}); "
-                          f"pass a measured b_noise to recommend_batch_size instead") from None
+    from ..measure.noise import gradient_noise_scale
     return float(gradient_noise_scale(model, x, y, chunk_size=chunk_size).b_simple)

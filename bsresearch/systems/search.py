@@ -135,7 +135,8 @@ def largest_batch_size(parts: TrainParts, workload: Workload, memory_budget: int
 
     try:
         with memory_cap(memory_budget, device):
+            # no device: each trial has already freed the device's memory, before restoring the state
             return search_batch_size(trial, start=start, limit=limit, safety_margin=safety_margin,
-                                     multiple_of=multiple_of, device=device)
+                                     multiple_of=multiple_of)
     finally:
         restore(parts, snap)
