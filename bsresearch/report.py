@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError
-from .sweep.runner import MANIFEST
+from .rundir import MANIFEST
 from .sweep.spec import SweepSpec, load_spec
 
 

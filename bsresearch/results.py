@@ -23,9 +23,8 @@ import numpy as np
 import pandas as pd
 
 from .config import FIELD_NAMES, ConfigError
-
-MANIFEST = "sweep.json"  # written by bsresearch.sweep.runner (kept equal by a test)
-FINISHED = ("ok", "diverged")
+from .rundir import FINISHED_STATES as FINISHED
+from .rundir import MANIFEST
 LOWER_IS_BETTER = ("loss", "steps", "examples", "epochs", "gap", "seconds", "sharpness")
 
 

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 
 STATES = ("running", "ok", "failed", "diverged", "oom", "timeout", "died")
 FINISHED_STATES = ("ok", "diverged")  # a rerun skips these; the others are retried when asked
+MANIFEST = "sweep.json"  # RUNS/<sweep>/sweep.json: the sweep's points, written by bsresearch.sweep.runner
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..config import ConfigError, check_batch_fits
-from ..rundir import FINISHED_STATES, RunDir, atomic_write_json, now
+from ..rundir import FINISHED_STATES, MANIFEST, RunDir, atomic_write_json, now
 from . import supervise
 from .executors import default_workers, make_executor, visible_gpus
 from .spec import Point, SweepSpec, expand, load_spec
 from .task import BUSY, RunOutcome, RunTask, is_complete, is_locked
 from .worker import execute_task
 
-MANIFEST = "sweep.json"
 RETRYABLE_STATES = ("failed", "oom", "timeout", "died")
 
 
@@ -171,12 +170,10 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     gpus = () if remote else visible_gpus()
     workers = workers or default_workers(len(todo), gpus)
     start = time.monotonic()
+    if not dry_run:
+        write_manifest(spec, sweep_dir, points)
     if dry_run or not todo:
-        if not dry_run:
-            write_manifest(spec, sweep_dir, points)
         return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run)
-
-    write_manifest(spec, sweep_dir, points)
     tasks = [RunTask(run_dir=str(p.run_dir), config=p.point.config.to_dict(), label=p.point.label, engine=engine,
                      notebook=str(spec.notebook) if spec.notebook else None,
                      timeout=float(timeout or spec.timeout), gpus=gpus)

@@ -27,7 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from ..rundir import RunDir
 from .task import (BUSY, PARTIAL_NOTEBOOK, RunOutcome, RunTask, clear_partial_files, die_with_parent, is_complete,
                    kill_children, outcome_from_status, recorded_pid, run_lock, wait_for_exit)
@@ -142,10 +142,6 @@ def main() -> int:
     task = RunTask.from_json(sys.stdin.read())
     _stop_on_sigterm(Path(task.run_dir))
     logging.info("worker pid %d on %s: %s (%s)", os.getpid(), socket.gethostname(), task.label, task.engine)
-    try:
-        outcome = execute_task(task)
-    except ConfigError as exc:
-        print(f"error: {exc}", flush=True)
-        return 2
+    outcome = execute_task(task)  # every failure of the run itself is recorded in its status.json
     logging.info("verdict: %s%s", outcome.state, f": {outcome.error}" if outcome.error else "")
     return EXIT_BUSY if outcome.state == BUSY else 0
