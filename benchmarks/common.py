@@ -5,8 +5,8 @@ import platform
 import re
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -58,7 +58,7 @@ def time_steps(step: Callable[[], None], n_steps: int, device: torch.device) -> 
     return n_steps / (time.perf_counter() - start)
 
 
-def write_results(df: "pd.DataFrame", name: str, device: torch.device, out_dir: str | Path = RESULTS) -> Path:
+def write_results(df: pd.DataFrame, name: str, device: torch.device, out_dir: str | Path = RESULTS) -> Path:
     """Write df as OUT_DIR/<name>_<machine>.csv with the machine as its first column; print it."""
     label = machine_label(device)
     df.insert(0, "machine", label)

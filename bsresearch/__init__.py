@@ -11,8 +11,18 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from .config import (ConfigError, RunConfig, accumulation_steps, eval_steps, lr_at, run_id,  # noqa: E402
-                     scaled_lr, steps_per_epoch, total_steps, warmup_steps)
+from .config import (  # noqa: E402
+    ConfigError,
+    RunConfig,
+    accumulation_steps,
+    eval_steps,
+    lr_at,
+    run_id,
+    scaled_lr,
+    steps_per_epoch,
+    total_steps,
+    warmup_steps,
+)
 
 # name -> module that defines it (imported on first access: these modules import torch)
 _LAZY = {

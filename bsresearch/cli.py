@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .config import FIELD_NAMES, ConfigError, RunConfig, field_help, run_id
 

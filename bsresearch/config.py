@@ -107,7 +107,7 @@ class RunConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         unknown = [k for k in d if k not in FIELD_NAMES]
         if unknown:
             raise ConfigError(_unknown_message(unknown[0]))
@@ -117,7 +117,7 @@ class RunConfig:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
+    def from_json(cls, text: str) -> RunConfig:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -127,7 +127,7 @@ class RunConfig:
         d = {k: v for k, v in d.items() if k != "derived"}
         return cls.from_dict(d)
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         unknown = [k for k in changes if k not in FIELD_NAMES]
         if unknown:
             raise ConfigError(_unknown_message(unknown[0]))

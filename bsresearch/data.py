@@ -15,9 +15,9 @@ import gzip
 import os
 import struct
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
-    def to(self, device: torch.device | str) -> "Dataset":
+    def to(self, device: torch.device | str) -> Dataset:
         return replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
                        x_test=self.x_test.to(device), y_test=self.y_test.to(device))
 

@@ -7,7 +7,7 @@ BatchNorm, when asked for, can be ghost BatchNorm: statistics over virtual batch
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

@@ -13,8 +13,8 @@ seconds. NumPy only.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 
@@ -27,7 +27,7 @@ class NQM:
     init_sq: np.ndarray
 
     @classmethod
-    def zhang(cls, dim: int = 10_000) -> "NQM":
+    def zhang(cls, dim: int = 10_000) -> NQM:
         """Zhang et al.'s model: h_i = 1/i, c_i = h_i, E theta_0^2 = 1."""
         h = 1.0 / np.arange(1, dim + 1)
         return cls(curvatures=h, noise=h.copy(), init_sq=np.ones(dim))

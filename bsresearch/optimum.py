@@ -22,8 +22,8 @@ power_law_by_seed gives a t interval over per-seed slopes as a check. No torch i
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd

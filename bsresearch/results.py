@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,7 @@ import pandas as pd
 from .config import FIELD_NAMES, ConfigError
 from .rundir import FINISHED_STATES as FINISHED
 from .rundir import MANIFEST
+
 LOWER_IS_BETTER = ("loss", "steps", "examples", "epochs", "gap", "seconds", "sharpness")
 
 

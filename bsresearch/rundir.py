@@ -19,8 +19,9 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 STATES = ("running", "ok", "failed", "diverged", "oom", "timeout", "died")
 FINISHED_STATES = ("ok", "diverged")  # a rerun skips these; the others are retried when asked

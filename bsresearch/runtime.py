@@ -64,7 +64,7 @@ class Generators:
     probe: torch.Generator
 
     @classmethod
-    def from_seed(cls, seed: int, device: torch.device) -> "Generators":
+    def from_seed(cls, seed: int, device: torch.device) -> Generators:
         return cls(init=make_generator(seed, "init"),
                    data=make_generator(seed, "data", device),
                    probe=make_generator(seed, "probe", device))

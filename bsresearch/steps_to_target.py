@@ -15,8 +15,8 @@ No torch import: this runs wherever the run directories can be read.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd

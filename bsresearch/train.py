@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from . import config as C
 from .config import ConfigError, RunConfig
 from .data import BatchSampler, Dataset, dataset_for, in_chunks
-from .measure.noise import NoiseScaleEMA, noise_ema_columns, squared_grad_norm, update_noise_ema
 from .models import build_model, count_parameters
+from .noise_tracker import NoiseScaleEMA, noise_ema_columns, squared_grad_norm, update_noise_ema
 from .rundir import RunDir, atomic_write_bytes
 from .runtime import Generators, autocast, check_precision, provenance, resolve_device, set_threads, synchronize
 

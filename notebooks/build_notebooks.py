@@ -37,6 +37,7 @@ def config_lines():
     sections; papermill-parseable (one `=` per line, annotations without `|`)."""
     import dataclasses
     import typing
+
     from bsresearch.config import field_help
     hints = typing.get_type_hints(RunConfig)
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
@@ -91,11 +92,11 @@ train.cells = [
     batch; `lr` is the rate at `base_batch_size`, scaled by `lr_scaling`. The run directory gets
     `config.json`, `status.json`, `history.csv`, `metrics.json` (see README).
     """),
-    code(f"""
+    code("""
     # Every RunConfig field with its type and default; papermill injects a sweep run's values after this cell.
     from typing import Optional
 
-    {{}}
+    {}
 
     # --- where the run is written
     runs_dir: str = "../runs"               # run directories go to RUNS_DIR/SWEEP/<run_id>/ (relative to this notebook)

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from conftest import tiny_config
 
 from bsresearch import results
 from bsresearch.analysis import interpolate_runs, measure_runs, relu_rescale
@@ -7,7 +8,6 @@ from bsresearch.config import ConfigError, RunConfig
 from bsresearch.models import build_model
 from bsresearch.runtime import make_generator
 from bsresearch.train import run
-from conftest import tiny_config
 
 
 @pytest.mark.parametrize("model,shape,pair", [("cnn1d", (40,), 0), ("cnn1d", (40,), 2), ("mlp", (20,), 1)])

@@ -2,10 +2,17 @@ import numpy as np
 import pytest
 import torch
 
-from bsresearch.config import ConfigError, RunConfig
-from bsresearch.data import (DATASETS, DEBIAN_FASHION_MNIST, BatchSampler, DatasetUnavailable, _find_idx_files,
-                             dataset_availability, load_dataset)
 from bsresearch import config as C
+from bsresearch.config import ConfigError
+from bsresearch.data import (
+    DATASETS,
+    DEBIAN_FASHION_MNIST,
+    BatchSampler,
+    DatasetUnavailable,
+    _find_idx_files,
+    dataset_availability,
+    load_dataset,
+)
 from bsresearch.runtime import make_generator
 
 
@@ -53,7 +60,8 @@ def test_fashion_mnist_from_debian_files():
 
 def test_fashion_mnist_from_a_data_dir(tmp_path):
     """IDX files in data_dir/fashion_mnist are found (here: tiny files written by the test)."""
-    import gzip, struct
+    import gzip
+    import struct
     folder = tmp_path / "fashion_mnist"
     folder.mkdir()
 

@@ -2,13 +2,13 @@
 import numpy as np
 import pytest
 import torch
+from conftest import requires_cuda
+from measure_oracles import Snapshot, dense_hessian, tiny_mlp
 
 from bsresearch.config import ConfigError
 from bsresearch.measure import curvature as cv
 from bsresearch.measure.functional import batches_of, layer_slices
 from bsresearch.measure.lanczos import hutchinson_trace, lanczos, power_iteration, stochastic_lanczos_quadrature
-from conftest import requires_cuda
-from measure_oracles import Snapshot, dense_hessian, tiny_mlp
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,13 @@ import copy
 import numpy as np
 import pytest
 import torch
+from measure_oracles import Snapshot, tiny_mlp
 
 from bsresearch.config import ConfigError
 from bsresearch.data import Dataset
-from bsresearch.measure import curvature, landscape as ls
+from bsresearch.measure import curvature
+from bsresearch.measure import landscape as ls
 from bsresearch.train import evaluate
-from measure_oracles import Snapshot, tiny_mlp
 
 
 def gen(seed=0):

@@ -7,15 +7,16 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import requires_cuda, tiny_config
+from measure_oracles import Shift, Snapshot, dense_hessian, per_example_loop, quadratic_loss, tiny_mlp
 
+from bsresearch import noise_tracker
 from bsresearch.config import ConfigError, RunConfig
 from bsresearch.data import load_dataset
 from bsresearch.measure import noise
 from bsresearch.measure.critical import fit_critical_batch, fit_critical_batch_examples
 from bsresearch.measure.functional import layer_slices
 from bsresearch.train import new_state, run, train_step
-from conftest import requires_cuda, tiny_config
-from measure_oracles import Shift, Snapshot, dense_hessian, per_example_loop, quadratic_loss, tiny_mlp
 
 
 def gen(seed=0):
@@ -131,17 +132,17 @@ def test_two_batch_arguments_are_checked():
 
 
 def test_ema_bias_correction_and_ratio_of_averages():
-    ema = noise.NoiseScaleEMA(decay=0.9)
+    ema = noise_tracker.NoiseScaleEMA(decay=0.9)
     assert math.isnan(ema.b_simple)
     pairs = [(5.0, 1.5), (7.0, 1.2), (4.0, 1.9)]
     for small, big in pairs:
-        ema = noise.update_noise_ema(ema, small, big, 8, 64)
+        ema = noise_tracker.update_noise_ema(ema, small, big, 8, 64)
     estimates = [noise.two_batch_estimate(s, b, 8, 64) for s, b in pairs]
     weights = np.array([0.9 ** 2, 0.9, 1.0]) * 0.1 / (1 - 0.9 ** 3)
     assert ema.grad_sq_norm == pytest.approx(sum(w * e[0] for w, e in zip(weights, estimates)), rel=1e-12)
     assert ema.trace_cov == pytest.approx(sum(w * e[1] for w, e in zip(weights, estimates)), rel=1e-12)
     assert ema.b_simple == pytest.approx(ema.trace_cov / ema.grad_sq_norm)
-    assert noise.update_noise_ema(ema, math.inf, 1.0, 8, 64) == ema   # a non-finite sample is skipped
+    assert noise_tracker.update_noise_ema(ema, math.inf, 1.0, 8, 64) == ema   # a non-finite sample is skipped
 
 
 def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import requires_cuda, tiny_config
 
 from bsresearch import config as C
 from bsresearch.measure import MEASUREMENTS, noise, registry
 from bsresearch.train import load_trained_model, run
-from conftest import requires_cuda, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = tuple(C.MEASUREMENTS)

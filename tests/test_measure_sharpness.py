@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from bsresearch.measure import curvature, sharpness as sh
-from bsresearch.measure.functional import flatten
 from conftest import requires_cuda
 from measure_oracles import Shift, Snapshot, quadratic_loss, tiny_mlp
+
+from bsresearch.measure import curvature
+from bsresearch.measure import sharpness as sh
+from bsresearch.measure.functional import flatten
 
 
 def gen(seed=0):

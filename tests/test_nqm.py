@@ -2,8 +2,16 @@
 import numpy as np
 import pytest
 
-from bsresearch.nqm import NQM, Optimizer, expected_loss, is_stable, stationary_loss, \
-    steps_to_target, steps_vs_batch_size, tune
+from bsresearch.nqm import (
+    NQM,
+    Optimizer,
+    expected_loss,
+    is_stable,
+    stationary_loss,
+    steps_to_target,
+    steps_vs_batch_size,
+    tune,
+)
 
 
 def small_nqm(dim=20):

@@ -8,8 +8,16 @@ import pandas as pd
 import pytest
 
 from bsresearch.measure.critical import fit_critical_batch
-from bsresearch.plots import (figure_grid, learning_curves, log2_batch_axis, metric_vs_batch, metric_vs_lr,
-                              run_curves, save_figure, steps_to_target_plot)
+from bsresearch.plots import (
+    figure_grid,
+    learning_curves,
+    log2_batch_axis,
+    metric_vs_batch,
+    metric_vs_lr,
+    run_curves,
+    save_figure,
+    steps_to_target_plot,
+)
 
 
 @pytest.fixture

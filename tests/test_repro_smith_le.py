@@ -14,10 +14,23 @@ import pytest
 from scipy import stats
 
 from bsresearch.config import ConfigError
-from bsresearch.optimum import (Peak, agreement, breaking_point, curve_gaps, noise_scale, optimum_by_group,
-                                parabola_peak, power_law, power_law_by_seed)
-from bsresearch.plots.noise_scale_sgd import (agreement_plot, metric_vs_batch_optima, metric_vs_noise_scale,
-                                              optimum_scaling)
+from bsresearch.optimum import (
+    Peak,
+    agreement,
+    breaking_point,
+    curve_gaps,
+    noise_scale,
+    optimum_by_group,
+    parabola_peak,
+    power_law,
+    power_law_by_seed,
+)
+from bsresearch.plots.noise_scale_sgd import (
+    agreement_plot,
+    metric_vs_batch_optima,
+    metric_vs_noise_scale,
+    optimum_scaling,
+)
 
 GRID = [16, 32, 64, 128, 256, 512, 1024]
 

@@ -18,11 +18,29 @@ from scipy import stats
 
 from bsresearch.config import ConfigError
 from bsresearch.measure.critical import fit_critical_batch
-from bsresearch.plots.steps import (examples_vs_batch, mark_regimes, noise_at_target_vs_batch, noise_vs_training,
-                                    regime_legend_text, steps_vs_batch, steps_vs_lr, tuned_lr_vs_batch)
-from bsresearch.steps_to_target import (REGIMES, at_best_lr, critical_batch_fits, exponent_regime, fit_tuned_lr,
-                                        local_exponents, noise_checkpoints, regime_boundaries, regime_of,
-                                        tuned_table, value_at_loss)
+from bsresearch.plots.steps import (
+    examples_vs_batch,
+    mark_regimes,
+    noise_at_target_vs_batch,
+    noise_vs_training,
+    regime_legend_text,
+    steps_vs_batch,
+    steps_vs_lr,
+    tuned_lr_vs_batch,
+)
+from bsresearch.steps_to_target import (
+    REGIMES,
+    at_best_lr,
+    critical_batch_fits,
+    exponent_regime,
+    fit_tuned_lr,
+    local_exponents,
+    noise_checkpoints,
+    regime_boundaries,
+    regime_of,
+    tuned_table,
+    value_at_loss,
+)
 
 S_MIN, B_CRIT = 400.0, 50.0
 SIZES = [4, 16, 64, 256, 1024]

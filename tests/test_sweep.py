@@ -13,8 +13,7 @@ import pytest
 from bsresearch.cli import main
 from bsresearch.config import RunConfig
 from bsresearch.rundir import RunDir
-from bsresearch.sweep import RunTask, expand, load_spec, run_sweep
-from bsresearch.sweep import supervise
+from bsresearch.sweep import RunTask, expand, load_spec, run_sweep, supervise
 from bsresearch.sweep.executors import local_executor
 from bsresearch.sweep.task import is_complete, pid_alive
 from bsresearch.train import run

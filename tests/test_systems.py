@@ -8,14 +8,21 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from conftest import requires_cuda, tiny_config
 
 from bsresearch.systems import timing
 from bsresearch.systems.fit import fit_memory, fit_memory_table
 from bsresearch.systems.flops import count_flops, gpu_peak, peak_dtype, peak_flops
 from bsresearch.systems.memory import measure_memory, step_memory
-from bsresearch.systems.workload import (build_parts, model_workload, restore, snapshot, synthetic_batch,
-                                         training_step, workload_for)
-from conftest import requires_cuda, tiny_config
+from bsresearch.systems.workload import (
+    build_parts,
+    model_workload,
+    restore,
+    snapshot,
+    synthetic_batch,
+    training_step,
+    workload_for,
+)
 
 CPU = torch.device("cpu")
 

@@ -10,15 +10,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
+from test_systems import state_equal  # noqa: E402
 
 from bsresearch.cli import main  # noqa: E402
 from bsresearch.config import ConfigError  # noqa: E402
-from bsresearch.systems import (compare_precisions, largest_batch_size, measure_b_simple, measure_memory,  # noqa: E402
-                                memory_cap, model_workload, recommend_batch_size, time_to_target)
+from bsresearch.systems import (  # noqa: E402
+    compare_precisions,
+    largest_batch_size,
+    measure_b_simple,
+    measure_memory,
+    memory_cap,
+    model_workload,
+    recommend_batch_size,
+    time_to_target,
+)
 from bsresearch.systems.cli import parse_bytes  # noqa: E402
 from bsresearch.systems.workload import build_parts, snapshot, synthetic_batch  # noqa: E402
-from conftest import requires_cuda  # noqa: E402
-from test_systems import state_equal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")

@@ -1,6 +1,8 @@
 """The largest batch that fits (simulated OOM, exact restore), accumulation plans and the trainer."""
 import pytest
 import torch
+from conftest import tiny_config
+from test_systems import state_equal
 
 from bsresearch.config import ConfigError
 from bsresearch.systems import search as search_module
@@ -8,10 +10,15 @@ from bsresearch.systems.fit import fit_memory, fit_memory_table
 from bsresearch.systems.memory import measure_memory, step_memory
 from bsresearch.systems.plan import accumulation_plan, largest_divisor_at_most, plan_for_budget
 from bsresearch.systems.search import largest_batch_size, search_batch_size
-from bsresearch.systems.workload import build_parts, model_workload, snapshot, synthetic_batch, training_step, workload_for
+from bsresearch.systems.workload import (
+    build_parts,
+    model_workload,
+    snapshot,
+    synthetic_batch,
+    training_step,
+    workload_for,
+)
 from bsresearch.train import run
-from conftest import tiny_config
-from test_systems import state_equal
 
 CPU = torch.device("cpu")
 

@@ -1,15 +1,14 @@
-import json
 import math
 
 import pytest
 import torch
+from conftest import requires_cuda, tiny_config
 
 from bsresearch import config as C
 from bsresearch.config import RunConfig
 from bsresearch.data import load_dataset
 from bsresearch.rundir import RunDir
 from bsresearch.train import evaluate, load_trained_model, new_state, run, train_step
-from conftest import requires_cuda, tiny_config
 
 
 def flat_grad(model):

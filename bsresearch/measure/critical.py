@@ -10,8 +10,8 @@ intervals. Because log E = log S + log B, fitting E gives exactly the same param
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import optimize, stats

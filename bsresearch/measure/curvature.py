@@ -17,8 +17,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .functional import Batches, LossFn, MeanLoss, layer_slices, measuring
-from .lanczos import (Eigenpairs, SpectralDensity, TraceEstimate, hutchinson_trace, lanczos, power_iteration,
-                      stochastic_lanczos_quadrature)
+from .lanczos import (
+    Eigenpairs,
+    SpectralDensity,
+    TraceEstimate,
+    hutchinson_trace,
+    lanczos,
+    power_iteration,
+    stochastic_lanczos_quadrature,
+)
 
 __all__ = ["hvp", "top_eigenvalues", "hessian_trace", "spectral_density", "layer_curvature", "LayerCurvature",
            "Eigenpairs", "TraceEstimate", "SpectralDensity"]

@@ -13,7 +13,7 @@ Conventions (all measurements):
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn as nn

@@ -8,8 +8,8 @@ of A lies within r of theta, so tol = 1e-4 guarantees a relative eigenvalue erro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

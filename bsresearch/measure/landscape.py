@@ -8,7 +8,7 @@ recorded in `table.attrs["bn_mode"]`); the models passed in are left exactly as 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,8 +20,19 @@ from torch.func import functional_call
 from ..config import ConfigError
 from ..data import Dataset
 from .curvature import top_eigenvalues
-from .functional import (DEFAULT_CHUNK, Batches, LossFn, batches_of, buffers_of, flatten, generator_or_default,
-                         measuring, normal_like, parameters_of, unflatten)
+from .functional import (
+    DEFAULT_CHUNK,
+    Batches,
+    LossFn,
+    batches_of,
+    buffers_of,
+    flatten,
+    generator_or_default,
+    measuring,
+    normal_like,
+    parameters_of,
+    unflatten,
+)
 
 DEFAULT_ALPHAS = tuple(float(a) for a in np.linspace(-1.0, 2.0, 25))  # Keskar et al.: 25 points in [-1, 2]
 SPLITS = ("train", "test")

@@ -8,7 +8,8 @@ examples) on one CPU thread; README.md lists the measured costs.
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn

@@ -17,8 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from scipy import optimize
 
-from .functional import (DEFAULT_CHUNK, LossFn, MeanLoss, batches_of, generator_or_default, measuring,
-                         normal_like)
+from .functional import DEFAULT_CHUNK, LossFn, MeanLoss, batches_of, generator_or_default, measuring, normal_like
 
 
 # ----------------------------------------------------------------------------- Keskar et al. 2017

@@ -44,7 +44,7 @@ def log2_batch_axis(ax: plt.Axes, axis: str = "x", values: list[int] | None = No
         ax.tick_params(axis="x", labelrotation=90)
 
 
-def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: "pd.DataFrame | None" = None) -> list[Path]:
+def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: pd.DataFrame | None = None) -> list[Path]:
     """Write `stem`.png (200 dpi) and `stem`.pdf, and `stem`.txt holding the caption; return the paths.
 
     The caption should say which sweep, which commit and which budget kind the figure shows; given the
@@ -62,8 +62,7 @@ def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: "pd.DataF
     return paths
 
 
-from .sweeps import (figure_grid, learning_curves, metric_vs_batch, metric_vs_lr, run_curves,  # noqa: E402
-                     steps_to_target_plot)
+from .sweeps import figure_grid, learning_curves, metric_vs_batch, metric_vs_lr, run_curves, steps_to_target_plot  # noqa: E402
 
 __all__ = ["log2_batch_axis", "save_figure", "figure_grid", "learning_curves", "metric_vs_batch", "metric_vs_lr",
            "run_curves", "steps_to_target_plot"]

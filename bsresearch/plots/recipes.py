@@ -7,7 +7,7 @@ diverged are marked with an x at the bottom of the axis (their final numbers are
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import matplotlib.transforms as mtransforms

@@ -7,7 +7,8 @@ template, executed once per run, only needs `run_curves`).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np

@@ -9,11 +9,10 @@ examples_per_second, seconds_q1/q3, peak_bytes and its parts, status / memory_st
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
-
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from . import log2_batch_axis

@@ -10,8 +10,16 @@ executors (inline, local, Dask, Slurm/PBS), runner (plan, execute, report), cli 
 """
 from __future__ import annotations
 
-from .executors import (CLUSTERS, EXECUTORS, InlineExecutor, default_workers, job_script, jobqueue_cluster,
-                        make_executor, visible_gpus)
+from .executors import (
+                        CLUSTERS,
+                        EXECUTORS,
+                        InlineExecutor,
+                        default_workers,
+                        job_script,
+                        jobqueue_cluster,
+                        make_executor,
+                        visible_gpus,
+)
 from .runner import MANIFEST, PlannedRun, SweepReport, check_data, plan, run_sweep
 from .spec import Override, Point, SweepSpec, expand, load_spec, parse_spec
 from .supervise import run_task

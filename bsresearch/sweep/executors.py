@@ -14,8 +14,9 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..config import ConfigError
 from .supervise import set_slot

@@ -18,10 +18,11 @@ import importlib.util
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from ..config import ConfigError, check_batch_fits
 from ..rundir import FINISHED_STATES, MANIFEST, RunDir, atomic_write_json, now

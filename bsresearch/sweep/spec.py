@@ -317,7 +317,7 @@ def notebook_parameters(path: Path) -> list[str]:
     return names
 
 
-def _check_analysis_parameters(spec: "SweepSpec") -> None:
+def _check_analysis_parameters(spec: SweepSpec) -> None:
     if not spec.analysis_parameters:
         return
     if spec.analysis is None:

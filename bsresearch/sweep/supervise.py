@@ -21,8 +21,7 @@ import time
 from pathlib import Path
 
 from ..rundir import FINISHED_STATES, RunDir
-from .task import (BUSY, RUNNER_LOG, RunOutcome, RunTask, outcome_from_status, recorded_pid, run_lock,
-                   wait_for_exit)
+from .task import BUSY, RUNNER_LOG, RunOutcome, RunTask, outcome_from_status, recorded_pid, run_lock, wait_for_exit
 from .worker import EXIT_BUSY, PREVIOUS_OWNER_WAIT
 
 STARTUP_GRACE = 30.0  # seconds added to the run's timeout for starting the worker and its kernel

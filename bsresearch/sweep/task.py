@@ -16,10 +16,11 @@ import os
 import signal
 import socket
 import time
-from datetime import datetime
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..rundir import RunDir
 
@@ -51,7 +52,7 @@ class RunTask:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "RunTask":
+    def from_json(cls, text: str) -> RunTask:
         d = json.loads(text)
         d["gpus"] = tuple(d.get("gpus", ()))
         return cls(**d)

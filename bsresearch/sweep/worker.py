@@ -29,8 +29,20 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..rundir import RunDir
-from .task import (BUSY, PARTIAL_NOTEBOOK, RunOutcome, RunTask, clear_partial_files, die_with_parent, is_complete,
-                   kill_children, outcome_from_status, recorded_pid, run_lock, wait_for_exit)
+from .task import (
+    BUSY,
+    PARTIAL_NOTEBOOK,
+    RunOutcome,
+    RunTask,
+    clear_partial_files,
+    die_with_parent,
+    is_complete,
+    kill_children,
+    outcome_from_status,
+    recorded_pid,
+    run_lock,
+    wait_for_exit,
+)
 
 PREVIOUS_OWNER_WAIT = 15.0  # seconds to wait for a process left over from a killed attempt to exit
 EXIT_BUSY = 75              # worker exit status when another live process holds the run's lock

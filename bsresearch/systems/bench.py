@@ -12,9 +12,9 @@ import platform
 import re
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -27,6 +27,7 @@ from .presets import Preset
 from .search import BatchSearch, largest_batch_size
 from .timing import measure_throughput, torch_threads
 from .workload import Workload, build_parts, free_memory, model_workload
+
 
 @dataclass(frozen=True, eq=False)
 class BenchResult:

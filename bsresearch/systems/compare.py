@@ -1,7 +1,7 @@
 """Precision and optimizer side by side: memory and throughput of fp32 / bf16 / fp16, SGD / Adam, one table."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch

@@ -7,8 +7,8 @@ the measurements were (on CUDA the allocator rounds block sizes, so expect small
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd

@@ -18,8 +18,8 @@ exactly linear in the batch size for these models, which is what the fitted memo
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
 
 import pandas as pd
 import torch

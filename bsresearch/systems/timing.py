@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
 
 import pandas as pd
 import torch

@@ -49,7 +49,7 @@ class Workload:
     def label(self) -> str:
         return f"{self.cfg.model} {self.cfg.precision} {self.cfg.optimizer}"
 
-    def replace(self, **changes: Any) -> "Workload":
+    def replace(self, **changes: Any) -> Workload:
         """The same workload with RunConfig fields changed (e.g. precision='bf16')."""
         return Workload(self.cfg.replace(**changes), self.input_shape, self.num_classes)
 
