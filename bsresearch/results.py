@@ -27,8 +27,6 @@ from .config import FIELD_NAMES, ConfigError
 from .rundir import FINISHED_STATES as FINISHED
 from .rundir import MANIFEST
 
-LOWER_IS_BETTER = ("loss", "steps", "examples", "epochs", "gap", "seconds", "sharpness")
-
 
 # ----------------------------------------------------------------------------- loading
 def _read_json(path: Path) -> Any:
@@ -155,57 +153,10 @@ def load_history(runs: pd.DataFrame, columns: Sequence[str] | None = None) -> pd
 
 
 # ----------------------------------------------------------------------------- analysis helpers
-def summarize(runs: pd.DataFrame, by: str | Sequence[str], metrics: Sequence[str],
-              confidence: float = 0.95) -> pd.DataFrame:
-    """Per group (e.g. batch size): n, and for each metric its mean, std, and the Student-t interval of
-    the mean over seeds (`<metric>_mean`, `_std`, `_low`, `_high`). NaN values (e.g. never reached the
-    target) are left out of that metric's statistics."""
-    from scipy import stats
-    by = [by] if isinstance(by, str) else list(by)
-    rows = []
-    for key, group in runs.groupby(by, sort=True, dropna=False):
-        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        row["n"] = len(group)
-        for m in metrics:
-            values = pd.to_numeric(group[m], errors="coerce").dropna().to_numpy(float)
-            mean = float(values.mean()) if len(values) else math.nan
-            std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
-            half = float(stats.t.ppf((1 + confidence) / 2, len(values) - 1) * std / math.sqrt(len(values))) \
-                if len(values) > 1 else math.nan
-            row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_low": mean - half, f"{m}_high": mean + half})
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
-def lower_is_better(metric: str) -> bool:
-    """Losses, steps, examples, epochs, gaps, seconds and sharpness are minimised; the rest maximised."""
-    return any(word in metric for word in LOWER_IS_BETTER)
 
 
-def best_lr(runs: pd.DataFrame, metric: str, by: str | Sequence[str] = "batch_size", lr: str = "lr",
-            minimize: bool | None = None) -> pd.DataFrame:
-    """For each group (batch size), the learning rate with the best mean `metric` over seeds.
-
-    A run with a missing value (diverged, never reached the target) counts as the worst possible, so an
-    lr that fails for some seed is not chosen over one that always works. Columns: the `by` columns,
-    lr, `<metric>` (mean over seeds at that lr), n_seeds, n_lrs, and `interior`: whether the best lr lies
-    strictly inside the lrs tried (if not, extend the grid: the optimum may lie beyond it).
-    """
-    by = [by] if isinstance(by, str) else list(by)
-    minimize = lower_is_better(metric) if minimize is None else minimize
-    worst = math.inf if minimize else -math.inf
-    scores = runs.assign(_score=pd.to_numeric(runs[metric], errors="coerce").fillna(worst))
-    per_lr = scores.groupby(by + [lr], sort=True)["_score"].agg(["mean", "size"]).reset_index()
-    rows = []
-    for key, group in per_lr.groupby(by, sort=True):
-        best = group.loc[group["mean"].idxmin() if minimize else group["mean"].idxmax()]
-        lrs = sorted(group[lr])
-        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        row.update({lr: best[lr], metric: best["mean"] if math.isfinite(best["mean"]) else math.nan,
-                    "n_seeds": int(best["size"]), "n_lrs": len(lrs),
-                    "interior": len(lrs) > 2 and lrs[0] < best[lr] < lrs[-1]})
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def to_target(history: pd.DataFrame, target: float, loss: str = "train_loss") -> pd.DataFrame:

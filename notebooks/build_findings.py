@@ -41,11 +41,12 @@ subspace_dim: int = 100                 # Keskar's random subspace dimension p
     import matplotlib.pyplot as plt
     import numpy as np
     import pandas as pd
-    from bsresearch import results
-    from bsresearch.analysis import interpolate_runs, measure_runs
+    from bsresearch import results, stats
+    from bsresearch.findings.keskar import interpolate_runs
+    from bsresearch.findings.runs import measure_runs
     from bsresearch.measure.sharpness import keskar_sharpness
     from bsresearch.plots import save_figure
-    from bsresearch.plots.findings import interpolation_plot
+    from bsresearch.findings.keskar import interpolation_plot
     from bsresearch.plots.sweeps import figure_grid, metric_vs_batch
     from bsresearch.runtime import make_generator
 
@@ -76,7 +77,7 @@ subspace_dim: int = 100                 # Keskar's random subspace dimension p
                *[f"keskar_phi_eps{eps_key(e)}" for e in eps_values],
                *[f"keskar_subspace_phi_eps{eps_key(e)}" for e in eps_values],
                "hessian_top_eigenvalue"]
-    summary = results.summarize(ok, "batch_size", metrics)
+    summary = stats.summarize(ok, "batch_size", metrics)
     summary.to_csv("keskar_summary.csv", index=False)
     ok[["batch_size", "seed", *metrics]].sort_values(["batch_size", "seed"]).to_csv("keskar_runs.csv", index=False)
     summary[["batch_size", "n"] + [f"{m}_mean" for m in metrics]]
@@ -93,7 +94,7 @@ subspace_dim: int = 100                 # Keskar's random subspace dimension p
             paired.append({"seed": seed, "large_batch": b, "test_acc_drop": sb["test_acc"] - lb["test_acc"],
                            **{f"ratio_{m}": lb[m] / sb[m] for m in metrics if "phi" in m or "eigenvalue" in m}})
     paired = pd.DataFrame(paired)
-    paired_summary = results.summarize(paired, "large_batch", [c for c in paired if c not in ("seed", "large_batch")])
+    paired_summary = stats.summarize(paired, "large_batch", [c for c in paired if c not in ("seed", "large_batch")])
     paired_summary.to_csv("keskar_paired.csv", index=False)
     paired_summary
     """),
@@ -148,7 +149,7 @@ subspace_dim: int = 100                 # Keskar's random subspace dimension p
                          ignore_index=True)
         contrast_metrics = ["test_acc", "train_loss", "train_acc", "steps", "keskar_phi_eps1e-3",
                             "hessian_top_eigenvalue"]
-        contrast = results.summarize(both, ["protocol", "batch_size"], contrast_metrics)
+        contrast = stats.summarize(both, ["protocol", "batch_size"], contrast_metrics)
         contrast.to_csv("keskar_fixed_epochs_summary.csv", index=False)
         fig, axes = figure_grid(3, width=3.8)
         for ax, y in zip(axes, ["test_acc", "train_loss", "keskar_phi_eps1e-3"]):
@@ -185,9 +186,9 @@ lr_grid: list = [-4.0, 1.0, 41]   # np.logspace(*lr_grid): lrs 1e-4 .. 10, 10 pe
     import numpy as np
     import pandas as pd
     from bsresearch.measure.critical import fit_critical_batch
-    from bsresearch.nqm import NQM, OPTIMIZERS, steps_vs_batch_size
+    from bsresearch.findings.nqm import NQM, OPTIMIZERS, steps_vs_batch_size
     from bsresearch.plots import save_figure
-    from bsresearch.plots.findings import steps_by_optimizer
+    from bsresearch.findings.nqm import steps_by_optimizer
     from bsresearch.runtime import git_commit
 
     model = NQM.zhang(dim)
@@ -245,12 +246,12 @@ pair: int = 0                       # rescale weighted layers (pair, pair + 1): 
     import matplotlib.pyplot as plt
     import pandas as pd
     import torch
-    from bsresearch import results
-    from bsresearch.analysis import relu_rescale
+    from bsresearch import results, stats
+    from bsresearch.findings.dinh import relu_rescale
     from bsresearch.data import dataset_for
     from bsresearch.measure import curvature, sharpness
     from bsresearch.plots import save_figure
-    from bsresearch.plots.findings import reparameterisation_plot
+    from bsresearch.findings.dinh import reparameterisation_plot
     from bsresearch.runtime import make_generator
     from bsresearch.train import evaluate, load_trained_model
 
@@ -281,7 +282,7 @@ pair: int = 0                       # rescale weighted layers (pair, pair + 1): 
     table.to_csv("dinh_runs.csv", index=False)
     measures = ["train_loss", "test_acc", "keskar_phi", "top_eigenvalue", "hessian_trace", "worst_case",
                 "adaptive_worst_case", "adaptive_average_case"]
-    summary = results.summarize(table, ["batch_size", "alpha"], ["max_output_change", *measures])
+    summary = stats.summarize(table, ["batch_size", "alpha"], ["max_output_change", *measures])
     summary.to_csv("dinh_summary.csv", index=False)
     summary[["batch_size", "alpha", "n", "max_output_change_mean"] + [f"{m}_mean" for m in measures]]
     """),

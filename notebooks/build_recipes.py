@@ -44,18 +44,21 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from bsresearch import recipes, results
+from bsresearch import results, stats
+from bsresearch.findings import goyal, hoffer
+from bsresearch.sweep import variants
 from bsresearch.plots import figure_grid, learning_curves, save_figure
-from bsresearch.plots.recipes import distance_vs_steps, variant_colors, variant_points
+from bsresearch.findings.hoffer import distance_vs_steps, variant_points
+from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep.spec import load_spec
 
 out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
 spec = load_spec(spec_path)
-order = recipes.variant_order(spec)
+order = variants.variant_order(spec)
 colors = variant_colors(order)                     # one colour per variant in every figure
 runs = results.load(sweep, runs_root=runs_dir)
-rows = results.generalization_gap(recipes.runs_per_variant(runs, spec))
+rows = results.generalization_gap(variants.runs_per_variant(runs, spec))
 ok = rows[rows["state"] == "ok"]
 print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", results.budget_description(rows))
 '''),
@@ -63,16 +66,16 @@ print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", res
 # per variant: mean, std and 95% t-interval over seeds
 metrics = ["test_acc", "train_acc", "gap_acc", "train_loss", "test_loss", "gap_loss", "steps", "epochs",
            "effective_lr", "distance_from_init", "train_seconds"]
-table = recipes.summarize_states(rows, "variant", metrics).set_index("variant").loc[order].reset_index()
+table = stats.summarize_states(rows, "variant", metrics).set_index("variant").loc[order].reset_index()
 table.to_csv(out / "variants.csv", index=False)
 shown = ["test_acc", "train_acc", "gap_acc", "train_loss", "steps", "effective_lr", "distance_from_init"]
 (out / "variants.md").write_text(results.provenance_caption(rows) + "\\n\\n"
-                                 + recipes.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
-print(recipes.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
+                                 + stats.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
+print(stats.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
 '''),
 ("code", '''
 # each variant minus the small batch (Welch 95% interval over seeds): has the gap closed?
-versus = pd.concat([recipes.versus_reference(rows, m, {"variant": reference}).assign(metric=m)
+versus = pd.concat([stats.versus_reference(rows, m, {"variant": reference}).assign(metric=m)
                     for m in ["test_acc", "gap_acc", "train_loss"]], ignore_index=True)
 versus.to_csv(out / "versus_sb.csv", index=False)
 versus.pivot(index="variant", columns="metric", values=["diff", "low", "high"]).reindex(order).dropna(how="all").round(4)
@@ -80,7 +83,7 @@ versus.pivot(index="variant", columns="metric", values=["diff", "low", "high"]).
 ("code", '''
 # each ingredient's effect with the others held fixed: the LB variants form a 2^3 factorial design
 lb_variants = [v for v in order if v != reference]
-effects = pd.concat([recipes.ingredient_effects(rows, m, lb_variants).assign(metric=m)
+effects = pd.concat([hoffer.ingredient_effects(rows, m, lb_variants).assign(metric=m)
                      for m in ["test_acc", "gap_acc", "distance_from_init"]], ignore_index=True)
 effects.to_csv(out / "ingredient_effects.csv", index=False)
 effects[effects["metric"] == "test_acc"].round(4)
@@ -107,12 +110,12 @@ fixed step size has alpha = 1/2); both R^2 are computed on d.
 """),
 ("code", '''
 history = results.load_history(ok, ["variant", "batch_size", "seed", "lr_scaling", "ghost_batch_size", "budget"])
-fits = recipes.distance_fits(history, by=("variant", "seed"), t_min=fit_t_min)
+fits = hoffer.distance_fits(history, by=("variant", "seed"), t_min=fit_t_min)
 fits.to_csv(out / "distance_fits_per_run.csv", index=False)
-fit_table = results.summarize(fits, "variant", ["slope", "intercept", "r2", "alpha", "r2_power", "t_max", "n_points"])
+fit_table = stats.summarize(fits, "variant", ["slope", "intercept", "r2", "alpha", "r2_power", "t_max", "n_points"])
 fit_table = fit_table.set_index("variant").loc[[v for v in order if v in set(fit_table["variant"])]].reset_index()
 fit_table.to_csv(out / "distance_fits.csv", index=False)
-print(recipes.markdown_table(fit_table, ["variant"], ["slope", "r2", "alpha", "r2_power", "t_max"]))
+print(stats.markdown_table(fit_table, ["variant"], ["slope", "r2", "alpha", "r2_power", "t_max"]))
 '''),
 ("code", '''
 same_epochs = [v for v in order if not v.endswith("_ra")]
@@ -185,17 +188,19 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from bsresearch import recipes, results
+from bsresearch import results, stats
+from bsresearch.findings import goyal, hoffer
+from bsresearch.sweep import variants
 from bsresearch.plots import figure_grid, learning_curves, save_figure
-from bsresearch.plots.recipes import rule_vs_batch
+from bsresearch.findings.goyal import rule_vs_batch
 from bsresearch.sweep.spec import load_spec
 
 out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
 spec = load_spec(spec_path)
-order = recipes.variant_order(spec)
+order = variants.variant_order(spec)
 runs = results.load(sweep, runs_root=runs_dir)
-rows = results.generalization_gap(recipes.runs_per_variant(runs, spec))
+rows = results.generalization_gap(variants.runs_per_variant(runs, spec))
 unique = rows.drop_duplicates("run_id")            # for captions: each run counted once
 print(f"{runs['run_id'].nunique()} runs ({len(rows)} rule x batch x seed rows; the batch-{baseline_batch} runs "
       f"are shared by the rules):", dict(runs["state"].value_counts()), "| budget:", results.budget_description(rows))
@@ -205,29 +210,29 @@ rows.pivot_table(index="variant", columns="batch_size", values="state", aggfunc=
 ("code", '''
 # per rule and batch size: mean, std and 95% t-interval over the seeds that finished, and the outcomes
 metrics = ["test_acc", "train_acc", "gap_acc", "train_loss", "test_loss", "effective_lr", "steps", "train_seconds"]
-table = recipes.summarize_states(rows, ["variant", "batch_size"], metrics)
+table = stats.summarize_states(rows, ["variant", "batch_size"], metrics)
 table["variant"] = pd.Categorical(table["variant"], order, ordered=True)
 table = table.sort_values(["variant", "batch_size"]).reset_index(drop=True)
-diff = recipes.versus_baseline_batch(rows, "test_acc", baseline_batch).rename(
+diff = goyal.versus_baseline_batch(rows, "test_acc", baseline_batch).rename(
     columns={"diff": "test_acc_vs_base", "low": "test_acc_vs_base_low", "high": "test_acc_vs_base_high"})
 table = table.merge(diff[["variant", "batch_size", "test_acc_vs_base", "test_acc_vs_base_low",
                           "test_acc_vs_base_high"]], on=["variant", "batch_size"], how="left")
 table.to_csv(out / "summary.csv", index=False)
 shown = ["test_acc", "train_loss", "train_acc", "effective_lr"]
-text = recipes.markdown_table(table, ["variant", "batch_size"], shown, counts=("n", "n_diverged"))
+text = stats.markdown_table(table, ["variant", "batch_size"], shown, counts=("n", "n_diverged"))
 (out / "summary.md").write_text(results.provenance_caption(unique) + "\\n\\n" + text)
 print(text)
 '''),
 ("code", '''
 # where each rule breaks
-verdict = recipes.breaking_batch(table, "test_acc", drop=break_drop, baseline_batch=baseline_batch)
+verdict = goyal.breaking_batch(table, "test_acc", drop=break_drop, baseline_batch=baseline_batch)
 verdict.to_csv(out / "breaking.csv", index=False)
 verdict
 '''),
 ("code", '''
 # each rule minus linear + warmup at the same batch size (test accuracy, Welch 95% interval over seeds)
 reference_rule = "linear_warmup" if "linear_warmup" in order else order[0]
-versus_rule = recipes.versus_within(rows, "test_acc", within="batch_size", compare="variant", reference=reference_rule)
+versus_rule = stats.versus_within(rows, "test_acc", within="batch_size", compare="variant", reference=reference_rule)
 versus_rule.to_csv(out / "versus_linear_warmup.csv", index=False)
 cells = versus_rule.assign(text=lambda d: d.apply(
     lambda r: f"{100 * r['diff']:+.1f} [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]", axis=1))

@@ -54,11 +54,11 @@ cells = [
     import numpy as np
     import pandas as pd
 
-    from bsresearch import results
-    from bsresearch.optimum import (agreement, breaking_point, curve_gaps, noise_scale, optimum_by_group, power_law,
+    from bsresearch import results, stats
+    from bsresearch.findings.smith_le import (agreement, breaking_point, curve_gaps, sgd_noise_scale, optimum_by_group, power_law,
                                 power_law_by_seed)
     from bsresearch.plots import save_figure
-    from bsresearch.plots.noise_scale_sgd import (agreement_plot, metric_vs_batch_optima, metric_vs_noise_scale,
+    from bsresearch.findings.smith_le import (agreement_plot, metric_vs_batch_optima, metric_vs_noise_scale,
                                                   optimum_scaling)
     from bsresearch.plots.sweeps import figure_grid, learning_curves, metric_vs_batch
 
@@ -73,7 +73,7 @@ cells = [
         print(f"{name}: {len(runs)} runs:", ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
         done = results.finished(runs, include_diverged=True)
         return done.assign(collapsed=pd.to_numeric(done["train_loss"], errors="coerce") >= CHANCE_LOSS,
-                           noise_scale=noise_scale(done["effective_lr"], done["n_train"], done["batch_size"],
+                           noise_scale=sgd_noise_scale(done["effective_lr"], done["n_train"], done["batch_size"],
                                                    done["momentum"]),
                            epochs_budget=done["budget_amount"] / done["n_train"])
 
@@ -105,7 +105,7 @@ cells = [
     seed_lr = power_law_by_seed(lr_runs, metric, x="batch_size", by="lr", confidence=confidence)
     # descriptive, without interpolation: the grid point with the best seed mean, against lr
     argmax_slope = np.polyfit(np.log(opt_lr.table["lr"]), np.log(opt_lr.table["x_best"]), 1)[0]
-    summary_lr = results.summarize(lr_runs, ["lr", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
+    summary_lr = stats.summarize(lr_runs, ["lr", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
     summary_lr = summary_lr.merge(lr_runs.groupby(["lr", "batch_size"])[["collapsed"]].sum().reset_index()
                                   .rename(columns={"collapsed": "n_collapsed"}), on=["lr", "batch_size"])
     summary_lr.to_csv(out / "summary_lr.csv", index=False)
@@ -148,7 +148,7 @@ cells = [
     fit_n = power_law(opt_n)
     seed_n = power_law_by_seed(n_all, metric, x="batch_size", by="n_train", confidence=confidence)
     opt_n.table.to_csv(out / "optimum_vs_n.csv", index=False)
-    summary_n = results.summarize(n_all, ["n_train", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
+    summary_n = stats.summarize(n_all, ["n_train", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
     summary_n.to_csv(out / "summary_n.csv", index=False)
 
     fig, axes = figure_grid(3, width=4.6, height=3.6)

@@ -48,10 +48,10 @@ cells = [
     import numpy as np
     import pandas as pd
 
-    from bsresearch import results
-    from bsresearch import steps_to_target as stt
+    from bsresearch import results, stats
+    from bsresearch.findings import steps_to_target as stt
     from bsresearch.plots import figure_grid, learning_curves, save_figure
-    from bsresearch.plots.steps import (examples_vs_batch, noise_at_target_vs_batch, noise_vs_training,
+    from bsresearch.findings.steps_to_target import (examples_vs_batch, noise_at_target_vs_batch, noise_vs_training,
                                         regime_legend_text, steps_vs_batch, steps_vs_lr, tuned_lr_vs_batch)
 
     out = Path(out_dir)
@@ -73,7 +73,7 @@ cells = [
     ## The tuned lr, and steps to the target at it
 
     Per batch size the best lr is the one with the fewest mean steps over seeds; a run that diverged or hit
-    its step cap counts as the worst (`results.best_lr`). `interior` says whether the best lr lies strictly
+    its step cap counts as the worst (`stats.best_lr`). `interior` says whether the best lr lies strictly
     inside the lrs tried; if not, the spec's grid must be extended for that batch size.
     """),
     code("""
@@ -87,7 +87,7 @@ cells = [
           ", ".join(f"B {b}: {r:.1%}" for b, r in steps_resolution.items()))
 
     # every (batch size, lr): how many seeds reached the target, mean steps, the states
-    by_lr = results.summarize(tried, ["batch_size", "lr"], ["steps_to_target"], confidence)
+    by_lr = stats.summarize(tried, ["batch_size", "lr"], ["steps_to_target"], confidence)
     states = tried.groupby(["batch_size", "lr"])["state"].agg(lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().items()))
     reached = tried.groupby(["batch_size", "lr"])["steps_to_target"].agg(lambda s: int(pd.to_numeric(s, errors="coerce").notna().sum()))
     by_lr = by_lr.merge(states.rename("states").reset_index(), on=["batch_size", "lr"]).merge(
@@ -228,7 +228,7 @@ cells = [
                          "trace_cov": ns.trace_cov, "grad_sq_norm": ns.grad_sq_norm})
         at_weights = pd.DataFrame(rows)
         at_weights.to_csv(out / "b_simple_at_target.csv", index=False)
-        display(results.summarize(at_weights, "batch_size", ["b_simple", "train_loss"], confidence))
+        display(stats.summarize(at_weights, "batch_size", ["b_simple", "train_loss"], confidence))
     """),
     code("""
     if len(noise):
