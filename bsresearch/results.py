@@ -1,11 +1,13 @@
-"""Sweep results as tidy pandas tables, and the analysis helpers. No torch import: analysis runs anywhere.
+"""Sweep results as tidy pandas tables. No torch import: analysis runs anywhere.
 
     runs = load("demo")                 # one row per run: config columns, final metrics, state, provenance
     history = load_history(runs)        # long form: one row per (run, evaluation)
     ok = finished(runs)                 # state ok (or also diverged)
-    summarize(ok, "batch_size", ["test_acc"])        # mean, std, t-interval over seeds
-    best_lr(ok, "steps_to_target", by="batch_size")  # lr tuned per batch size (mean over seeds)
+    to_target(history, 0.1)             # steps, examples, epochs at the first evaluation under a loss
     critical_batch(table)               # S = S_min (1 + B_crit/B) on steps-to-target
+
+Run directories are read through bsresearch.rundir.RunDir only. Statistics over seeds (summarize, best_lr,
+intervals) are in bsresearch.stats.
 
 Columns of `load`: sweep, run_id, label, state, error, notebook_error, every RunConfig field (tuples stay
 tuples), the derived values of config.json (effective_lr, total_steps, n_train, ...), every final metric of
@@ -25,7 +27,7 @@ import pandas as pd
 
 from .config import FIELD_NAMES, ConfigError
 from .rundir import FINISHED_STATES as FINISHED
-from .rundir import MANIFEST
+from .rundir import MANIFEST, RunDir
 
 
 # ----------------------------------------------------------------------------- loading
@@ -49,7 +51,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def sweep_dir(sweep: str | Path, runs_root: str | Path = "runs") -> Path:
     """The folder of a sweep: `sweep` itself when it is a folder, else RUNS_ROOT/<sweep>."""
     path = Path(sweep)
-    if path.is_dir() and ((path / MANIFEST).exists() or any(path.glob("*/config.json"))):
+    if path.is_dir() and ((path / MANIFEST).exists() or any(RunDir(d).has_config() for d in path.iterdir())):
         return path
     path = Path(runs_root) / str(sweep)
     if not path.is_dir():
@@ -59,17 +61,18 @@ def sweep_dir(sweep: str | Path, runs_root: str | Path = "runs") -> Path:
 
 
 def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any]) -> dict[str, Any]:
-    config = _read_json(run_dir / "config.json")
-    status = _read_json(run_dir / "status.json") or {}
+    rd = RunDir(run_dir)
     row: dict[str, Any] = {"sweep": sweep, "run_id": run_dir.name, "label": label}
-    if config is None:  # listed in the manifest, not started yet
+    if not rd.has_config():  # listed in the manifest, not started yet
         row.update(coords, state="pending")
         return row
+    config = rd.config()
+    status = rd.status() or {}
     row.update(state=status.get("state"), error=status.get("error"), notebook_error=status.get("notebook_error"))
     derived = config.pop("derived", {}) or {}
     row.update({k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
     row.update({k: v for k, v in derived.items() if k not in row})
-    for k, v in _flatten(_read_json(run_dir / "metrics.json") or {}).items():
+    for k, v in _flatten(rd.metrics()).items():
         if k not in row:
             row[k] = v
         elif row[k] != v:
@@ -101,7 +104,7 @@ def load(sweeps: str | Path | Iterable[str | Path], runs_root: str | Path = "run
             for p in points:
                 rows.append(_run_row(folder / p["run_id"], name, p.get("label"), p.get("coords") or {}))
         else:
-            for run_dir in sorted(d for d in folder.iterdir() if (d / "config.json").exists()):
+            for run_dir in sorted(d for d in folder.iterdir() if RunDir(d).has_config()):
                 rows.append(_run_row(run_dir, name, None, {}))
     return pd.DataFrame(rows)
 
@@ -139,10 +142,10 @@ def load_history(runs: pd.DataFrame, columns: Sequence[str] | None = None) -> pd
     columns = [c for c in columns if c in runs]
     frames = []
     for _, run in runs.iterrows():
-        path = Path(str(run.get("run_dir"))) / "history.csv"
-        if run.get("run_dir") is None or not path.exists() or path.stat().st_size == 0:
+        rows = RunDir(str(run["run_dir"])).history_rows() if isinstance(run.get("run_dir"), str) else []
+        if not rows:
             continue
-        hist = pd.read_csv(path)
+        hist = pd.DataFrame(rows)
         keys = {"sweep": run["sweep"], "run_id": run["run_id"]}
         keys.update({("config_lr" if c == "lr" else c): run[c] for c in columns})
         front = pd.DataFrame({k: [v] * len(hist) for k, v in keys.items()})  # lists: tuples stay values

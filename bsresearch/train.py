@@ -230,7 +230,7 @@ def load_trained_model(run_dir: str | Path, device: torch.device | str = "cpu") 
     rd = RunDir(run_dir)
     if not rd.checkpoint_path.exists():
         raise FileNotFoundError(f"{rd.checkpoint_path} does not exist (was the run saved with save_checkpoint?)")
-    cfg = RunConfig.from_json((rd.path / "config.json").read_text())
+    cfg = RunConfig.from_dict({k: v for k, v in rd.config().items() if k != "derived"})
     data = dataset_for(cfg, "cpu")
     model = build_model(cfg, data.input_shape, data.num_classes, torch.Generator())
     model.load_state_dict(load_checkpoint(rd.checkpoint_path)["state"]["model"])

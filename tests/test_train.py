@@ -193,3 +193,16 @@ def test_cuda_accumulation_equals_large_batch():
     train_step(big, cfg, data, lr=0.0)
     train_step(acc, cfg.replace(micro_batch_size=8), data, lr=0.0)
     assert torch.allclose(flat_grad(big.model), flat_grad(acc.model), rtol=1e-4, atol=1e-6)
+
+
+def test_a_finished_run_directory_returns_the_history_the_run_returned(tmp_path):
+    """The cached path (a rerun on a finished directory) gives the same typed rows as the fresh run."""
+    cfg = tiny_config(noise_scale_every=2, micro_batch_size=8)
+    fresh = run(cfg, tmp_path / "r")
+    cached = run(cfg, tmp_path / "r")
+    assert len(cached.history) == len(fresh.history) > 1
+    for a, b in zip(fresh.history, cached.history):
+        assert list(a) == list(b)
+        for key in a:
+            assert type(a[key]) is type(b[key]), (key, a[key], b[key])
+            assert a[key] == pytest.approx(b[key], rel=1e-15, nan_ok=True), key
