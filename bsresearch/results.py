@@ -170,7 +170,7 @@ def to_target(history: pd.DataFrame, target: float, loss: str = "train_loss") ->
     """
     keep = [c for c in history.columns if c in FIELD_NAMES or c in ("sweep", "run_id", "config_lr")]
     rows = []
-    for run_id, group in history.groupby("run_id", sort=False):
+    for _, group in history.groupby("run_id", sort=False):
         group = group.sort_values("step")
         hit = group[group[loss] <= target]
         row = group.iloc[0][keep].to_dict()

@@ -254,7 +254,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     """
     rd = RunDir(run_dir) if run_dir is not None else None
     if rd and rd.is_finished() and not overwrite:
-        return RunResult(rd.state(), rd.metrics(), rd.history_rows(), rd.path)
+        return RunResult(rd.state() or "ok", rd.metrics(), rd.history_rows(), rd.path)
 
     # --- setup: everything that can be wrong with the input fails here, before any training
     device = resolve_device(cfg.device)

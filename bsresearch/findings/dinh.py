@@ -42,11 +42,13 @@ def relu_rescale(model: nn.Module, alpha: float, pair: int = 0) -> nn.Module:
     between = [m for m in modules[first + 1:second] if not isinstance(m, POSITIVELY_HOMOGENEOUS)]
     if between:
         raise ValueError(f"layers between the pair are not positively homogeneous: {between}")
+    layer_a, layer_b = modules[first], modules[second]
+    assert isinstance(layer_a, WEIGHTED) and isinstance(layer_b, WEIGHTED)
     with torch.no_grad():
-        modules[first].weight.mul_(alpha)
-        if modules[first].bias is not None:
-            modules[first].bias.mul_(alpha)
-        modules[second].weight.div_(alpha)
+        layer_a.weight.mul_(alpha)
+        if layer_a.bias is not None:
+            layer_a.bias.mul_(alpha)
+        layer_b.weight.div_(alpha)
     return out
 
 

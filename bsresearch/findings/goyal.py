@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import matplotlib.transforms as mtransforms
@@ -89,7 +90,7 @@ def rule_vs_batch(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, y: str 
     names = present_in_order(table[hue], order)
     colors = colors or variant_colors(names)
     bottom = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
-    handles = []
+    handles: list[Any] = []
     for i, name in enumerate(names):
         shift = 2 ** (0.04 * (i - (len(names) - 1) / 2))  # a few percent along the log2 axis
         part = table[(table[hue] == name) & (table["n"] > 0)].sort_values("batch_size")

@@ -21,7 +21,8 @@ class _DataCache:
     """One Dataset per (dataset, data_dir, train_size) on the device: runs of a sweep share their data."""
 
     def __init__(self, device: torch.device | str):
-        self.device, self.cache = device, {}
+        self.device = device
+        self.cache: dict[tuple[Any, ...], Dataset] = {}
 
     def __call__(self, cfg: RunConfig) -> Dataset:
         key = (cfg.dataset, cfg.data_dir, cfg.train_size)

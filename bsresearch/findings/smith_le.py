@@ -60,7 +60,7 @@ class Peak:
     interior: bool   # x_best has a neighbour on each side; if not, x_peak = x_best and the peak is unresolved
 
 
-def parabola_peak(x: Sequence[float], y: Sequence[float], maximize: bool = True) -> Peak:
+def parabola_peak(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, maximize: bool = True) -> Peak:
     """The peak of y(x) on the grid x (positive, any order; NaN y values are left out).
 
     The vertex of the parabola through the best point and its two neighbours, fitted in log2(x), lies

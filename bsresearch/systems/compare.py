@@ -1,6 +1,8 @@
 """Precision and optimizer side by side: memory and throughput of fp32 / bf16 / fp16, SGD / Adam, one table."""
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Sequence
 
 import pandas as pd
@@ -30,7 +32,7 @@ def compare_precisions(workload: Workload, batch_sizes: Sequence[int], device: t
     measure_throughput (fresh model per measurement, same initial weights).
     """
     device = torch.device(device)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for precision in precisions:
         for optimizer in optimizers:
             w = workload.replace(precision=precision, optimizer=optimizer)
