@@ -1,6 +1,6 @@
 """The training loop: TrainState, one optimizer step, evaluation, and `run`, which writes a run directory.
 
-Read `run` top to bottom: it is the whole experiment. Conventions (see DESIGN.md):
+Read `run` top to bottom: it is the whole experiment. Conventions (docs/design.md#conventions):
 - batch size = examples per optimizer update; micro-batches only split the work (gradient accumulation);
 - the loss is the mean cross-entropy over the batch;
 - the learning rate at each step is `config.lr_at(cfg, step, n_train)`, nothing else sets it;
