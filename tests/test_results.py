@@ -168,10 +168,6 @@ def test_analysis_modules_do_not_import_torch():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_manifest_name_is_shared_with_the_runner():
-    assert results.MANIFEST == runner.MANIFEST
-
-
 def test_the_variant_of_a_spec_is_a_column(tmp_path):
     d = tmp_path / "runs" / "v"
     plain = fake_run(d, batch_size=8, metrics={"test_acc": 0.5})
