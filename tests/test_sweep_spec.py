@@ -65,7 +65,7 @@ def test_measurements_map_onto_runconfig_measure():
     from bsresearch import config
     name = config.MEASUREMENTS[0]
     points = expand(spec(measurements=[name]))
-    assert len(points) == 4 and all(p.config.measure == (name,) for p in points)
+    assert len(points) == 2 and all(p.config.measure == (name,) for p in points)
 
 
 def test_relative_data_dir_resolves_against_the_spec_folder():
