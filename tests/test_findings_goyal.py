@@ -64,7 +64,7 @@ def test_rule_vs_batch_draws_a_line_per_rule_and_marks_divergence():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["c", "b", "a", "diverged (one x per seed)"]   # d never finished: no line
     lines = {c.get_label(): c.lines[0] for c in ax.containers}   # errorbar: (data line, caps, bars)
-    assert sorted(lines) == ["a", "b", "c"] and all(len(l.get_xdata()) == 3 for l in lines.values())
+    assert sorted(lines) == ["a", "b", "c"] and all(len(line.get_xdata()) == 3 for line in lines.values())
     a = lines["a"]
     assert a.get_ydata()[1] == pytest.approx(0.885) and a.get_xdata()[1] == pytest.approx(32, rel=0.1)
     crosses = {c.get_label(): len(c.get_offsets()) for c in ax.collections if c.get_label().startswith("_diverged")}

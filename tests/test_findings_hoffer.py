@@ -124,9 +124,9 @@ def test_distance_vs_steps_draws_means_and_fitted_lines_on_a_log_axis():
     fig, ax = plt.subplots()
     distance_vs_steps(ax, hist, fits, order=["sb", "lb"])
     assert ax.get_xscale() == "log"
-    solid = [l for l in ax.get_lines() if l.get_linestyle() == "-"]
-    dashed = [l for l in ax.get_lines() if l.get_linestyle() == "--"]
-    assert [l.get_label().split()[0] for l in solid] == ["sb", "lb"] and len(dashed) == 2
+    solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_label().split()[0] for line in solid] == ["sb", "lb"] and len(dashed) == 2
     sb = solid[0]
     assert sb.get_xdata()[0] == 1 and sb.get_ydata()[-1] == pytest.approx(3.0 * math.log(100))  # mean of seeds
     assert dashed[0].get_ydata()[-1] == pytest.approx(3.0 * math.log(100))                     # mean fit
@@ -135,6 +135,6 @@ def test_distance_vs_steps_draws_means_and_fitted_lines_on_a_log_axis():
     fixed = variant_colors(["x", "lb", "sb"])          # one colour per variant across figures
     fig, ax = plt.subplots()
     distance_vs_steps(ax, hist, fits, order=["sb", "lb"], colors=fixed)
-    solid = [l for l in ax.get_lines() if l.get_linestyle() == "-"]
-    assert [l.get_color() for l in solid] == [fixed["sb"], fixed["lb"]]
+    solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    assert [line.get_color() for line in solid] == [fixed["sb"], fixed["lb"]]
     plt.close(fig)

@@ -184,7 +184,8 @@ def history_rows(run_id, batch_size, epochs, values):
 
 def test_curve_gaps_interpolates_in_log_epochs_and_measures_the_gap():
     e1, e2 = np.geomspace(0.1, 60, 25), np.geomspace(0.3, 60, 9)   # different evaluation points
-    f = lambda e: 0.1 + 0.8 * np.log(e / 0.1) / np.log(600)       # linear in log(epoch): exact interpolation
+    def f(e):  # linear in log(epoch): exact interpolation
+        return 0.1 + 0.8 * np.log(e / 0.1) / np.log(600)
     history = pd.concat([history_rows("a", 16, e1, f(e1)), history_rows("b", 16, e1, f(e1) + 0.02),
                          history_rows("c", 64, e2, f(e2) + 0.01), history_rows("d", 64, e2, f(e2) + 0.01),
                          history_rows("e", 256, e2, f(e2) - 0.09), history_rows("f", 256, e2, f(e2) - 0.11)])

@@ -202,14 +202,14 @@ def test_flop_counter_on_a_linear_layer_matches_the_hand_count():
     """Linear(I, O) at batch B: forward 2BIO; backward 2BIO for the weight gradient, and 2BIO more for the
     input gradient when the input requires it. Bias additions are not counted."""
     from torch.utils.flop_counter import FlopCounterMode
-    B, I, O = 5, 7, 3
-    layer = nn.Linear(I, O)
-    x = torch.randn(B, I, requires_grad=True)
+    B, n_in, n_out = 5, 7, 3
+    layer = nn.Linear(n_in, n_out)
+    x = torch.randn(B, n_in, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
         layer(x).sum().backward()
-    assert counter.get_total_flops() == 6 * B * I * O
-    assert count_flops(layer, (I,), O, B) == 4 * B * I * O
-    assert count_flops(layer, (I,), O, B, backward=False) == 2 * B * I * O
+    assert counter.get_total_flops() == 6 * B * n_in * n_out
+    assert count_flops(layer, (n_in,), n_out, B) == 4 * B * n_in * n_out
+    assert count_flops(layer, (n_in,), n_out, B, backward=False) == 2 * B * n_in * n_out
     assert layer.weight.device.type == "cpu"  # the count ran on a meta copy
 
 

@@ -60,7 +60,7 @@ def test_short_mnist1d_run_learns(tmp_path):
 
 def test_run_directory_contents(tmp_path):
     cfg = tiny_config(save_checkpoint=True)
-    result = run(cfg, tmp_path / "r")
+    run(cfg, tmp_path / "r")
     rd = RunDir(tmp_path / "r")
     status, config, metrics = rd.status(), rd.config(), rd.metrics()
     assert status["state"] == "ok" and status["provenance"]["torch"] == torch.__version__
@@ -106,7 +106,7 @@ def test_resume_after_a_kill_continues_exactly(tmp_path):
         import bsresearch.train as T
         original = T.train_step
 
-        def dying_step(state, *args, **kwargs):
+        def dying_step(state, *args, original=original, **kwargs):
             if state.step == 17:
                 raise KeyboardInterrupt
             return original(state, *args, **kwargs)

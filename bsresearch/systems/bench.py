@@ -54,8 +54,9 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
     to search_limit; on the CPU only with a memory_budget, through the fit); training throughput (and
     inference throughput with `inference`) over the sizes that fit; FLOPs per step counted on the meta
     device; achieved FLOP/s and its fraction of the GPU's dense peak when the GPU is in flops.GPU_PEAKS.
-    The search's safe batch keeps a 10% margin, rounded down to a multiple of 8. An error other than running out of memory ends that workload's sweep with status 'error' (and its
-    message) instead of losing the rest of the benchmark.
+    The search's safe batch keeps a 10% margin, rounded down to a multiple of 8. An error other than running
+    out of memory ends that workload's sweep with status 'error' (and its message) instead of losing the rest
+    of the benchmark.
     """
     device = torch.device(device)
     say = log or (lambda message: None)

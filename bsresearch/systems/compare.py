@@ -1,9 +1,8 @@
 """Precision and optimizer side by side: memory and throughput of fp32 / bf16 / fp16, SGD / Adam, one table."""
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
