@@ -24,7 +24,7 @@ from ..runtime import autocast, check_precision, make_generator
 # dataset -> (input shape, classes): the shapes a model sees, known without loading the data (the
 # benchmark uses synthetic inputs, so cifar10 works on a machine without the CIFAR files).
 INPUT_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
-    "mnist1d": ((40,), 10), "synthetic": ((20,), 4), "fashion_mnist": ((1, 28, 28), 10),
+    "mnist1d": ((40,), 10), "mnist1d_large": ((40,), 10), "synthetic": ((20,), 4), "fashion_mnist": ((1, 28, 28), 10),
     "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
     "svhn": ((3, 32, 32), 10),
 }
