@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,16 +116,18 @@ def synthetic_batch(workload: Workload, batch_size: int, device: torch.device | 
     return x, y
 
 
-def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
+                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> torch.Tensor:
     """One optimizer update on (x, y) in the model's current mode; returns the mean loss (a detached tensor).
 
+    loss_fn(model(x), y) is a mean-reduced scalar loss (default: cross-entropy, as the trainer).
     Gradients are set to None first and kept after the step, as in the trainer, so a step's memory is
     the trainer's memory. Nothing is synchronised here: the caller times with device synchronisation.
     """
     model, optimizer, scaler = parts.model, parts.optimizer, parts.scaler
     optimizer.zero_grad(set_to_none=True)
     with autocast(parts.precision, x.device):
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_fn(model(x), y)
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.step(optimizer)
