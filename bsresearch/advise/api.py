@@ -380,9 +380,10 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     generator = torch.Generator().manual_seed(seed)
     notes: list[str] = []
 
-    # --- the largest batch that fits (CPU: the memory model, fitted from accounted peaks, decides)
+    # --- the largest batch that fits (CPU with a budget: the memory model, fitted from accounted peaks at
+    # the smallest sizes, decides)
     fit = None
-    if dev.type != "cuda":
+    if dev.type != "cuda" and budget is not None:
         fit_sizes = [b for b in sizes if b <= limit][:4]
         if len(fit_sizes) < 2:
             fit_sizes = [sizes[0], 2 * sizes[0]]
@@ -407,10 +408,9 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
                                             min_seconds))
             rows.append(row)
     table = pd.DataFrame(rows)
-    if dev.type == "cuda" and (table["status"] == "ok").sum() >= 2:
-        ok = table[(table["status"] == "ok") & (table["accumulation_steps"] == 1)]
-        if len(ok) >= 2:
-            fit = fit_memory(ok["batch_size"].tolist(), ok["peak_bytes"].tolist())
+    one_pass = table[(table["status"] == "ok") & (table["accumulation_steps"] == 1)]
+    if fit is None and len(one_pass) >= 2:  # for the record (with a CPU budget, the fit that decided stays)
+        fit = fit_memory(one_pass["batch_size"].tolist(), one_pass["peak_bytes"].tolist())
 
     # --- the noise scale at the given weights, and optionally along training
     model = models.model()
