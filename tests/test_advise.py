@@ -2,6 +2,7 @@
 under a simulated OOM and under the CPU memory model, the noise scale against a per-example loop, the
 fallback to the two-batch estimator, and the user's objects left untouched."""
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from bsresearch.systems import search as search_module
 from bsresearch.systems.workload import TrainParts
 from examples import regression_mlp, tiny_transformer
 
-QUICK = dict(device="cpu", min_seconds=0.0, warmup=0, repeats=1, n_bootstrap=20)
+QUICK: dict[str, Any] = dict(device="cpu", min_seconds=0.0, warmup=0, repeats=1, n_bootstrap=20)
 
 
 def per_example_loop_b_simple(model, x, y, loss_fn, unbiased=True):
@@ -56,6 +57,7 @@ def test_transformer_end_to_end_and_its_noise_scale_against_a_per_example_loop()
     x, y = data.tensors
     oracle = per_example_loop_b_simple(model, x[:24], y[:24], token_cross_entropy)
     assert advice.b_simple == pytest.approx(oracle, rel=1e-5)
+    assert advice.b_simple_interval is not None and advice.noise_history is not None
     low, high = advice.b_simple_interval
     assert 0 < low < high
     assert advice.noise_history["step"].tolist() == [1, 2, 3]
@@ -97,6 +99,7 @@ def test_cpu_memory_model_decides_what_fits_within_a_budget():
     data = regression_mlp.make_data(n=128)
     free = advise(make, data, "mse", batch_sizes=[8, 16, 32, 64], noise_examples=16, **QUICK)
     fit = free.memory_fit
+    assert fit is not None
     budget = math.ceil(fit.predict(50))
     assert fit.predict(51) > budget
     capped = advise(make, data, "mse", batch_sizes=[8, 16, 32, 64], noise_examples=16, memory_budget=budget, **QUICK)
@@ -121,13 +124,14 @@ def test_two_batch_fallback_against_the_exact_per_example_value():
     data = regression_mlp.make_data(n=256)
     advice = advise(NotVmappable, data, "mse", batch_sizes=[8, 128], noise_examples=256, n_draws=300,
                     n_bootstrap=100, **{k: v for k, v in QUICK.items() if k != "n_bootstrap"})
-    assert advice.noise_method == "two_batch" and advice.noise_fallback.startswith("RuntimeError")
+    assert advice.noise_method == "two_batch" and str(advice.noise_fallback).startswith("RuntimeError")
     assert any("two-batch" in note for note in advice.notes)
     torch.manual_seed(0)
     model = NotVmappable().eval()
-    x, y = data.dataset.tensors
+    x, y = data.dataset.tensors  # type: ignore[attr-defined]
     exact = per_example_loop_b_simple(model, x, y, F.mse_loss, unbiased=False)  # draws with replacement
     assert advice.b_simple == pytest.approx(exact, rel=0.25)
+    assert advice.b_simple_interval is not None
     low, high = advice.b_simple_interval
     assert low < exact < high
 
@@ -163,7 +167,7 @@ def test_accumulated_step_gives_the_one_big_batch_gradient():
         model = regression_mlp.make_model(width=8)
         parts = TrainParts(model, torch.optim.SGD(model.parameters(), lr=0.0), None, "fp32")
         accumulated_step(parts, x, y, F.mse_loss, micro)
-        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
 
 
@@ -178,7 +182,7 @@ def test_lr_rules_and_argument_errors():
     with pytest.raises(ConfigError, match="scalar"):
         advise(regression_mlp.make_model, data, lambda out, t: F.mse_loss(out, t, reduction="none"), **QUICK)
     with pytest.raises(ConfigError, match="torch.nn.Module"):
-        advise(lambda: "not a model", data, "mse", **QUICK)
+        advise(lambda: "not a model", data, "mse", **QUICK)  # type: ignore[arg-type, return-value]
     with pytest.raises(ConfigError, match="batch_sizes"):
         advise(regression_mlp.make_model, data, "mse", batch_sizes=[8, -1], **QUICK)
     with pytest.raises(ConfigError, match="lr_rule"):
