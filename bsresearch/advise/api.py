@@ -308,10 +308,9 @@ def _noise_along_training(models: _Models, x: torch.Tensor, y: torch.Tensor, los
 
 # ----------------------------------------------------------------------------- advise
 def _positive_ints(values: Sequence[int], name: str) -> list[int]:
-    out = sorted(set(int(v) for v in values)) if values else []
-    if not out or any(v < 1 for v in out) or any(int(v) != v for v in values):
-        raise ConfigError(f"{name} must be a non-empty list of positive integers; got {list(values)!r}")
-    return out
+    if isinstance(values, str) or not values or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in values):
+        raise ConfigError(f"{name} must be a non-empty list of positive integers; got {values!r}")
+    return sorted(set(int(v) for v in values))
 
 
 def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: str | LossFn = "cross_entropy",
