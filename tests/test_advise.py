@@ -1,7 +1,10 @@
 """advise() on models outside the registry: the shipped transformer end to end, the largest-batch search
 under a simulated OOM and under the CPU memory model, the noise scale against a per-example loop, the
 fallback to the two-batch estimator, and the user's objects left untouched."""
+import importlib.util
 import math
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -15,7 +18,20 @@ from bsresearch.advise.loading import token_cross_entropy
 from bsresearch.config import ConfigError
 from bsresearch.systems import search as search_module
 from bsresearch.systems.workload import TrainParts
-from examples import regression_mlp, tiny_transformer
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _example(name: str) -> ModuleType:
+    """An examples/ module by its path (the repository root need not be on sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"advise_example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tiny_transformer, regression_mlp = _example("tiny_transformer"), _example("regression_mlp")
 
 QUICK: dict[str, Any] = dict(device="cpu", min_seconds=0.0, warmup=0, repeats=1, n_bootstrap=20)
 
@@ -128,7 +144,7 @@ def test_two_batch_fallback_against_the_exact_per_example_value():
     assert any("two-batch" in note for note in advice.notes)
     torch.manual_seed(0)
     model = NotVmappable().eval()
-    x, y = data.dataset.tensors  # type: ignore[attr-defined]
+    x, y = data.dataset.tensors
     exact = per_example_loop_b_simple(model, x, y, F.mse_loss, unbiased=False)  # draws with replacement
     assert advice.b_simple == pytest.approx(exact, rel=0.25)
     assert advice.b_simple_interval is not None
