@@ -367,7 +367,7 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     x, y = x_cpu.to(dev), y_cpu.to(dev)
     batch = _batch_of(x, y)
     probe = models.parts()
-    with torch.no_grad():
+    with torch.no_grad(), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         value: Any = loss(probe.model(x[:2]), y[:2])
     if not isinstance(value, torch.Tensor) or value.dim() != 0:
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
@@ -379,65 +379,69 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     generator = torch.Generator().manual_seed(seed)
     notes: list[str] = []
 
-    # --- the largest batch that fits (CPU with a budget: the memory model, fitted from accounted peaks at
-    # the smallest sizes, decides)
-    fit = None
-    if dev.type != "cuda" and budget is not None:
-        fit_sizes = [b for b in sizes if b <= limit][:4]
-        if len(fit_sizes) < 2:
-            fit_sizes = [sizes[0], 2 * sizes[0]]
-        fit = fit_memory(fit_sizes, [step_memory(probe, *batch(b), loss).peak_bytes for b in fit_sizes])
-    search = largest_batch_size(probe, None, memory_budget=budget, start=sizes[0], limit=limit,
-                                safety_margin=safety_margin, fit=fit, batch_fn=batch, loss_fn=loss)
-    del probe
-    safe = search.safe_batch_size if search.largest_batch_size < limit else limit
-    if search.largest_batch_size == 0:
-        raise ConfigError(f"not even a batch of {search.sizes_tried[-1]} fits in memory"
-                          + (f" (budget {budget} bytes)" if budget else "") + "; raise the memory budget")
+    # Every random draw of the user's model (dropout) comes from a forked, seeded global RNG: the results
+    # repeat, and the caller's RNG state is as it was.
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        # --- the largest batch that fits (CPU with a budget: the memory model, fitted from accounted peaks at
+        # the smallest sizes, decides)
+        fit = None
+        if dev.type != "cuda" and budget is not None:
+            fit_sizes = [b for b in sizes if b <= limit][:4]
+            if len(fit_sizes) < 2:
+                fit_sizes = [sizes[0], 2 * sizes[0]]
+            fit = fit_memory(fit_sizes, [step_memory(probe, *batch(b), loss).peak_bytes for b in fit_sizes])
+        search = largest_batch_size(probe, None, memory_budget=budget, start=sizes[0], limit=limit,
+                                    safety_margin=safety_margin, fit=fit, batch_fn=batch, loss_fn=loss)
+        del probe
+        safe = search.safe_batch_size if search.largest_batch_size < limit else limit
+        if search.largest_batch_size == 0:
+            raise ConfigError(f"not even a batch of {search.sizes_tried[-1]} fits in memory"
+                              + (f" (budget {budget} bytes)" if budget else "") + "; raise the memory budget")
 
-    # --- memory and throughput at each batch size (a batch beyond the safe size: its accumulation plan)
-    rows = []
-    with memory_cap(budget, dev), torch_threads(threads if dev.type == "cpu" else None):
-        for b in sizes:
-            plan = accumulation_plan(b, safe if b > safe else b)
-            row: dict[str, Any] = {"batch_size": b, "micro_batch_size": plan.micro_batch_size,
-                                   "accumulation_steps": plan.accumulation_steps}
-            with _quiet_oom(row, dev):
-                row.update(_memory_and_time(models, batch, b, plan.micro_batch_size, loss, dev, warmup, repeats,
-                                            min_seconds))
-            rows.append(row)
-    table = pd.DataFrame(rows)
-    one_pass = table[(table["status"] == "ok") & (table["accumulation_steps"] == 1)]
-    if fit is None and len(one_pass) >= 2:  # for the record (with a CPU budget, the fit that decided stays)
-        fit = fit_memory(one_pass["batch_size"].tolist(), one_pass["peak_bytes"].tolist())
+        # --- memory and throughput at each batch size (a batch beyond the safe size: its accumulation plan)
+        rows = []
+        with memory_cap(budget, dev), torch_threads(threads if dev.type == "cpu" else None):
+            for b in sizes:
+                plan = accumulation_plan(b, safe if b > safe else b)
+                row: dict[str, Any] = {"batch_size": b, "micro_batch_size": plan.micro_batch_size,
+                                       "accumulation_steps": plan.accumulation_steps}
+                with _quiet_oom(row, dev):
+                    row.update(_memory_and_time(models, batch, b, plan.micro_batch_size, loss, dev, warmup, repeats,
+                                                min_seconds))
+                rows.append(row)
+        table = pd.DataFrame(rows)
+        one_pass = table[(table["status"] == "ok") & (table["accumulation_steps"] == 1)]
+        if fit is None and len(one_pass) >= 2:  # for the record (with a CPU budget, the fit that decided stays)
+            fit = fit_memory(one_pass["batch_size"].tolist(), one_pass["peak_bytes"].tolist())
 
-    # --- the noise scale at the given weights, and optionally along training
-    model = models.model()
-    b_simple, interval, method, fallback = _noise_at_weights(
-        model, x[:noise_examples], y[:noise_examples], loss, b_big=min(safe, 128), generator=generator,
-        n_bootstrap=n_bootstrap, n_draws=n_draws)
-    del model
-    history = (_noise_along_training(models, x, y, loss, base_batch_size, train_steps, generator)
-               if train_steps > 0 else None)
-    if fallback:
-        notes.append(f"exact per-example gradients could not run ({fallback}); used the two-batch estimator")
+        # --- the noise scale at the given weights, and optionally along training
+        model = models.model()
+        b_simple, interval, method, fallback = _noise_at_weights(
+            model, x[:noise_examples], y[:noise_examples], loss, b_big=min(safe, 128), generator=generator,
+            n_bootstrap=n_bootstrap, n_draws=n_draws)
+        del model
+        history = (_noise_along_training(models, x, y, loss, base_batch_size, train_steps, generator)
+                   if train_steps > 0 else None)
+        if fallback:
+            notes.append(f"exact per-example gradients could not run ({fallback}); used the two-batch estimator")
 
-    # --- the recommendation
-    if not 0 < b_simple < math.inf:
-        notes.append(f"B_simple is {b_simple:.3g} at these weights (the measured mean gradient is mostly noise): "
-                     f"recommended by throughput alone; measure at trained weights or on more examples")
-        efficiency_scale = math.inf
-    else:
-        efficiency_scale = b_simple
-    ranked = time_to_target(table, b_noise=efficiency_scale if math.isfinite(efficiency_scale) else 1e300)
-    if ranked.empty:
-        raise ConfigError("no batch size ran (every one was out of memory); lower batch_sizes or raise the budget")
-    table = table.merge(ranked[["batch_size", "statistical_efficiency", "effective_examples_per_second",
-                                "steps_to_target", "predicted_seconds"]], on="batch_size", how="left")
-    table["lr"] = [scale_lr(base_lr, base_batch_size, int(b), rule) for b in table["batch_size"]]
-    table["beyond_critical"] = table["batch_size"] > b_simple
-    best = table.loc[table["effective_examples_per_second"].idxmax()]
-    batch_size = int(best["batch_size"])
+        # --- the recommendation
+        if not 0 < b_simple < math.inf:
+            notes.append(f"B_simple is {b_simple:.3g} at these weights (the measured mean gradient is mostly noise): "
+                         f"recommended by throughput alone; measure at trained weights or on more examples")
+            efficiency_scale = math.inf
+        else:
+            efficiency_scale = b_simple
+        ranked = time_to_target(table, b_noise=efficiency_scale if math.isfinite(efficiency_scale) else 1e300)
+        if ranked.empty:
+            raise ConfigError("no batch size ran (every one was out of memory); lower batch_sizes or raise the budget")
+        table = table.merge(ranked[["batch_size", "statistical_efficiency", "effective_examples_per_second",
+                                    "steps_to_target", "predicted_seconds"]], on="batch_size", how="left")
+        table["lr"] = [scale_lr(base_lr, base_batch_size, int(b), rule) for b in table["batch_size"]]
+        table["beyond_critical"] = table["batch_size"] > b_simple
+        best = table.loc[table["effective_examples_per_second"].idxmax()]
+        batch_size = int(best["batch_size"])
     return Advice(batch_size=batch_size, micro_batch_size=int(best["micro_batch_size"]),
                   accumulation_steps=int(best["accumulation_steps"]), lr=float(best["lr"]), base_lr=base_lr,
                   base_batch_size=base_batch_size, lr_rule=rule, beyond_critical=bool(best["beyond_critical"]),
