@@ -208,3 +208,23 @@ def test_lr_rules_and_argument_errors():
         advise(regression_mlp.make_model, data, "hinge", **QUICK)
     with pytest.raises(ConfigError, match="data must be"):
         advise(regression_mlp.make_model, [1, 2, 3], "mse", **QUICK)
+
+
+def test_data_in_every_accepted_form_reads_the_same_examples_in_order():
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    from bsresearch.advise.loading import data_tensors, load_object
+
+    x, y = torch.arange(40.0).reshape(20, 2), torch.arange(20)
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(zip(x, y))
+    rng = torch.get_rng_state()
+    forms = [(x, y), TensorDataset(x, y), DataLoader(TensorDataset(x, y), batch_size=3, shuffle=True),
+             DataLoader(Stream(), batch_size=3)]
+    for data in forms:
+        xs, ys = data_tensors(data, max_examples=10)
+        assert torch.equal(xs, x[:10]) and torch.equal(ys, y[:10])
+    assert torch.equal(torch.get_rng_state(), rng)  # the shuffling loader was not iterated
+    assert load_object("bsresearch.advise.loading:token_cross_entropy", "loss") is token_cross_entropy

@@ -114,7 +114,8 @@ def data_tensors(data: Any, max_examples: int) -> tuple[torch.Tensor, torch.Tens
     data: a pair of tensors (x, y) with len(x) == len(y); a map-style Dataset of (input, target) items
     (read in index order 0, 1, 2, ...); a DataLoader over one (its dataset read in order with its
     collate_fn, so no shuffling or global random draws happen here); or a DataLoader over an
-    IterableDataset (its batches, in the order it yields them). The tensors stay where they are.
+    IterableDataset (its batches, in the order it yields them; the global RNG state is kept). The tensors
+    stay where they are.
     """
     if max_examples < 2:
         raise ConfigError(f"max_examples must be at least 2; got {max_examples}")
@@ -126,13 +127,15 @@ def data_tensors(data: Any, max_examples: int) -> tuple[torch.Tensor, torch.Tens
     if isinstance(data, DataLoader):
         if isinstance(data.dataset, IterableDataset):
             xs, ys, count = [], [], 0
-            for batch in data:
-                bx, by = _pair(batch, "the DataLoader")
-                xs.append(bx)
-                ys.append(by)
-                count += len(bx)
-                if count >= max_examples:
-                    break
+            # iterating a DataLoader draws its base seed from the global RNG: keep the caller's state
+            with torch.random.fork_rng(devices=[]):
+                for batch in data:
+                    bx, by = _pair(batch, "the DataLoader")
+                    xs.append(bx)
+                    ys.append(by)
+                    count += len(bx)
+                    if count >= max_examples:
+                        break
             if not xs:
                 raise ConfigError("data: the DataLoader yielded no batches")
             return torch.cat(xs)[:max_examples], torch.cat(ys)[:max_examples]
