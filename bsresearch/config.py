@@ -28,7 +28,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 SAMPLINGS = ("shuffle", "replacement")
 EVAL_SCHEDULES = ("every", "log")
 # Measurements a run can take after training; each name has an entry in bsresearch/measure/registry.py.
-MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "sharpness")
+MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "sharpness", "m_sharpness")
 
 # Fields that change how a run executes but not what it computes: left out of the run id, so a rerun
 # with more threads or another checkpoint interval finds the finished result.
