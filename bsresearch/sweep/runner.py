@@ -27,7 +27,7 @@ from typing import Any
 from ..config import ConfigError, check_batch_fits
 from ..rundir import FINISHED_STATES, MANIFEST, RunDir, atomic_write_json, now
 from . import supervise
-from .executors import default_workers, make_executor, visible_gpus
+from .executors import check_dask, default_workers, make_executor, visible_gpus
 from .spec import Point, SweepSpec, expand, load_spec
 from .task import BUSY, RunOutcome, RunTask, is_complete, is_locked
 from .worker import execute_task
@@ -161,6 +161,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     _check_options(spec, executor, engine, workers, timeout)
     if cluster and workers is None:
         raise ConfigError(f"--cluster {cluster} needs --workers N: the number of batch jobs to submit")
+    if executor == "dask":
+        check_dask(scheduler, cluster)  # before sweep.json is written
     points = expand(spec)
     remote = executor == "dask" and (scheduler or cluster)
     if not remote:  # a remote cluster may see data this machine does not
