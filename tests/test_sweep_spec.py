@@ -120,7 +120,8 @@ def test_bad_specs_name_the_key(changes, message):
 def test_spec_file_errors_name_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: [unclosed\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml, line 2, column 1: not valid YAML: expected .* \(while parsing a flow sequence on line 1\)"):
+    with pytest.raises(ConfigError, match=r"bad.yaml, line 2, column 1: not valid YAML: expected .* "
+                                          r"\(while parsing a flow sequence on line 1\)"):
         load_spec(path)
     path.write_text(yaml.safe_dump({"name": "x", "grid": {"lr": [0]}}))
     with pytest.raises(ConfigError, match=r"bad.yaml: grid point lr=0 seed=0: lr must be a positive"):
@@ -131,7 +132,8 @@ def test_spec_file_errors_name_the_file(tmp_path):
 
 def test_data_check_finds_a_batch_larger_than_the_data_before_anything_runs():
     points = expand(spec(grid={"batch_size": [8, 128]}))   # train_size 64
-    with pytest.raises(ConfigError, match="grid point batch_size=128 seed=0: batch_size 128 exceeds the training set size 64"):
+    with pytest.raises(ConfigError,
+                       match="grid point batch_size=128 seed=0: batch_size 128 exceeds the training set size 64"):
         check_data(points)
 
 
