@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ConfigError as exc:
-        print(f"bsresearch: error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # one line, even when the message quotes a multi-line library error
+        print(f"bsresearch: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bsresearch: interrupted", file=sys.stderr)

@@ -50,6 +50,13 @@ def did_you_mean(value: object, accepted: typing.Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def device_message(value: object) -> str:
+    """The one error message for a device string that is not auto, cpu, cuda or cuda:N."""
+    hint = " (did you mean 'cuda'?)" if str(value).lower().startswith(("gpu", "nvidia")) else \
+        did_you_mean(value, ("auto", "cpu", "cuda"))
+    return f"device must be auto, cpu, cuda or cuda:N; got {value!r}{hint}"
+
+
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # names that become one folder or file name
 
 
@@ -323,8 +330,7 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.divergence_ratio <= 1 or not math.isfinite(cfg.divergence_ratio):
         raise ConfigError(f"divergence_ratio must be a number > 1; got {cfg.divergence_ratio!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
-        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {cfg.device!r}"
-                          f"{did_you_mean(cfg.device, ('auto', 'cpu', 'cuda'))}")
+        raise ConfigError(device_message(cfg.device))
     bad = [m for m in cfg.measure if m not in MEASUREMENTS]
     if bad:
         raise ConfigError(f"measure: unknown measurement {bad[0]!r}{did_you_mean(bad[0], MEASUREMENTS)}; "

@@ -24,6 +24,8 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     has no analysis notebook, the sweep has no runs, a finished run's result file is damaged (naming the
     run and the file), or runs are still pending or running (unless `partial`); RuntimeError when a
     notebook cell fails (the executed notebook, with the error in it, is kept)."""
+    if not timeout > 0:
+        raise ConfigError(f"timeout must be a positive number of seconds per cell; got {timeout!r}")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     if spec.analysis is None:
         raise ConfigError(f"analysis: spec {spec.name!r} names no analysis notebook; add "

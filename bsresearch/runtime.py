@@ -17,13 +17,15 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, device_message
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 
 
 def resolve_device(name: str = "auto") -> torch.device:
     """'auto' -> the first CUDA device if there is one, else the CPU. Asking for CUDA without one is an error."""
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        raise ConfigError(device_message(name))
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):

@@ -114,6 +114,27 @@ def test_unknown_flags_subcommands_and_choices_suggest_the_closest(tmp_path, cap
         assert "did you mean" not in line
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["bench", "--device", "cdua"], "device must be auto, cpu, cuda or cuda:N; got 'cdua' (did you mean 'cuda'?)"),
+    (["bench", "--device", "cuda:x"], "device must be auto, cpu, cuda or cuda:N; got 'cuda:x'"),
+    (["train", "--device", "gpu"], "got 'gpu' (did you mean 'cuda'?)"),
+    (["bench", "--models", "mlpp"], "unknown model 'mlpp' (did you mean 'mlp'?)"),
+    (["bench", "--precisions", "fp33"], "unknown precision 'fp33' (did you mean 'fp32'?)"),
+    (["bench", "--min-seconds", "-1e-3"], "min_seconds must be a non-negative number"),
+    (["sweep", "s.yaml", "--cluster-option", "queue=[gpu"], "--cluster-option queue: cannot read '[gpu' as YAML"),
+    (["sweep", "s.yaml", "--engine", "library", "--workers", "-2", "--dry-run"],
+     "workers must be a positive integer; got -2"),
+    (["sweep", "s.yaml", "--engine", "library", "--timeout", "-1e3", "--dry-run"], "timeout must be a positive number"),
+    (["report", "s.yaml", "--timeout", "-5"], "timeout must be a positive number of seconds per cell"),
+])
+def test_bad_values_of_other_commands(tmp_path, capsys, argv, expected):
+    write_spec(tmp_path, yaml.safe_dump(
+        {"name": "tiny", "base": TINY, "grid": {"lr": [0.05, 0.1]}}), "s.yaml")
+    argv = [str(tmp_path / a) if a == "s.yaml" else a for a in argv]
+    assert expected in one_line_error(argv + ["--runs", str(tmp_path / "runs")] if argv[0] == "sweep" else argv,
+                                      tmp_path, capsys)
+
+
 def test_one_suggestion_helper_for_fields_and_spec_keys(tmp_path, capsys):
     assert did_you_mean("bacth_size", ["batch_size", "lr"]) == " (did you mean 'batch_size'?)"
     assert did_you_mean("zzz", ["batch_size", "lr"]) == ""

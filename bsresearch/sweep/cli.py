@@ -31,7 +31,8 @@ def parse_cluster_options(items: list[str] | None) -> dict[str, Any]:
         try:
             out[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--cluster-option {key}: cannot read {value!r}: {exc}") from None
+            problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+            raise ConfigError(f"--cluster-option {key}: cannot read {value!r} as YAML: {problem}") from None
     return out
 
 
