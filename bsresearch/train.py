@@ -321,7 +321,10 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
         if not is_out_of_memory(exc):
             raise
         error = f"out of memory while loading the data or building the model on {device}: {oom_message(exc)}"
-        if rd:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if rd:  # config.json too: results.load reads a run without one as "pending"
+            rd.write_config(cfg.to_dict(), {"run_id": C.run_id(cfg)})
             rd.write_status("oom", error=error, traceback=None, provenance=provenance(device))
         return RunResult("oom", {}, [], rd.path if rd else None, error)
 
@@ -401,12 +404,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     metrics = _final_metrics(cfg, state, state.history, n_train) if state.history else {}
     if outcome == "ok" and cfg.measure:
         from .measure import take_measurements
-        try:
-            metrics.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
-        except Exception as exc:
-            if not is_out_of_memory(exc):
-                raise
-            outcome, error = "oom", f"out of memory while measuring {', '.join(cfg.measure)}: {oom_message(exc)}"
+        metrics.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
     if rd:
         rd.write_history(state.history)
         rd.write_metrics(metrics)

@@ -362,6 +362,8 @@ def test_out_of_memory_is_recorded_as_oom_wherever_it_happens(tmp_path, monkeypa
     assert result.state == "oom" and "out of memory" in result.error
     status = RunDir(tmp_path / "run").status()
     assert status["state"] == "oom" and status["error"] == result.error
+    from bsresearch.results import load
+    assert load(tmp_path, all_runs=True)["state"].tolist() == ["oom"]   # an analysis sees it as oom too
 
 
 def test_other_errors_stay_errors(tmp_path, monkeypatch):
