@@ -78,8 +78,17 @@ def config_from_args(config_file: str | None, overrides: dict[str, str | None]) 
     if config_file:
         path = Path(config_file)
         if not path.is_file():
-            raise ConfigError(f"config file {config_file!r} does not exist")
-        values.update(RunConfig.from_json(path.read_text()).to_dict())
+            raise ConfigError(f"config file {config_file!r} " + ("is a folder, not a JSON file" if path.exists()
+                                                                   else "does not exist"))
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {config_file!r}: cannot read it as text ({type(exc).__name__}: "
+                              f"{exc})") from None
+        try:
+            values.update(RunConfig.from_json(text).to_dict())
+        except ConfigError as exc:
+            raise ConfigError(f"{config_file}: {exc}") from None
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RunConfig.from_dict(values)
 

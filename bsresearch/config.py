@@ -149,7 +149,7 @@ class RunConfig:
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
         try:
-            d = json.loads(text)
+            d = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config is not valid JSON: {exc}") from None
         if not isinstance(d, dict):
@@ -165,6 +165,16 @@ class RunConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object_pairs_hook: a key written twice is a mistake (json keeps the last silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"{key}: written twice in one JSON object")
+        out[key] = value
+    return out
 
 
 def run_id(cfg: RunConfig) -> str:

@@ -145,6 +145,22 @@ def test_one_suggestion_helper_for_fields_and_spec_keys(tmp_path, capsys):
     assert "(did you mean 'grid'?)" in one_line_error(["sweep", str(spec), "--dry-run"], tmp_path, capsys)
 
 
+@pytest.mark.parametrize("command,content,expected", [
+    ("train", b'{"lr": 0.1, "lr": 0.2}', "lr: written twice in one JSON object"),
+    ("train", b"\xff\xfe", "cannot read it as text (UnicodeDecodeError"),
+    ("train", None, "is a folder, not a JSON file"),
+    ("sweep", b"\xff\xfe", "cannot read it as text (UnicodeDecodeError"),
+    ("sweep", None, "is a folder, not a YAML file"),
+])
+def test_unreadable_config_and_spec_files(tmp_path, capsys, command, content, expected):
+    path = tmp_path / "input"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert expected in one_line_error([command, str(path), "--runs", str(tmp_path / "runs")], tmp_path, capsys)
+
+
 # ----------------------------------------------------------------------------- 5. names that become paths
 @pytest.mark.parametrize("name", ["../../x", "../x", "a/b", "/abs", ".hidden", "..", "x y", "", "-x"])
 def test_a_train_name_cannot_leave_the_runs_folder(tmp_path, capsys, name):

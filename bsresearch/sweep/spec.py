@@ -94,11 +94,14 @@ def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a spec file. Raises ConfigError naming the file and the key at fault."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"sweep spec {str(path)!r} does not exist")
+        raise ConfigError(f"sweep spec {str(path)!r} " + ("is a folder, not a YAML file" if path.exists()
+                                                            else "does not exist"))
     try:
         raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_error_line(path, exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as text ({type(exc).__name__}: {exc})") from None
     try:
         return parse_spec(raw, base_dir=path.resolve().parent, path=path.resolve())
     except ConfigError as exc:
