@@ -77,7 +77,7 @@ def _atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
     os.close(fd)
-    np.savez(tmp, **arrays)
+    np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its bool option
     os.replace(tmp, path)
 
 
@@ -311,9 +311,9 @@ def load_dataset(name: str, data_dir: str | Path | None = None, train_size: int 
         arrays = _load_synthetic(root, train_size or SYNTHETIC_DEFAULT_SIZE)
     else:
         arrays = info.load(root)
-    x, y, x_test, y_test = arrays
-    x, x_test = (torch.from_numpy(np.array(a, dtype=np.float32)) for a in (x, x_test))
-    y, y_test = (torch.from_numpy(np.array(a, dtype=np.int64)) for a in (y, y_test))
+    x_np, y_np, x_test_np, y_test_np = arrays
+    x, x_test = (torch.from_numpy(np.array(a, dtype=np.float32)) for a in (x_np, x_test_np))
+    y, y_test = (torch.from_numpy(np.array(a, dtype=np.int64)) for a in (y_np, y_test_np))
     if train_size is not None and name != "synthetic":
         if train_size > len(x):
             raise ConfigError(f"train_size {train_size} exceeds the {len(x)} training examples of {name}")
