@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   bsresearch sweep experiments/demo.yaml --executor dask --cluster slurm --workers 8 \\
       --cluster-option queue=gpu --cluster-option 'job_extra_directives=["--gres=gpu:1"]'
   bsresearch sweep experiments/demo.yaml --cluster slurm --job-script   # print a worker job script
+  bsresearch sweep experiments/demo.yaml --check            # damaged result files, unfinished runs
 Rerunning a sweep skips finished runs and redoes interrupted ones; --retry-failed also redoes
 failed, oom, timeout and died runs."""
 

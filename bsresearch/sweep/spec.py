@@ -385,7 +385,8 @@ def _check_analysis_parameters(spec: SweepSpec) -> None:
     accepted = [n for n in notebook_parameters(spec.analysis) if n not in REPORT_PARAMETERS]
     for key in spec.analysis_parameters:
         if key not in accepted:
-            raise ConfigError(f"analysis_parameters.{key}: not a parameter of {spec.analysis.name}; "
+            raise ConfigError(f"analysis_parameters.{key}: not a parameter of {spec.analysis.name}"
+                              f"{did_you_mean(key, accepted)}; "
                               f"accepted: {', '.join(accepted) or 'none'}")
 
 
