@@ -58,14 +58,17 @@ def device_message(value: object) -> str:
 
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # names that become one folder or file name
+NAME_MAX_LENGTH = 100  # well below the 255-byte limit of a file name, leaving room for suffixes
 
 
 def check_name(key: str, value: object) -> str:
     """`value` if it is a safe single path component (letters, digits, _.-, not starting with . or -),
     else ConfigError naming `key`: a name that becomes a path never leaves its parent folder."""
-    if not isinstance(value, str) or not re.fullmatch(NAME_PATTERN, value) or value in (".", ".."):
+    if not isinstance(value, str) or not re.fullmatch(NAME_PATTERN, value):
         raise ConfigError(f"{key}: letters, digits and _.- only, starting with a letter or digit (it names a "
                           f"folder); got {value!r}")
+    if len(value) > NAME_MAX_LENGTH:
+        raise ConfigError(f"{key}: at most {NAME_MAX_LENGTH} characters (it names a folder); got {len(value)}")
     return value
 
 

@@ -162,16 +162,23 @@ def test_unreadable_config_and_spec_files(tmp_path, capsys, command, content, ex
 
 
 # ----------------------------------------------------------------------------- 5. names that become paths
-@pytest.mark.parametrize("name", ["../../x", "../x", "a/b", "/abs", ".hidden", "..", "x y", "", "-x"])
+@pytest.mark.parametrize("name", ["../../x", "../x", "a/b", "/abs", ".hidden", "..", "x y", "", "-x", "x" * 300])
 def test_a_train_name_cannot_leave_the_runs_folder(tmp_path, capsys, name):
     runs = tmp_path / "a" / "runs"
     line = one_line_error(["train", *TINY_ARGS, "--runs", str(runs), f"--name={name}"], tmp_path, capsys)
-    assert "--name:" in line and "letters, digits and _.-" in line
+    assert "--name:" in line and ("letters, digits and _.-" in line or "at most 100 characters" in line)
     assert not (tmp_path / "x").exists() and not runs.exists()
 
 
 TINY_ARGS = ["--dataset", "synthetic", "--model", "mlp", "--train-size", "64", "--batch-size", "16",
              "--budget", "steps", "--budget-amount", "2", "--quiet"]
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "x" * 300, ".."])
+def test_a_spec_name_follows_the_same_rule(tmp_path, capsys, name):
+    spec = write_spec(tmp_path, yaml.safe_dump({"name": name, "base": TINY}))
+    assert "name: " in one_line_error(["sweep", str(spec), "--runs", str(tmp_path / "runs"), "--engine", "library"],
+                                      tmp_path, capsys)
 
 
 @pytest.mark.parametrize("flag", ["--stem", "--label"])

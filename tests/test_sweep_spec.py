@@ -76,7 +76,8 @@ def test_relative_data_dir_resolves_against_the_spec_folder():
 
 BAD = [
     ({"nmae": "x"}, "nmae: unknown key (did you mean 'name'?)"),
-    ({"name": "a b"}, "name: required"),
+    ({"name": "a b"}, "name: letters, digits and _.- only"),
+    ({"name": None}, "name: required"),
     ({"grid": {"bacth_size": [8]}}, "grid.bacth_size: unknown RunConfig field (did you mean 'batch_size'?)"),
     ({"grid": {"batch_size": 8}}, "grid.batch_size: must be a non-empty list"),
     ({"grid": {"batch_size": []}}, "grid.batch_size: must be a non-empty list"),
@@ -105,7 +106,8 @@ BAD = [
     ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"sweep": "x"}},
      "analysis_parameters.sweep: set by `bsresearch report` itself"),
     ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"noise_swep": ""}},
-     "analysis_parameters.noise_swep: not a parameter of 23_steps_to_target.ipynb; accepted: noise_sweep, "
+     "analysis_parameters.noise_swep: not a parameter of 23_steps_to_target.ipynb (did you mean 'noise_sweep'?); "
+     "accepted: noise_sweep, "
      "confidence, perfect_exponent, maximal_exponent, measure_at_target"),
 ]
 

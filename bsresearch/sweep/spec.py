@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from .. import config as C
-from ..config import FIELD_NAMES, NAME_PATTERN, ConfigError, RunConfig, did_you_mean, run_id
+from ..config import FIELD_NAMES, NAME_PATTERN, ConfigError, RunConfig, check_name, did_you_mean, run_id
 
 SPEC_KEYS = ("name", "description", "notebook", "analysis", "analysis_parameters", "timeout", "base", "grid",
              "variants", "seeds", "measurements", "overrides")
@@ -151,9 +151,9 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
             raise ConfigError(f"{key}: unknown key{did_you_mean(key, SPEC_KEYS)}; "
                               f"accepted keys: {', '.join(SPEC_KEYS)}")
     base_dir = Path(base_dir).resolve()
-    name = raw.get("name")
-    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
-        raise ConfigError(f"name: required, letters, digits and _.- only (it names folders); got {name!r}")
+    if raw.get("name") is None:
+        raise ConfigError("name: required (letters, digits and _.-; it names the sweep's folders)")
+    name = check_name("name", raw["name"])
     description = raw.get("description") or ""
     if not isinstance(description, str):
         raise ConfigError(f"description: must be a string; got {description!r}")
