@@ -389,6 +389,14 @@ def test_out_of_memory_is_recorded_as_oom_wherever_it_happens(tmp_path, monkeypa
     assert load(tmp_path, all_runs=True)["state"].tolist() == ["oom"]   # an analysis sees it as oom too
 
 
+def test_a_real_cpu_allocator_failure_at_model_build_is_oom(tmp_path):
+    """Not simulated: a 2**40-wide layer asks the CPU allocator for 88 TB, which it refuses at once."""
+    from bsresearch.train import run
+    result = run(RunConfig(**{**TINY, "width": 2 ** 40}), tmp_path / "run", progress=False)
+    assert result.state == "oom" and "DefaultCPUAllocator: can't allocate memory" in result.error
+    assert RunDir(tmp_path / "run").state() == "oom"
+
+
 def test_other_errors_stay_errors(tmp_path, monkeypatch):
     import bsresearch.train as train
 
