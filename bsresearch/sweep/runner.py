@@ -83,7 +83,7 @@ class SweepReport:
 
     def summary(self) -> str:
         counts = Counter(self.final_states().values())
-        ran = len(self.outcomes)
+        ran = sum(o.state != BUSY for o in self.outcomes)  # a busy run was executed by another process
         lines = [f"sweep {self.spec.name}: {len(self.planned)} runs in {self.sweep_dir} "
                  f"({ran} executed with {self.executor}/{self.engine}, {self.workers} worker(s), "
                  f"{self.seconds:.1f} s)",
