@@ -260,13 +260,16 @@ def test_config_error_renders_as_one_line_in_ipython():
     from IPython.utils.capture import capture_output
 
     shell = InteractiveShell.instance()
-    with capture_output() as captured:
-        shell.run_cell("from bsresearch.config import RunConfig\nRunConfig(batch_size=-4)")
-    shown = (captured.stdout + captured.stderr).strip()
-    assert shown == "ConfigError: batch_size must be a positive number; got -4", shown
-    with capture_output() as captured:  # other exceptions keep their traceback
-        shell.run_cell("1 / 0")
-    assert "ZeroDivisionError" in captured.stdout and "Traceback" in captured.stdout
+    try:
+        with capture_output() as captured:
+            shell.run_cell("from bsresearch.config import RunConfig\nRunConfig(batch_size=-4)")
+        shown = (captured.stdout + captured.stderr).strip()
+        assert shown == "ConfigError: batch_size must be a positive number; got -4", shown
+        with capture_output() as captured:  # other exceptions keep their traceback
+            shell.run_cell("1 / 0")
+        assert "ZeroDivisionError" in captured.stdout and "Traceback" in captured.stdout
+    finally:
+        InteractiveShell.clear_instance()
 
 
 # ----------------------------------------------------------------------------- 4. scheduler, checkpoints
