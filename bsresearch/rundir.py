@@ -142,6 +142,18 @@ class RunDir:
         except FileNotFoundError:
             return []
 
+    def status_problem(self) -> str | None:
+        """Why status.json exists but cannot be read (then the run's state is unknown), or None."""
+        path = self.path / "status.json"
+        try:
+            if isinstance(read_json(path), dict):
+                return None
+            return "status.json: not a JSON object"
+        except FileNotFoundError:
+            return None
+        except (ValueError, OSError) as exc:
+            return f"status.json: not valid JSON ({_first_line(exc)})"
+
     def damage(self) -> list[str]:
         """What is wrong with the result files of a finished run, one line per file ("history.csv: line 7
         has 3 fields, its header 14"); empty when config.json, metrics.json and history.csv read cleanly.

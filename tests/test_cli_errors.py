@@ -448,6 +448,7 @@ DAMAGE = {
     "metrics_truncated": ("metrics.json", lambda t: t[: len(t) // 2], "metrics.json: not valid JSON"),
     "metrics_list": ("metrics.json", lambda t: "[1, 2]", "metrics.json: not a JSON object"),
     "config_missing": ("config.json", None, "config.json: missing"),
+    "status_truncated": ("status.json", lambda t: t[: len(t) // 2], "status.json: not valid JSON"),
 }
 
 

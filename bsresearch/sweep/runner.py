@@ -108,8 +108,12 @@ def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -
     for point in points:
         run_dir = sweep_dir / point.run_id
         state = RunDir(run_dir).state()
+        status_problem = RunDir(run_dir).status_problem()
         if is_locked(run_dir):
             found, action = state or "new", BUSY
+        elif status_problem:  # its state is unknown: neither redone over nor counted, until the user looks
+            out.append(PlannedRun(point, run_dir, "damaged", "skip", status_problem))
+            continue
         elif is_complete(run_dir):
             damage = RunDir(run_dir).damage()
             if damage:
