@@ -1,7 +1,8 @@
 """`bsresearch ...` / `python -m bsresearch ...`.
 
 Subcommands register themselves in COMMANDS: a function that adds its parser (and sets `handler`).
-User mistakes (ConfigError and its subclasses) print one line naming the problem and exit 2, no traceback.
+User mistakes (ConfigError and its subclasses, and argparse's own errors) print one line naming the
+problem and exit 2, no traceback.
 """
 from __future__ import annotations
 
@@ -10,8 +11,65 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
-from .config import FIELD_NAMES, ConfigError, RunConfig, field_help, run_id
+from .config import FIELD_NAMES, ConfigError, RunConfig, check_name, did_you_mean, field_help, run_id
+
+
+class _NegativeNumber:
+    """Stands in for argparse's negative-number regex: '-1e-3', '-.5', '-1_000', '-inf' are values, so
+    `--lr -1e-3` reaches validation instead of argparse's "expected one argument"."""
+
+    def match(self, text: str) -> bool:
+        if len(text) < 2 or text[0] != "-" or text[1] == "-" or any(c.isspace() for c in text):
+            return False
+        try:
+            float(text[1:].replace("_", ""))
+        except ValueError:
+            return False
+        return True
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error rules: negative numbers in any notation are values; an unknown
+    flag, subcommand or choice gets a "did you mean"; every error is one line and exit status 2.
+    Subparsers are made of this class too (add_subparsers uses the parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NegativeNumber()  # type: ignore[assignment]
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            accepted = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(action, f"invalid choice {value!r}{did_you_mean(value, accepted)}; "
+                                                 f"accepted: {', '.join(accepted)}")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, "_innermost_parser"):  # a subcommand's parser has set itself already
+            namespace._innermost_parser = self
+        return namespace, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = self.parse_known_args(args, namespace)
+        parser = vars(namespace).pop("_innermost_parser", self)
+        if extras:
+            parser.error(parser.unrecognized(extras))
+        return namespace
+
+    def unrecognized(self, extras: list[str]) -> str:
+        """"unrecognized option --batchsize (did you mean '--batch-size'?)" for the first stray argument."""
+        first = extras[0]
+        if first.startswith("-") and not self._negative_number_matcher.match(first):
+            flag = first.split("=", 1)[0]
+            # suggest the dash spellings (--batch-size), not their underscore aliases
+            flags = [f for f in self._option_string_actions if f.startswith("--") and "_" not in f]
+            return f"unrecognized option {flag}{did_you_mean(flag, flags)}"
+        return f"unexpected argument {first!r}"
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def config_from_args(config_file: str | None, overrides: dict[str, str | None]) -> RunConfig:
@@ -20,8 +78,17 @@ def config_from_args(config_file: str | None, overrides: dict[str, str | None]) 
     if config_file:
         path = Path(config_file)
         if not path.is_file():
-            raise ConfigError(f"config file {config_file!r} does not exist")
-        values.update(RunConfig.from_json(path.read_text()).to_dict())
+            raise ConfigError(f"config file {config_file!r} " + ("is a folder, not a JSON file" if path.exists()
+                                                                   else "does not exist"))
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {config_file!r}: cannot read it as text ({type(exc).__name__}: "
+                              f"{exc})") from None
+        try:
+            values.update(RunConfig.from_json(text).to_dict())
+        except ConfigError as exc:
+            raise ConfigError(f"{config_file}: {exc}") from None
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RunConfig.from_dict(values)
 
@@ -42,6 +109,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train import run
     cfg = config_from_args(args.config, {n: getattr(args, n) for n in FIELD_NAMES})
+    check_name("--name", args.name)  # RUNS/NAME: the same rule as a spec's name
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.runs) / args.name / run_id(cfg)
     result = run(cfg, run_dir, progress=None if not args.quiet else False, overwrite=args.overwrite)
     print(result.summary())
@@ -86,7 +154,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    parser = argparse.ArgumentParser(prog="bsresearch", description="Batch-size research toolkit")
+    parser = Parser(prog="bsresearch", description="Batch-size research toolkit")
     parser.add_argument("--version", action="version", version=f"bsresearch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -99,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ConfigError as exc:
-        print(f"bsresearch: error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # one line, even when the message quotes a multi-line library error
+        print(f"bsresearch: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bsresearch: interrupted", file=sys.stderr)

@@ -39,6 +39,39 @@ OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoin
 class ConfigError(ValueError):
     """A user-facing configuration mistake; the message names the field and the accepted values."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a traceback: the mistake is the user's, the stack is noise."""
+        return [f"{type(self).__name__}: {self}"]
+
+
+def did_you_mean(value: object, accepted: typing.Iterable[str]) -> str:
+    """' (did you mean 'x'?)' when `value` is close to one of `accepted`, else ''. The one suggestion
+    helper for flags, choice values, config fields and spec keys."""
+    close = difflib.get_close_matches(str(value), [str(a) for a in accepted], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def device_message(value: object) -> str:
+    """The one error message for a device string that is not auto, cpu, cuda or cuda:N."""
+    hint = " (did you mean 'cuda'?)" if str(value).lower().startswith(("gpu", "nvidia")) else \
+        did_you_mean(value, ("auto", "cpu", "cuda"))
+    return f"device must be auto, cpu, cuda or cuda:N; got {value!r}{hint}"
+
+
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # names that become one folder or file name
+NAME_MAX_LENGTH = 100  # well below the 255-byte limit of a file name, leaving room for suffixes
+
+
+def check_name(key: str, value: object) -> str:
+    """`value` if it is a safe single path component (letters, digits, _.-, not starting with . or -),
+    else ConfigError naming `key`: a name that becomes a path never leaves its parent folder."""
+    if not isinstance(value, str) or not re.fullmatch(NAME_PATTERN, value):
+        raise ConfigError(f"{key}: letters, digits and _.- only, starting with a letter or digit (it names a "
+                          f"folder); got {value!r}")
+    if len(value) > NAME_MAX_LENGTH:
+        raise ConfigError(f"{key}: at most {NAME_MAX_LENGTH} characters (it names a folder); got {len(value)}")
+    return value
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -89,7 +122,7 @@ class RunConfig:
     eval_train_size: int | None = None  # examples used for the train loss/accuracy (None: the whole set)
     divergence_ratio: float = 10.0      # "diverged" when a batch loss exceeds this times the first one
     measure: tuple[str, ...] = ()       # measurements taken after training, from MEASUREMENTS
-    noise_scale_every: int = 0          # steps between two-batch noise-scale samples from a step's micro-batches (0: off)
+    noise_scale_every: int = 0          # steps between two-batch noise-scale samples from micro-batches (0: off)
     noise_scale_ema: float = 0.9        # EMA decay of those samples' |G|^2 and tr(Sigma) (history: noise_*_ema)
     # --- reproducibility and execution
     seed: int = 0                       # init, data order and probes get separate generators from this
@@ -122,7 +155,7 @@ class RunConfig:
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
         try:
-            d = json.loads(text)
+            d = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config is not valid JSON: {exc}") from None
         if not isinstance(d, dict):
@@ -138,6 +171,16 @@ class RunConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object_pairs_hook: a key written twice is a mistake (json keeps the last silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"{key}: written twice in one JSON object")
+        out[key] = value
+    return out
 
 
 def run_id(cfg: RunConfig) -> str:
@@ -297,7 +340,7 @@ def check_batch_fits(cfg: RunConfig, n_train: int) -> None:
 def _choice(cfg: RunConfig, name: str, accepted: tuple[str, ...]) -> None:
     value = getattr(cfg, name)
     if value not in accepted:
-        raise ConfigError(f"{name} must be one of {', '.join(accepted)}; got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(accepted)}; got {value!r}{did_you_mean(value, accepted)}")
 
 
 def _positive(cfg: RunConfig, name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
@@ -377,10 +420,11 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.divergence_ratio <= 1 or not math.isfinite(cfg.divergence_ratio):
         raise ConfigError(f"divergence_ratio must be a number > 1; got {cfg.divergence_ratio!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
-        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {cfg.device!r}")
+        raise ConfigError(device_message(cfg.device))
     bad = [m for m in cfg.measure if m not in MEASUREMENTS]
     if bad:
-        raise ConfigError(f"measure: unknown measurement {bad[0]!r}; accepted: {', '.join(MEASUREMENTS)}")
+        raise ConfigError(f"measure: unknown measurement {bad[0]!r}{did_you_mean(bad[0], MEASUREMENTS)}; "
+                          f"accepted: {', '.join(MEASUREMENTS)}")
 
 
 # ----------------------------------------------------------------------------- type coercion
@@ -442,9 +486,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 
 
 def _unknown_message(key: str) -> str:
-    close = difflib.get_close_matches(key, FIELD_NAMES, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown config field {key!r}{hint}; accepted fields: {', '.join(FIELD_NAMES)}"
+    return f"unknown config field {key!r}{did_you_mean(key, FIELD_NAMES)}; accepted fields: {', '.join(FIELD_NAMES)}"
 
 
 def field_help() -> dict[str, str]:

@@ -31,7 +31,12 @@ SYNTHETIC_DEFAULT_SIZE = 1024
 
 
 class DatasetUnavailable(ConfigError):
-    """The dataset's files are missing here and cannot be fetched; the message says what to install."""
+    """The dataset's files are missing here and cannot be fetched; the message names the dataset, where
+    its files were looked for and how to get them. `reason` is the short cause, without the advice."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ def _atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
     os.close(fd)
-    np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
+    np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its bool option
     os.replace(tmp, path)
 
 
@@ -150,11 +155,21 @@ def fashion_mnist_folders(data_dir: Path) -> list[Path]:
 
 
 def _load_fashion_mnist(data_dir: Path) -> Arrays:
-    files = _find_idx_files(fashion_mnist_folders(data_dir))
+    folders = fashion_mnist_folders(data_dir)
+    files = _find_idx_files(folders)
     if files is None:
-        _torchvision_download("FashionMNIST", data_dir)  # raises DatasetUnavailable if it cannot
-        files = _find_idx_files(fashion_mnist_folders(data_dir))
-        assert files is not None, "torchvision downloaded Fashion-MNIST but its files were not found"
+        try:
+            _torchvision_download("FashionMNIST", data_dir, "fashion_mnist")
+        except DatasetUnavailable as exc:
+            raise DatasetUnavailable(
+                f"dataset fashion_mnist: its four IDX files ({', '.join(_FASHION_FILES)}, .gz or not) are in none "
+                f"of {', '.join(map(str, folders))}. Get them with `apt-get install dataset-fashion-mnist` (Debian, "
+                f"into {DEBIAN_FASHION_MNIST}), or put them in a folder and pass it with --data-dir (data_dir, "
+                f"$BSRESEARCH_DATA_DIR), or let torchvision download them (torchvision: {exc.reason})") from None
+        files = _find_idx_files(folders + [data_dir / "torchvision" / "FashionMNIST" / "raw"])
+        if files is None:
+            raise DatasetUnavailable(f"dataset fashion_mnist: torchvision downloaded it into {data_dir / 'torchvision'}"
+                                     f" but its IDX files are not there")
     x, y, x_test, y_test = (_read_idx(p) for p in files)
     return x[:, None], y, x_test[:, None], y_test
 
@@ -175,7 +190,7 @@ def _load_synthetic(data_dir: Path, n_train: int = SYNTHETIC_DEFAULT_SIZE) -> Ar
     return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 
 
-def _import_torchvision():
+def _import_torchvision(dataset: str = "this dataset"):
     """torchvision, or DatasetUnavailable explaining why not.
 
     A torchvision wheel built for another torch raises RuntimeError (not ImportError) at import,
@@ -186,14 +201,16 @@ def _import_torchvision():
         import torchvision.datasets as datasets
         return datasets
     except Exception as exc:  # noqa: BLE001
+        reason = f"it does not import here ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         raise DatasetUnavailable(
-            f"this dataset needs torchvision, which does not import here ({type(exc).__name__}: {exc}). "
+            f"{dataset} needs torchvision, which does not import here ({type(exc).__name__}: {exc}). "
             f"Install the torchvision build that matches torch {torch.__version__} from the same index "
-            f"as torch (pip install 'bsresearch[vision]' on a standard PyPI torch)") from None
+            f"as torch (pip install 'bsresearch[vision]' on a standard PyPI torch)", reason=reason) from None
 
 
-def _torchvision_download(class_name: str, data_dir: Path, **kwargs):
-    datasets = _import_torchvision()
+def _torchvision_download(class_name: str, data_dir: Path, dataset: str | None = None, **kwargs):
+    dataset = f"dataset {dataset or class_name}"
+    datasets = _import_torchvision(dataset)
     cls = getattr(datasets, class_name)
     root = data_dir / "torchvision"
     try:
@@ -202,19 +219,22 @@ def _torchvision_download(class_name: str, data_dir: Path, **kwargs):
         except RuntimeError:
             return cls(str(root), download=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - network errors come in many types
-        raise DatasetUnavailable(f"{class_name} is not in {root} and could not be downloaded "
-                                 f"({type(exc).__name__}: {exc}); place the files there or connect to the network"
-                                 ) from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise DatasetUnavailable(f"{dataset}: its files are not in {root} and could not be downloaded "
+                                 f"({type(exc).__name__}: {first}); put torchvision's files there (or point "
+                                 f"--data-dir at a folder holding torchvision/), or connect to the network",
+                                 reason=f"download failed ({type(exc).__name__}: {first})") from None
 
 
 def _torchvision_loader(class_name: str) -> Callable[[Path], Arrays]:
+    name = class_name.lower()  # the config.DATASETS name
     def load(data_dir: Path) -> Arrays:
         if class_name == "SVHN":
-            train = _torchvision_download(class_name, data_dir, split="train")
-            test = _torchvision_download(class_name, data_dir, split="test")
+            train = _torchvision_download(class_name, data_dir, name, split="train")
+            test = _torchvision_download(class_name, data_dir, name, split="test")
             return train.data, np.asarray(train.labels), test.data, np.asarray(test.labels)
-        train = _torchvision_download(class_name, data_dir, train=True)
-        test = _torchvision_download(class_name, data_dir, train=False)
+        train = _torchvision_download(class_name, data_dir, name, train=True)
+        test = _torchvision_download(class_name, data_dir, name, train=False)
 
         def images(ds) -> np.ndarray:
             arr = np.asarray(ds.data)

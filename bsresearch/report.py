@@ -21,11 +21,15 @@ from .sweep.spec import SweepSpec, load_spec
 
 
 def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", reports_root: str | Path = "reports",
-               timeout: float = 1800.0, kernel: str = "python3", html: bool = True, allow_dirty: bool = False) -> Path:
+               timeout: float = 1800.0, kernel: str = "python3", html: bool = True, partial: bool = False,
+               allow_dirty: bool = False) -> Path:
     """Execute the analysis notebook of `spec`; returns the report folder. Raises ConfigError when the spec
-    has no analysis notebook, the sweep has no runs, or the source tree has uncommitted changes (unless
-    allow_dirty: the captions then say so), RuntimeError when a notebook cell fails (the executed
-    notebook, with the error in it, is kept)."""
+    has no analysis notebook, the sweep has no runs, a finished run's result file is damaged (naming the
+    run and the file), runs are still pending or running (unless `partial`), or the source tree has
+    uncommitted changes (unless `allow_dirty`: the captions then say so); RuntimeError when a notebook
+    cell fails (the executed notebook, with the error in it, is kept)."""
+    if not timeout > 0:
+        raise ConfigError(f"timeout must be a positive number of seconds per cell; got {timeout!r}")
     commit = git_commit()
     if is_dirty(commit) and not allow_dirty:
         raise ConfigError(f"the source tree has uncommitted changes (commit {commit}): a report must trace to a "
@@ -38,17 +42,19 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     if spec.has_runs and not (sweep_dir / MANIFEST).exists():
         raise ConfigError(f"no sweep {spec.name!r} under {sweep_dir.parent}: run `bsresearch sweep "
                           f"{spec.path or spec.name}` first")
+    if spec.has_runs:
+        check_sweep_for_report(spec, runs_root, partial)
     out_dir = Path(reports_root).resolve() / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / spec.analysis.name
-    partial = out_dir / f".{spec.analysis.stem}.partial.ipynb"
+    in_progress = out_dir / f".{spec.analysis.stem}.partial.ipynb"
     parameters = {"sweep": spec.name, "runs_dir": str(sweep_dir.parent), "out_dir": str(out_dir),
                   "spec_path": str(spec.path) if spec.path else None, **spec.analysis_parameters}
 
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     try:
-        pm.execute_notebook(str(spec.analysis), str(partial), parameters=parameters, kernel_name=kernel,
+        pm.execute_notebook(str(spec.analysis), str(in_progress), parameters=parameters, kernel_name=kernel,
                             cwd=str(out_dir), progress_bar=False, execution_timeout=timeout,
                             coalesce_streams=True, shutdown_kernel="immediate")
     except pm.PapermillExecutionError as exc:
@@ -61,11 +67,31 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
         raise RuntimeError(f"{spec.analysis.name}: the kernel died (killed, or out of memory); the notebook "
                            f"executed so far is {output}") from None
     finally:
-        if partial.exists():
-            os.replace(partial, output)
+        if in_progress.exists():
+            os.replace(in_progress, output)
     if html:
         export_html(output)
     return out_dir
+
+
+def check_sweep_for_report(spec: SweepSpec, runs_root: str | Path, partial: bool) -> None:
+    """ConfigError naming the first damaged run and file, or the unfinished runs (unless `partial`, which
+    prints that note, to stderr, as the report's first line)."""
+    from .sweep.runner import sweep_state, unfinished_summary
+    planned = sweep_state(spec, runs_root)
+    damaged = [p for p in planned if p.found == "damaged"]
+    if damaged:
+        p = damaged[0]
+        more = f" (and {len(damaged) - 1} more run(s): `bsresearch sweep {spec.path or spec.name} --check`)" \
+            if len(damaged) > 1 else ""
+        raise ConfigError(f"run {p.point.run_id} ({p.point.label}) of sweep {spec.name}: {p.problem}; delete "
+                          f"{p.run_dir} and rerun the sweep to redo it{more}")
+    unfinished = unfinished_summary(planned)
+    if unfinished and not partial:
+        raise ConfigError(f"sweep {spec.name} is not finished: {unfinished}; wait for it or rerun `bsresearch "
+                          f"sweep {spec.path or spec.name}`, or pass --partial to report on the runs that ended")
+    if unfinished:
+        print(f"note: partial report: sweep {spec.name} has {unfinished}", file=sys.stderr)
 
 
 def export_html(notebook: Path) -> Path | None:
@@ -94,6 +120,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reports", default="reports", help="root folder of reports [reports]")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per notebook cell [1800]")
     p.add_argument("--no-html", action="store_true", help="do not export the executed notebook to HTML")
+    p.add_argument("--partial", action="store_true",
+                   help="report although some runs are still pending or running (say so first)")
     p.add_argument("--allow-dirty", action="store_true",
                    help="draw from a source tree with uncommitted changes (the captions say so)")
     p.set_defaults(handler=_cmd_report)
@@ -102,7 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     try:
         out_dir = run_report(args.spec, args.runs, args.reports, args.timeout, html=not args.no_html,
-                             allow_dirty=args.allow_dirty)
+                             partial=args.partial, allow_dirty=args.allow_dirty)
     except RuntimeError as exc:
         print(f"bsresearch: report failed: {exc}", file=sys.stderr)
         return 1

@@ -162,6 +162,39 @@ class RunDir:
         """Whether the run has started (config.json is written before any training)."""
         return (self.path / "config.json").exists()
 
+    def status_problem(self) -> str | None:
+        """Why status.json exists but cannot be read (then the run's state is unknown), or None."""
+        path = self.path / "status.json"
+        try:
+            if isinstance(read_json(path), dict):
+                return None
+            return "status.json: not a JSON object"
+        except FileNotFoundError:
+            return None
+        except (ValueError, OSError) as exc:
+            return f"status.json: not valid JSON ({_first_line(exc)})"
+
+    def damage(self) -> list[str]:
+        """What is wrong with the result files of a finished run, one line per file ("history.csv: line 7
+        has 3 fields, its header 14"); empty when config.json, metrics.json and history.csv read cleanly.
+
+        Every file is written atomically, so a killed run cannot cause this; a full disk, a partial copy
+        or a hand edit can, and a report would otherwise fail later with a parser error in a notebook.
+        """
+        problems = []
+        for name in ("config.json", "metrics.json"):
+            try:
+                if not isinstance(read_json(self.path / name), dict):
+                    problems.append(f"{name}: not a JSON object")
+            except FileNotFoundError:
+                problems.append(f"{name}: missing")
+            except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                problems.append(f"{name}: not valid JSON ({_first_line(exc)})")
+        problem = _csv_problem(self.path / "history.csv")
+        if problem:
+            problems.append(f"history.csv: {problem}")
+        return problems
+
     @property
     def checkpoint_path(self) -> Path:
         return self.path / "checkpoint.pt"
@@ -169,3 +202,27 @@ class RunDir:
     @property
     def notebook_path(self) -> Path:
         return self.path / "run.ipynb"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _csv_problem(path: Path) -> str | None:
+    """Why a CSV file with a header row cannot be read as a table, or None if it can."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except FileNotFoundError:
+        return "missing"
+    except (ValueError, OSError, csv.Error) as exc:  # undecodable bytes, a NUL byte, ...
+        return f"unreadable ({_first_line(exc)})"
+    if not rows or not rows[0]:
+        return "empty (no header row)"
+    if len(rows) < 2:
+        return "no rows below the header"
+    for line, row in enumerate(rows[1:], start=2):
+        if row and len(row) != len(rows[0]):  # blank lines are skipped by every reader
+            return f"line {line} has {len(row)} fields, its header {len(rows[0])}"
+    return None

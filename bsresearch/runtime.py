@@ -9,13 +9,14 @@ import contextlib
 import hashlib
 import os
 import platform
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, device_message
 from .source import git_commit
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -23,6 +24,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parent
 
 def resolve_device(name: str = "auto") -> torch.device:
     """'auto' -> the first CUDA device if there is one, else the CPU. Asking for CUDA without one is an error."""
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        raise ConfigError(device_message(name))
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
@@ -33,6 +36,32 @@ def resolve_device(name: str = "auto") -> torch.device:
         if index >= torch.cuda.device_count():
             raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
     return torch.device(name)
+
+
+# Out of memory has a type on CUDA (torch.OutOfMemoryError) and in Python (MemoryError), but not in
+# torch's CPU allocator: c10's DefaultCPUAllocator raises a plain RuntimeError, "[enforce fail at
+# alloc_cpu.cpp:...] . DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes. Error
+# code 12 (Cannot allocate memory)" ("not enough memory" on Windows). That message is matched here, and
+# nowhere else. Other RuntimeErrors that mention memory (e.g. "CUDA error: out of memory", which can
+# leave the CUDA context unusable) are not treated as a recoverable OOM.
+_CPU_ALLOCATOR_OOM = re.compile(r"DefaultCPUAllocator: (can't allocate memory|not enough memory)")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` means "out of memory", wherever it was raised (model build, .to(device), a step).
+
+    The one classification used by train.run, the sweep worker and the systems search: by type where
+    one exists; by message only for the CPU allocator's RuntimeError, which has no type of its own.
+    """
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return type(exc) is RuntimeError and _CPU_ALLOCATOR_OOM.search(str(exc)) is not None
+
+
+def oom_message(exc: BaseException) -> str:
+    """The first line of an out-of-memory error (the allocator's advice that follows is long)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def set_threads(threads: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import re
 import sys
 import time
 import traceback
@@ -28,7 +29,17 @@ from .data import BatchSampler, Dataset, dataset_for, in_chunks
 from .models import build_model, count_parameters
 from .noise_tracker import NoiseScaleEMA, noise_ema_columns, squared_grad_norm, update_noise_ema
 from .rundir import RunDir, atomic_write_bytes
-from .runtime import Generators, autocast, check_precision, provenance, resolve_device, set_threads, synchronize
+from .runtime import (
+    Generators,
+    autocast,
+    check_precision,
+    is_out_of_memory,
+    oom_message,
+    provenance,
+    resolve_device,
+    set_threads,
+    synchronize,
+)
 from .step import make_optimizer, training_step
 
 EVAL_CHUNK = 2048          # examples per forward pass during evaluation
@@ -226,7 +237,26 @@ def save_checkpoint(path: Path, cfg: RunConfig, state: TrainState, resumable: bo
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    return torch.load(path, map_location=map_location, weights_only=True)
+    """The checkpoint's contents, loaded with weights_only (no code runs). A file torch refuses (an object
+    that is not a tensor, another format, a damaged file) raises ConfigError naming it and the remedy."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise
+        raise ConfigError(f"checkpoint {path} cannot be loaded: {_refusal(exc)}. It was not written by this "
+                          f"version of bsresearch, or is damaged; delete it to train the run from the start "
+                          f"(`bsresearch train --overwrite` does the same)") from None
+
+
+def _refusal(exc: Exception) -> str:
+    """Why torch.load refused a file, in one line (its weights_only message spans a screen)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    if found:  # e.g. "Unsupported global: GLOBAL numpy._core.multiarray.scalar was not an allowed global ..."
+        return f"torch refuses it with weights_only=True ({found.group(1).split('. ')[0].strip()})"
+    first = text.strip().splitlines()[0].split(". ")[0] if text.strip() else ""
+    return f"torch cannot read it ({type(exc).__name__}: {first})"
 
 
 def load_trained_model(run_dir: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, RunConfig]:
@@ -264,15 +294,26 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     set_threads(cfg.threads)
-    data = dataset_for(cfg, device)
-    n_train = data.n_train
-    C.check_batch_fits(cfg, n_train)
-    if cfg.eval_train_size and cfg.eval_train_size > n_train:
-        raise ConfigError(f"eval_train_size {cfg.eval_train_size} exceeds the training set size {n_train}")
-    total = C.total_steps(cfg, n_train)
-    evals = set(C.eval_steps(cfg, n_train))
-    check_every = LOSS_CHECK_EVERY.get(device.type, 1)
-    state = new_state(cfg, data, device)
+    try:  # moving the data and the model to the device can run out of memory: a result ("oom"), not a bug
+        data = dataset_for(cfg, device)
+        n_train = data.n_train
+        C.check_batch_fits(cfg, n_train)
+        if cfg.eval_train_size and cfg.eval_train_size > n_train:
+            raise ConfigError(f"eval_train_size {cfg.eval_train_size} exceeds the training set size {n_train}")
+        total = C.total_steps(cfg, n_train)
+        evals = set(C.eval_steps(cfg, n_train))
+        check_every = LOSS_CHECK_EVERY.get(device.type, 1)
+        state = new_state(cfg, data, device)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        error = f"out of memory while loading the data or building the model on {device}: {oom_message(exc)}"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if rd:  # config.json too: results.load reads a run without one as "pending"
+            rd.write_config(cfg.to_dict(), {"run_id": C.run_id(cfg)})
+            rd.write_status("oom", error=error, traceback=None, provenance=provenance(device))
+        return RunResult("oom", {}, [], rd.path if rd else None, error)
 
     resumed_from = None
     if rd and rd.checkpoint_path.exists() and not overwrite:
@@ -338,10 +379,11 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
                 stop_clock()
                 save_checkpoint(rd.checkpoint_path, cfg, state, resumable=True)
                 segment_start = time.perf_counter()
-    except torch.OutOfMemoryError as exc:
-        outcome, error = "oom", f"out of memory at step {state.step}: {str(exc).splitlines()[0]}"
     except Exception as exc:  # noqa: BLE001 - recorded, the caller (a sweep) carries on
-        outcome, error, trace = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        if is_out_of_memory(exc):
+            outcome, error = "oom", f"out of memory at step {state.step}: {oom_message(exc)}"
+        else:
+            outcome, error, trace = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
     finally:
         bar.close()
 

@@ -137,3 +137,33 @@ def test_mnist1d_large_is_the_same_generator_with_more_signals(tmp_path, monkeyp
     assert (tmp_path / "mnist1d" / "mnist1d_1500.npz").exists()
     assert not (tmp_path / "mnist1d" / "mnist1d_default.npz").exists()
     assert large.num_classes == 10 and set(large.y_train.tolist()) == set(range(10))
+
+
+def test_fashion_mnist_missing_names_the_dataset_the_folders_and_the_remedies(tmp_path, monkeypatch):
+    import bsresearch.data as data_module
+
+    monkeypatch.setattr(data_module, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-package")
+
+    def no_torchvision(dataset="this dataset"):
+        raise DatasetUnavailable(f"{dataset} needs torchvision", reason="it does not import here")
+    monkeypatch.setattr(data_module, "_import_torchvision", no_torchvision)
+    with pytest.raises(DatasetUnavailable) as err:
+        load_dataset("fashion_mnist", data_dir=tmp_path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("dataset fashion_mnist:")
+    for folder in data_module.fashion_mnist_folders(tmp_path):
+        assert str(folder) in message
+    for remedy in ("apt-get install dataset-fashion-mnist", "--data-dir", "torchvision", "does not import"):
+        assert remedy in message
+    assert not any(tmp_path.iterdir())  # nothing was created
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "mnist", "svhn"])
+def test_torchvision_datasets_name_themselves_when_unavailable(tmp_path, monkeypatch, name):
+    import bsresearch.data as data_module
+
+    def no_torchvision(dataset="this dataset"):
+        raise DatasetUnavailable(f"{dataset} needs torchvision", reason="it does not import here")
+    monkeypatch.setattr(data_module, "_import_torchvision", no_torchvision)
+    with pytest.raises(DatasetUnavailable, match=f"dataset {name} needs torchvision"):
+        load_dataset(name, data_dir=tmp_path)

@@ -75,7 +75,8 @@ def test_relative_data_dir_resolves_against_the_spec_folder():
 
 BAD = [
     ({"nmae": "x"}, "nmae: unknown key (did you mean 'name'?)"),
-    ({"name": "a b"}, "name: required"),
+    ({"name": "a b"}, "name: letters, digits and _.- only"),
+    ({"name": None}, "name: required"),
     ({"grid": {"bacth_size": [8]}}, "grid.bacth_size: unknown RunConfig field (did you mean 'batch_size'?)"),
     ({"grid": {"batch_size": 8}}, "grid.batch_size: must be a non-empty list"),
     ({"grid": {"batch_size": []}}, "grid.batch_size: must be a non-empty list"),
@@ -104,7 +105,8 @@ BAD = [
     ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"sweep": "x"}},
      "analysis_parameters.sweep: set by `bsresearch report` itself"),
     ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"noise_swep": ""}},
-     "analysis_parameters.noise_swep: not a parameter of 23_steps_to_target.ipynb; accepted: noise_sweep, "
+     "analysis_parameters.noise_swep: not a parameter of 23_steps_to_target.ipynb (did you mean 'noise_sweep'?); "
+     "accepted: noise_sweep, "
      "confidence, perfect_exponent, maximal_exponent, measure_at_target"),
 ]
 
@@ -119,7 +121,8 @@ def test_bad_specs_name_the_key(changes, message):
 def test_spec_file_errors_name_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: [unclosed\n")
-    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"bad.yaml, line 2, column 1: not valid YAML: expected .* "
+                                          r"\(while parsing a flow sequence on line 1\)"):
         load_spec(path)
     path.write_text(yaml.safe_dump({"name": "x", "grid": {"lr": [0]}}))
     with pytest.raises(ConfigError, match=r"bad.yaml: grid point lr=0 seed=0: lr must be a positive"):
@@ -130,7 +133,8 @@ def test_spec_file_errors_name_the_file(tmp_path):
 
 def test_data_check_finds_a_batch_larger_than_the_data_before_anything_runs():
     points = expand(spec(grid={"batch_size": [8, 128]}))   # train_size 64
-    with pytest.raises(ConfigError, match="grid point batch_size=128 seed=0: batch_size 128 exceeds the training set size 64"):
+    with pytest.raises(ConfigError,
+                       match="grid point batch_size=128 seed=0: batch_size 128 exceeds the training set size 64"):
         check_data(points)
 
 

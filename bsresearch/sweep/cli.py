@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   bsresearch sweep experiments/demo.yaml --executor dask --cluster slurm --workers 8 \\
       --cluster-option queue=gpu --cluster-option 'job_extra_directives=["--gres=gpu:1"]'
   bsresearch sweep experiments/demo.yaml --cluster slurm --job-script   # print a worker job script
+  bsresearch sweep experiments/demo.yaml --check            # damaged result files, unfinished runs
 Rerunning a sweep skips finished runs and redoes interrupted ones; --retry-failed also redoes
 failed, oom, timeout and died runs."""
 
@@ -31,7 +32,8 @@ def parse_cluster_options(items: list[str] | None) -> dict[str, Any]:
         try:
             out[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--cluster-option {key}: cannot read {value!r}: {exc}") from None
+            problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+            raise ConfigError(f"--cluster-option {key}: cannot read {value!r} as YAML: {problem}") from None
     return out
 
 
@@ -58,6 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, help="seconds per run before it is killed [the spec's timeout]")
     p.add_argument("--dry-run", action="store_true",
                    help="validate, list the runs and what would be done; run nothing")
+    p.add_argument("--check", action="store_true",
+                   help="check the runs on disk: name each damaged result file and count the unfinished runs; "
+                        "run nothing (exit 0 only when every run has ended with readable results)")
     p.add_argument("--retry-failed", action="store_true", help="also redo runs that failed, ran out of memory, "
                                                                "timed out or died")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -71,6 +76,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     options = parse_cluster_options(args.cluster_option)
     spec = load_spec(args.spec)
+    if args.check:
+        return _check(spec, args.runs)
     if args.job_script:
         if not args.cluster:
             raise ConfigError("--job-script needs --cluster slurm or --cluster pbs")
@@ -91,3 +98,20 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     print(report.summary())
     return 0 if report.all_finished else 1
+
+
+def _check(spec, runs_root: str) -> int:
+    from collections import Counter
+
+    from .runner import sweep_state, unfinished_summary
+    if not spec.has_runs:
+        raise ConfigError(f"spec {spec.name!r} defines no runs (it is analysis-only): nothing to check")
+    planned = sweep_state(spec, runs_root)
+    damaged = [p for p in planned if p.found == "damaged"]
+    unfinished = unfinished_summary(planned)
+    for p in damaged:
+        print(f"damaged  {p.point.run_id}  {p.point.label}: {p.problem}; delete {p.run_dir} to redo the run")
+    counts = Counter("running" if p.action == "busy" else p.found for p in planned)
+    print(f"sweep {spec.name}: {len(planned)} runs: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+          + (f"; {unfinished}" if unfinished else ""))
+    return 1 if damaged or unfinished else 0

@@ -9,9 +9,12 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import os
+import re
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +26,8 @@ from .supervise import set_slot
 
 EXECUTORS = ("inline", "local", "dask")
 CLUSTERS = ("slurm", "pbs")
+SCHEDULER_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # Dask's network protocols
+SCHEDULER_CONNECT_TIMEOUT = 5.0  # seconds to wait for a scheduler's port to answer before the sweep starts
 # Defaults for one dask-jobqueue job: one worker process with one thread (each run then starts its own
 # worker process); override any of them with --cluster-option KEY=VALUE.
 JOBQUEUE_DEFAULTS: dict[str, Any] = {
@@ -79,6 +84,47 @@ def default_workers(n_runs: int, gpus: tuple[str, ...]) -> int:
     except AttributeError:
         cores = os.cpu_count() or 1
     return max(1, min(n_runs, len(gpus) or cores))
+
+
+def check_dask(scheduler: str | None = None, cluster: str | None = None,
+               timeout: float = SCHEDULER_CONNECT_TIMEOUT) -> None:
+    """Everything the dask executor needs, checked before anything is written: dask installed, a
+    well-formed --scheduler address with something listening at it, a known --cluster kind."""
+    if importlib.util.find_spec("distributed") is None:
+        raise ConfigError("executor 'dask' needs dask[distributed]: pip install -e '.[dask]'")
+    if scheduler and cluster:
+        raise ConfigError("give either --scheduler ADDRESS or --cluster KIND, not both")
+    if cluster is not None:
+        if cluster not in CLUSTERS:
+            raise ConfigError(f"cluster must be one of {', '.join(CLUSTERS)}; got {cluster!r}")
+        if importlib.util.find_spec("dask_jobqueue") is None:
+            raise ConfigError("--cluster needs dask-jobqueue: pip install -e '.[dask]'")
+    if scheduler is not None:
+        check_scheduler(scheduler, timeout)
+
+
+def check_scheduler(address: str, timeout: float = SCHEDULER_CONNECT_TIMEOUT) -> None:
+    """A Dask scheduler address, [SCHEME://]HOST:PORT, that something answers at within `timeout` seconds;
+    ConfigError otherwise (a malformed address, an unknown host, nothing listening, no answer)."""
+    m = re.fullmatch(r"(?:(?P<scheme>[A-Za-z]+)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d+)/?",
+                     address.strip())
+    scheme = (m.group("scheme") or "tcp").lower() if m else None
+    if m is None or scheme not in SCHEDULER_SCHEMES or not 0 < int(m.group("port")) < 65536:
+        raise ConfigError(f"--scheduler must be a Dask scheduler address [SCHEME://]HOST:PORT, e.g. "
+                          f"tcp://head:8786 (schemes: {', '.join(SCHEDULER_SCHEMES)}; port 1-65535); got {address!r}")
+    if scheme == "ucx":  # not a TCP port to knock on; Dask reports a bad one itself
+        return
+    host, port = m.group("host").strip("[]"), int(m.group("port"))
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except TimeoutError:
+        raise ConfigError(f"--scheduler {address}: no answer within {timeout:g} s (is the scheduler running, "
+                          f"and the port open from here?)") from None
+    except socket.gaierror as exc:
+        raise ConfigError(f"--scheduler {address}: unknown host {host!r} ({exc.strerror})") from None
+    except OSError as exc:
+        raise ConfigError(f"--scheduler {address}: nothing listens there ({exc.strerror or exc}); start one "
+                          f"with `dask scheduler`, or check the address") from None
 
 
 @contextlib.contextmanager

@@ -9,7 +9,10 @@ results.load reads). What happens to a run directory found on disk:
   executed again, and train.run returns the finished training without redoing it);
 - running with its lock free (its process died, e.g. the sweep was killed), or no status: redone;
 - failed, oom, timeout, died: kept, and redone with retry_failed;
-- locked by a live process (another sweep is running it): left alone ("busy").
+- locked by a live process (another sweep is running it): left alone ("busy"); at the end the sweep waits
+  for that process to finish it and counts what it recorded, so two sweeps of one spec both end "ok 4";
+- finished, but a result file damaged (unreadable history.csv, metrics.json or config.json): "damaged",
+  named with the file in the summary, skipped; deleting the run directory gets it redone.
 A failing run never stops the sweep; only a bad spec does, before anything runs.
 """
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 from ..config import ConfigError, check_batch_fits
 from ..rundir import FINISHED_STATES, MANIFEST, RunDir, atomic_write_json, now
 from . import supervise
-from .executors import default_workers, make_executor, visible_gpus
+from .executors import check_dask, default_workers, make_executor, visible_gpus
 from .spec import Point, SweepSpec, expand, load_spec
 from .task import BUSY, RunOutcome, RunTask, is_complete, is_locked
 from .worker import execute_task
@@ -41,8 +44,9 @@ class PlannedRun:
     point: Point
     run_dir: Path
     found: str    # new, interrupted (left running by a dead process), unfinished (trained, notebook cut
-                  # short), or the state on disk
+                  # short), damaged (finished, a result file unreadable), or the state on disk
     action: str   # run | skip | busy
+    problem: str = ""  # found damaged: which file and what is wrong with it
 
 
 @dataclass(frozen=True)
@@ -57,11 +61,14 @@ class SweepReport:
     outcomes: tuple[RunOutcome, ...]
     seconds: float
     dry_run: bool = False
+    waited: tuple[RunOutcome, ...] = ()  # runs another live process held: what it recorded when done
 
     def final_states(self) -> dict[str, str]:
-        """run_id -> state after the sweep (executed runs: their outcome; others: what was found)."""
+        """run_id -> state after the sweep (executed runs: their outcome; runs another process held: what
+        it recorded; others: what was found)."""
         states = {p.point.run_id: p.found for p in self.planned}
-        states.update({o.run_id: o.state for o in self.outcomes})
+        states.update({o.run_id: o.state for o in self.outcomes if o.state != BUSY})
+        states.update({o.run_id: o.state for o in self.waited})
         return states
 
     @property
@@ -76,12 +83,18 @@ class SweepReport:
 
     def summary(self) -> str:
         counts = Counter(self.final_states().values())
-        ran = len(self.outcomes)
+        ran = sum(o.state != BUSY for o in self.outcomes)  # a busy run was executed by another process
         lines = [f"sweep {self.spec.name}: {len(self.planned)} runs in {self.sweep_dir} "
                  f"({ran} executed with {self.executor}/{self.engine}, {self.workers} worker(s), "
                  f"{self.seconds:.1f} s)",
                  "  " + ", ".join(f"{state} {n}" for state, n in sorted(counts.items()))]
+        for p in self.planned:
+            if p.found == "damaged":
+                lines.append(f"  damaged  {p.point.run_id}  {p.point.label}: {p.problem}; delete {p.run_dir} "
+                             f"to redo the run")
         for o in self.outcomes:
+            if o.state == BUSY:
+                continue
             if o.state not in FINISHED_STATES or o.notebook_error:
                 detail = o.error if o.state not in FINISHED_STATES else f"notebook: {o.notebook_error}"
                 lines.append(f"  {o.state:<8} {o.run_id}  {o.label}: {(detail or '').splitlines()[0][:160]}")
@@ -95,10 +108,18 @@ def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -
     for point in points:
         run_dir = sweep_dir / point.run_id
         state = RunDir(run_dir).state()
+        status_problem = RunDir(run_dir).status_problem()
         if is_locked(run_dir):
             found, action = state or "new", BUSY
+        elif status_problem:  # its state is unknown: neither redone over nor counted, until the user looks
+            out.append(PlannedRun(point, run_dir, "damaged", "skip", status_problem))
+            continue
         elif is_complete(run_dir):
-            found, action = state, "skip"
+            damage = RunDir(run_dir).damage()
+            if damage:
+                out.append(PlannedRun(point, run_dir, "damaged", "skip", "; ".join(damage)))
+                continue
+            found, action = str(state), "skip"
         elif state in FINISHED_STATES:  # trained, but killed before its notebook ended: finish the notebook
             found, action = "unfinished", "run"
         elif state in RETRYABLE_STATES:
@@ -107,6 +128,22 @@ def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -
             found, action = ("interrupted" if state == "running" else "new"), "run"
         out.append(PlannedRun(point, run_dir, found, action))
     return out
+
+
+def sweep_state(spec: SweepSpec, runs_root: str | Path = "runs") -> list[PlannedRun]:
+    """What is on disk for each run of the spec (nothing is run or written): `found` is new, interrupted,
+    unfinished, damaged (with `problem`), or the recorded state; `action` busy while a live process holds it."""
+    return plan(expand(spec), Path(runs_root).resolve() / spec.name)
+
+
+def unfinished_summary(planned: list[PlannedRun]) -> str | None:
+    """'3 of 8 runs not finished (2 pending, 1 running)', or None when every run has ended."""
+    running = sum(p.action == BUSY for p in planned)
+    pending = sum(p.action != BUSY and p.found in ("new", "interrupted", "unfinished") for p in planned)
+    if not running and not pending:
+        return None
+    parts = [f"{pending} pending"] * bool(pending) + [f"{running} running"] * bool(running)
+    return f"{pending + running} of {len(planned)} runs not finished ({', '.join(parts)})"
 
 
 def check_data(points: list[Point]) -> None:
@@ -161,6 +198,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     _check_options(spec, executor, engine, workers, timeout)
     if cluster and workers is None:
         raise ConfigError(f"--cluster {cluster} needs --workers N: the number of batch jobs to submit")
+    if executor == "dask":
+        check_dask(scheduler, cluster)  # before sweep.json is written
     points = expand(spec)
     remote = executor == "dask" and (scheduler or cluster)
     if not remote:  # a remote cluster may see data this machine does not
@@ -174,7 +213,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     if not dry_run:
         write_manifest(spec, sweep_dir, points)
     if dry_run or not todo:
-        return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run)
+        waited = () if dry_run else wait_for_others([p for p in planned if p.action == BUSY], progress)
+        return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run, waited)
     tasks = [RunTask(run_dir=str(p.run_dir), config=p.point.config.to_dict(), label=p.point.label, engine=engine,
                      notebook=str(spec.notebook) if spec.notebook else None,
                      timeout=float(timeout or spec.timeout), gpus=gpus)
@@ -197,8 +237,30 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
                 raise
     finally:
         bar.close()
+    busy = {o.run_id for o in outcomes if o.state == BUSY}
+    waited = wait_for_others([p for p in planned if p.action == BUSY or p.point.run_id in busy], progress)
     return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), tuple(outcomes),
-                       time.monotonic() - start)
+                       time.monotonic() - start, waited=waited)
+
+
+def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
+                    poll: float = 0.5) -> tuple[RunOutcome, ...]:
+    """Wait until no live process holds these runs' locks (another sweep of the same spec is running them),
+    then read what each recorded: a run that process finished counts as done here too. A run it left
+    behind (killed) reads "interrupted"."""
+    if runs and (sys.stderr.isatty() if progress is None else progress):
+        print(f"waiting for {len(runs)} run(s) that another process is running", file=sys.stderr)
+    out = []
+    for p in runs:
+        while is_locked(p.run_dir):
+            time.sleep(poll)
+        rd = RunDir(p.run_dir)
+        state = rd.state()
+        if state in (None, "running") or (state in FINISHED_STATES and not is_complete(p.run_dir)):
+            state = "interrupted"
+        error = (rd.status() or {}).get("error")
+        out.append(RunOutcome(p.point.run_id, p.point.label, state, None if error is None else str(error)))
+    return tuple(out)
 
 
 def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | None, timeout: float | None) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import itertools
 import json
 import math
@@ -39,12 +38,11 @@ from typing import Any
 import yaml
 
 from .. import config as C
-from ..config import FIELD_NAMES, ConfigError, RunConfig, run_id
+from ..config import FIELD_NAMES, NAME_PATTERN, ConfigError, RunConfig, check_name, did_you_mean, run_id
 
 SPEC_KEYS = ("name", "description", "notebook", "analysis", "analysis_parameters", "timeout", "base", "grid",
              "variants", "seeds", "measurements", "overrides")
 DEFAULT_TIMEOUT = 3600.0  # seconds per run
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 
 @dataclass(frozen=True)
@@ -96,15 +94,52 @@ def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a spec file. Raises ConfigError naming the file and the key at fault."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"sweep spec {str(path)!r} does not exist")
+        raise ConfigError(f"sweep spec {str(path)!r} " + ("is a folder, not a YAML file" if path.exists()
+                                                            else "does not exist"))
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(yaml_error_line(path, exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as text ({type(exc).__name__}: {exc})") from None
     try:
         return parse_spec(raw, base_dir=path.resolve().parent, path=path.resolve())
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects a key written twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first_line.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error names it
+                continue
+            if seen is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is written twice in one mapping (first on line {seen})",
+                    key_node.start_mark)
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_error_line(path: Path, exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line error as one line: 'FILE, line L, column C: not valid YAML: problem (context)'."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return f"{path}: not valid YAML: {' '.join(str(exc).split())}"
+    context = getattr(exc, "context", None)
+    context_mark = getattr(exc, "context_mark", None)
+    where = f" ({context} on line {context_mark.line + 1})" if context and context_mark else \
+        f" ({context})" if context else ""
+    return f"{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{where}"
 
 
 def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -> SweepSpec:
@@ -113,13 +148,12 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
         raise ConfigError("a sweep spec must be a YAML mapping with at least a 'name' key")
     for key in raw:
         if key not in SPEC_KEYS:
-            close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{key}: unknown key{hint}; accepted keys: {', '.join(SPEC_KEYS)}")
+            raise ConfigError(f"{key}: unknown key{did_you_mean(key, SPEC_KEYS)}; "
+                              f"accepted keys: {', '.join(SPEC_KEYS)}")
     base_dir = Path(base_dir).resolve()
-    name = raw.get("name")
-    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
-        raise ConfigError(f"name: required, letters, digits and _.- only (it names folders); got {name!r}")
+    if raw.get("name") is None:
+        raise ConfigError("name: required (letters, digits and _.-; it names the sweep's folders)")
+    name = check_name("name", raw["name"])
     description = raw.get("description") or ""
     if not isinstance(description, str):
         raise ConfigError(f"description: must be a string; got {description!r}")
@@ -135,7 +169,8 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
                      analysis=_parse_path(raw.get("analysis"), "analysis", base_dir),
                      analysis_parameters=_parse_analysis_parameters(raw.get("analysis_parameters")),
                      timeout=_parse_timeout(raw.get("timeout", DEFAULT_TIMEOUT)),
-                     base=base, grid=grid, variants=variants, seeds=seeds, measurements=measurements, overrides=overrides, raw=raw)
+                     base=base, grid=grid, variants=variants, seeds=seeds, measurements=measurements,
+                     overrides=overrides, raw=raw)
     if not spec.has_runs and spec.analysis is None:
         raise ConfigError("the spec defines no runs (no base, grid, variants or notebook) and no analysis "
                           "notebook: there is nothing to do")
@@ -154,9 +189,8 @@ def _as_list(value: Any, key: str) -> list[Any]:
 
 def _check_field(key: str, name: Any) -> str:
     if name not in FIELD_NAMES:
-        close = difflib.get_close_matches(str(name), FIELD_NAMES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}: unknown RunConfig field{hint}; accepted fields: {', '.join(FIELD_NAMES)}")
+        raise ConfigError(f"{key}: unknown RunConfig field{did_you_mean(name, FIELD_NAMES)}; "
+                          f"accepted fields: {', '.join(FIELD_NAMES)}")
     return name
 
 
@@ -240,7 +274,8 @@ def _parse_measurements(raw: Any) -> tuple[str, ...]:
     for name in names:
         if name not in C.MEASUREMENTS:  # read at call time: measure/ registers its names in config
             accepted = ", ".join(C.MEASUREMENTS) or "none registered yet"
-            raise ConfigError(f"measurements: unknown measurement {name!r}; accepted: {accepted}")
+            raise ConfigError(f"measurements: unknown measurement {name!r}{did_you_mean(name, C.MEASUREMENTS)}; "
+                              f"accepted: {accepted}")
     return tuple(names)
 
 
@@ -259,19 +294,20 @@ def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = ()) -> Ove
         if name == "variant" and variants:
             unknown = [v for v in values if v not in variants]
             if unknown:
-                raise ConfigError(f"{key}.where.variant: unknown variant {unknown[0]!r}; "
+                raise ConfigError(f"{key}.where.variant: unknown variant {unknown[0]!r}"
+                                  f"{did_you_mean(unknown[0], variants)}; "
                                   f"the spec's variants: {', '.join(variants)}")
             where[name] = tuple(values)
             continue
         _check_field(f"{key}.where.{name}", name)
         where[name] = tuple(coerce_field(f"{key}.where.{name}", name, v) for v in values)
-    values = {}
+    new_values = {}
     for name, value in set_raw.items():
         _check_field(f"{key}.set.{name}", name)
         if name == "seed":
             raise ConfigError(f"{key}.set.seed: seeds come from the top-level 'seeds' list")
-        values[name] = coerce_field(f"{key}.set.{name}", name, value)
-    return Override(where=where, values=values)
+        new_values[name] = coerce_field(f"{key}.set.{name}", name, value)
+    return Override(where=where, values=new_values)
 
 
 def _parse_path(raw: Any, key: str, base_dir: Path) -> Path | None:
@@ -285,6 +321,11 @@ def _parse_path(raw: Any, key: str, base_dir: Path) -> Path | None:
                           f"spec file's folder)")
     if path.suffix != ".ipynb":
         raise ConfigError(f"{key}: must be a notebook (.ipynb); got {raw!r}")
+    if not has_parameters_cell(path, key):
+        raise ConfigError(f"{key}: {path.name} has no cell tagged 'parameters': papermill would put the "
+                          f"injected values before the notebook's own defaults, which then overwrite them; tag "
+                          f"the cell of defaults 'parameters' (Jupyter: the cell's property inspector; "
+                          f"jupytext: '# %% tags=[\"parameters\"]')")
     return path
 
 
@@ -303,17 +344,36 @@ def _parse_analysis_parameters(raw: Any) -> dict[str, Any]:
     return dict(raw)
 
 
+def _parameters_cells(path: Path, key: str = "notebook") -> list[str]:
+    """The sources of a notebook's code cells tagged `parameters`; ConfigError if it is not a notebook."""
+    try:
+        cells = json.loads(path.read_text()).get("cells", [])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise ConfigError(f"{key}: {path} is not a readable notebook ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    return ["".join(cell["source"]) if isinstance(cell.get("source"), list) else str(cell.get("source", ""))
+            for cell in cells if isinstance(cell, dict) and cell.get("cell_type") == "code"
+            and "parameters" in (cell.get("metadata") or {}).get("tags", [])]
+
+
+def has_parameters_cell(path: Path, key: str = "notebook") -> bool:
+    """Whether the notebook has a code cell tagged `parameters` (where papermill injects values after)."""
+    return bool(_parameters_cells(path, key))
+
+
 def notebook_parameters(path: Path) -> list[str]:
     """The names assigned in a notebook's `parameters` cell (read with ast; nothing is executed)."""
-    cells = json.loads(path.read_text()).get("cells", [])
     names: list[str] = []
-    for cell in cells:
-        if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            for node in ast.parse(source).body:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
-                    if isinstance(node, ast.AnnAssign) else []
-                names += [t.id for t in targets if isinstance(t, ast.Name)]
+    for source in _parameters_cells(path):
+        try:
+            body = ast.parse(source).body
+        except SyntaxError as exc:
+            raise ConfigError(f"{path.name}: its parameters cell is not valid Python (line {exc.lineno}: "
+                              f"{exc.msg})") from None
+        for node in body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
     return names
 
 
@@ -325,7 +385,8 @@ def _check_analysis_parameters(spec: SweepSpec) -> None:
     accepted = [n for n in notebook_parameters(spec.analysis) if n not in REPORT_PARAMETERS]
     for key in spec.analysis_parameters:
         if key not in accepted:
-            raise ConfigError(f"analysis_parameters.{key}: not a parameter of {spec.analysis.name}; "
+            raise ConfigError(f"analysis_parameters.{key}: not a parameter of {spec.analysis.name}"
+                              f"{did_you_mean(key, accepted)}; "
                               f"accepted: {', '.join(accepted) or 'none'}")
 
 
@@ -351,12 +412,15 @@ def expand(spec: SweepSpec) -> list[Point]:
     applied. A variant's fields come after the base and before the grid point.
 
     Points that end up with the same config (e.g. an override fixes the lr a grid axis varies) are one
-    run: the first is kept. Raises ConfigError naming the point when a config is invalid.
+    run: the first is kept. Raises ConfigError naming the point when a config is invalid, and naming the
+    override when its `where` matches no run (a typo there would otherwise change nothing, silently).
     """
     if not spec.has_runs:
         return []
     names = list(spec.grid)
     points: dict[str, Point] = {}
+    matched = [False] * len(spec.overrides)
+    seen: list[dict[str, list[Any]]] = [{k: [] for k in o.where} for o in spec.overrides]  # values met
     for variant, variant_fields in (spec.variants.items() or [(None, {})]):
         for values in itertools.product(*spec.grid.values()):
             for seed in spec.seeds:
@@ -364,11 +428,31 @@ def expand(spec: SweepSpec) -> list[Point]:
                 fields = {**_DEFAULTS, **spec.base, **variant_fields, **dict(zip(names, values)), "seed": seed}
                 if spec.measurements:
                     fields["measure"] = spec.measurements
-                for override in spec.overrides:  # overrides may match on defaults, and on the variant
-                    if override.matches({**fields, "variant": variant}):
+                for i, override in enumerate(spec.overrides):  # may match on defaults, and on the variant
+                    current = {**fields, "variant": variant}
+                    for k, met in seen[i].items():
+                        if current.get(k) not in met:
+                            met.append(current.get(k))
+                    if override.matches(current):
                         fields.update(override.values)
+                        matched[i] = True
                 _add_point(points, fields, coords)
+    for i, override in enumerate(spec.overrides):
+        if not matched[i]:
+            raise ConfigError(_unmatched_message(i, override, seen[i]))
     return list(points.values())
+
+
+def _unmatched_message(index: int, override: Override, seen: dict[str, list[Any]]) -> str:
+    """Which key of an override's `where` no run has, and the values the runs do have."""
+    def show(values: Any) -> str:
+        return ", ".join(_label({"": v})[1:] for v in values)
+    for key, accepted in override.where.items():
+        if not any(v in accepted for v in seen[key]):
+            return (f"overrides[{index}].where.{key}: no run has {key} {show(accepted)}; the runs have "
+                    f"{show(seen[key])}")
+    return (f"overrides[{index}].where: no run matches all of "
+            f"{', '.join(f'{k}={show(v)}' for k, v in override.where.items())} at once")
 
 
 def _add_point(points: dict[str, Point], fields: dict[str, Any], coords: dict[str, Any]) -> None:

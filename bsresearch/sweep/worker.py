@@ -79,11 +79,13 @@ def execute_task(task: RunTask) -> RunOutcome:
 
 
 def _run_library(task: RunTask, rd: RunDir) -> None:
+    from ..runtime import is_out_of_memory
     from ..train import run
     try:
         run(RunConfig.from_dict(task.config), rd.path, progress=False)
     except Exception as exc:  # noqa: BLE001 - e.g. ConfigError at setup: this run fails, the sweep goes on
-        rd.write_status("failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        rd.write_status("oom" if is_out_of_memory(exc) else "failed", error=f"{type(exc).__name__}: {exc}",
+                        traceback=traceback.format_exc())
     if rd.state() == "running":
         rd.write_status("failed", error="train.run returned without finishing the run")
 

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..config import MODELS, PRECISIONS, ConfigError
+from ..config import MODELS, PRECISIONS, ConfigError, check_name, did_you_mean
 
 UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
@@ -57,13 +57,16 @@ def _workloads(models: list[str], precisions: list[str], optimizer: str):
     for spec in models:
         model, _, dataset = spec.partition(":")
         if model not in MODELS:
-            raise ConfigError(f"models: unknown model {model!r}; accepted: {', '.join(MODELS)} "
+            raise ConfigError(f"models: unknown model {model!r}{did_you_mean(model, MODELS)}; "
+                              f"accepted: {', '.join(MODELS)} "
                               f"(optionally model:dataset, e.g. convnet:fashion_mnist)")
         if dataset and dataset not in INPUT_SHAPES:
-            raise ConfigError(f"models: unknown dataset {dataset!r} in {spec!r}; accepted: {', '.join(INPUT_SHAPES)}")
+            raise ConfigError(f"models: unknown dataset {dataset!r} in {spec!r}{did_you_mean(dataset, INPUT_SHAPES)}; "
+                              f"accepted: {', '.join(INPUT_SHAPES)}")
         for precision in precisions:
             if precision not in PRECISIONS:
-                raise ConfigError(f"precisions: unknown precision {precision!r}; accepted: {', '.join(PRECISIONS)}")
+                raise ConfigError(f"precisions: unknown precision {precision!r}{did_you_mean(precision, PRECISIONS)}; "
+                                  f"accepted: {', '.join(PRECISIONS)}")
             out.append(model_workload(model, precision=precision, optimizer=optimizer, dataset=dataset or None))
     return out
 
@@ -73,6 +76,9 @@ def bench_args(args: argparse.Namespace):
     from ..runtime import check_precision, resolve_device
     from .presets import PRESETS, powers_of_two
     preset = PRESETS[args.preset]
+    check_name("--stem", args.stem)  # both become parts of file names under --out
+    if args.label is not None:
+        check_name("--label", args.label)
     models = args.models.split(",") if args.models else list(preset.models)
     precisions = args.precisions.split(",") if args.precisions else list(preset.precisions)
     workloads = _workloads(models, precisions, args.optimizer or preset.optimizer)

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..runtime import synchronize
+from ..runtime import is_out_of_memory, synchronize
 from .workload import TrainParts, Workload, build_parts, free_memory, restore, snapshot, synthetic_batch, training_step
 
 
@@ -154,7 +154,9 @@ def measure_memory(workload: Workload, batch_sizes: Sequence[int], device: torch
                 row.update(asdict(mem))
                 over = memory_budget is not None and device.type != "cuda" and mem.peak_bytes > memory_budget
                 row["status"] = "oom" if over else "ok"
-            except torch.OutOfMemoryError:
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
                 row["status"] = "oom"
             parts = x = y = None
             free_memory(device, after_failure=row["status"] != "ok")

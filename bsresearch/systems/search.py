@@ -2,11 +2,11 @@
 
 `search_batch_size` is the search alone, over any trial function (tested with a simulated OOM);
 `largest_batch_size` runs it with real training steps on a live model and optimizer and restores both
-exactly afterwards. Only torch.OutOfMemoryError counts as "does not fit": any other error is a bug and
-propagates. On CUDA the memory_budget is enforced by the allocator (a per-process memory fraction); on
-the CPU, where running out of memory is not a catchable error (it is a RuntimeError, or the OOM killer),
-by the fitted memory model: a trial whose predicted peak exceeds the budget raises OutOfMemoryError
-without running.
+exactly afterwards. Only running out of memory (runtime.is_out_of_memory: torch.OutOfMemoryError, or
+the CPU allocator's RuntimeError) counts as "does not fit": any other error is a bug and propagates. On
+CUDA the memory_budget is enforced by the allocator (a per-process memory fraction); on the CPU, where
+the OOM killer may strike before the allocator fails, by the fitted memory model: a trial whose
+predicted peak exceeds the budget raises OutOfMemoryError without running.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..runtime import is_out_of_memory, oom_message
 from .fit import MemoryFit, fit_memory
 from .memory import memory_cap, step_memory
 from .workload import TrainParts, Workload, free_memory, restore, snapshot, synthetic_batch, training_step
@@ -63,7 +64,9 @@ def search_batch_size(trial: Callable[[int], object], start: int = 1, limit: int
         try:
             trial(batch_size)
             ok = True
-        except torch.OutOfMemoryError:
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
             ok = False  # the exception (and the frames holding the trial's tensors) is released here
         free_memory(device or torch.device("cpu"), after_failure=not ok)
         tried.append((batch_size, ok))
@@ -134,8 +137,10 @@ def largest_batch_size(parts: TrainParts, workload: Workload | None, memory_budg
             training_step(parts, *batch_fn(batch_size), loss_fn)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # an asynchronous failure must surface inside this trial
-        except torch.OutOfMemoryError as exc:
-            failure = str(exc).splitlines()[0] if str(exc) else f"out of memory at batch {batch_size}"
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            failure = oom_message(exc) if str(exc) else f"out of memory at batch {batch_size}"
         # The exception and the frames holding the step's tensors are gone here: on CUDA free them before
         # restoring (restoring while they were still alive could itself run out of memory).
         if device.type == "cuda":

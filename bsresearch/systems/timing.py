@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import pandas as pd
 import torch
 
-from ..runtime import synchronize
+from ..runtime import is_out_of_memory, synchronize
 from .workload import Workload, build_parts, free_memory, inference_step, synthetic_batch, training_step
 
 _clock = time.perf_counter  # a module attribute so tests can substitute a fake clock
@@ -116,7 +116,9 @@ def measure_throughput(workload: Workload, batch_sizes: Sequence[int], device: t
             try:
                 row.update(_time_one(workload, batch_size, device, mode, warmup, repeats, min_seconds))
                 row["status"] = "ok"
-            except torch.OutOfMemoryError:
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
                 row["status"] = "oom"
             free_memory(device, after_failure=row["status"] != "ok")
             row.update(device=str(device), threads=torch.get_num_threads() if device.type == "cpu" else None)
