@@ -30,10 +30,6 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     cell fails (the executed notebook, with the error in it, is kept)."""
     if not timeout > 0:
         raise ConfigError(f"timeout must be a positive number of seconds per cell; got {timeout!r}")
-    commit = git_commit()
-    if is_dirty(commit) and not allow_dirty:
-        raise ConfigError(f"the source tree has uncommitted changes (commit {commit}): a report must trace to a "
-                          f"commit; commit (or stash) them first, or pass --allow-dirty and the captions say so")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     if spec.analysis is None:
         raise ConfigError(f"analysis: spec {spec.name!r} names no analysis notebook; add "
@@ -44,6 +40,10 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
                           f"{spec.path or spec.name}` first")
     if spec.has_runs:
         check_sweep_for_report(spec, runs_root, partial)
+    commit = git_commit()  # checked last: mistakes in the input are named first
+    if is_dirty(commit) and not allow_dirty:
+        raise ConfigError(f"the source tree has uncommitted changes (commit {commit}): a report must trace to a "
+                          f"commit; commit (or stash) them first, or pass --allow-dirty and the captions say so")
     out_dir = Path(reports_root).resolve() / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / spec.analysis.name

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .config import ConfigError
+
 STATES = ("running", "ok", "failed", "diverged", "oom", "timeout", "died")
 FINISHED_STATES = ("ok", "diverged")  # a rerun skips these; the others are retried when asked
 MANIFEST = "sweep.json"  # RUNS/<sweep>/sweep.json: the sweep's points, written by bsresearch.sweep.runner
@@ -88,6 +90,11 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+class DamagedRun(ConfigError):
+    """A run's result file cannot be read as written (a full disk, a partial copy, a hand edit): one line
+    naming the run and the file, in the shell and in a notebook."""
+
+
 class RunDir:
     """Reads and writes the files of one run directory; holds no state beyond its path."""
 
@@ -151,12 +158,22 @@ class RunDir:
 
     def history_rows(self) -> list[dict[str, Any]]:
         """history.csv as the rows the training loop wrote: numbers typed (int where written as one),
-        NaN where a value was missing or not finite (written empty), other text as it is."""
+        NaN where a value was missing or not finite (written empty), other text as it is. A damaged file
+        raises DamagedRun naming the run and the line (not a parser error deep in an analysis)."""
+        path = self.path / "history.csv"
         try:
-            with open(self.path / "history.csv", newline="") as f:
-                return [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            with open(path, newline="") as f:
+                rows = []
+                for row in csv.DictReader(f):
+                    if None in row or None in row.values():
+                        raise DamagedRun(f"run {self.path}: history.csv: {_csv_problem(path)}; delete the run "
+                                         f"folder to redo the run")
+                    rows.append({k: _parse_cell(v) for k, v in row.items()})
+                return rows
         except FileNotFoundError:
             return []
+        except (ValueError, csv.Error) as exc:  # undecodable bytes, a NUL byte
+            raise DamagedRun(f"run {self.path}: history.csv: unreadable ({_first_line(exc)})") from None
 
     def has_config(self) -> bool:
         """Whether the run has started (config.json is written before any training)."""

@@ -494,7 +494,7 @@ def test_report_on_an_unfinished_sweep_says_so_unless_partial(tmp_path, capsys, 
     executed = []
     monkeypatch.setattr(papermill, "execute_notebook", lambda src, dst, **kw: executed.append(
         Path(dst).write_text(Path(src).read_text())))
-    assert main(argv + ["--partial"]) == 0
+    assert main(argv + ["--partial", "--allow-dirty"]) == 0
     err = capsys.readouterr().err
     assert err.splitlines()[0] == "note: partial report: sweep tiny has 1 of 2 runs not finished (1 pending)"
     assert executed

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ import pytest
 import scipy.stats
 
 from bsresearch import results, stats
-from bsresearch.config import RunConfig, derived, run_id
+from bsresearch.config import ConfigError, RunConfig, derived, run_id
 from bsresearch.rundir import RunDir, atomic_write_json
 from bsresearch.sweep import runner
 
@@ -179,3 +180,11 @@ def test_the_variant_of_a_spec_is_a_column(tmp_path):
     runs = results.load("v", runs_root=d.parent)
     assert list(runs["variant"]) == ["plain", "sqrt"] and list(runs["test_acc"]) == [0.5, 0.6]
     assert results.sweep_axes("v", runs_root=d.parent) == ["variant", "seed"]
+
+
+def test_a_damaged_history_is_named_when_loaded_not_a_parser_error(sweep):
+    runs = results.load(sweep)
+    path = Path(runs["run_dir"][0]) / "history.csv"
+    path.write_text(path.read_text() + "1,2,3\n")        # a row with too few fields
+    with pytest.raises(ConfigError, match=r"run .*: history.csv: line \d+ has 3 fields, its header \d+"):
+        results.load_history(runs)

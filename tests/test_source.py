@@ -42,9 +42,15 @@ def test_outside_a_checkout_the_commit_is_unknown(tmp_path):
 
 
 def test_report_refuses_a_dirty_tree_before_any_work(tmp_path, monkeypatch):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("sweep = runs_dir = out_dir = spec_path = None",
+                                          metadata={"tags": ["parameters"]})]
+    nbformat.write(nb, tmp_path / "a.ipynb")
+    (tmp_path / "s.yaml").write_text(f"name: s\nanalysis: {tmp_path / 'a.ipynb'}\n")
     monkeypatch.setattr(report, "git_commit", lambda: "0123456789ab-dirty")
     with pytest.raises(ConfigError, match=r"uncommitted changes \(commit 0123456789ab-dirty\).*--allow-dirty"):
-        report.run_report(tmp_path / "missing.yaml", tmp_path / "runs", tmp_path / "reports")
+        report.run_report(tmp_path / "s.yaml", tmp_path / "runs", tmp_path / "reports")
     assert not (tmp_path / "reports").exists()
 
 
