@@ -72,17 +72,16 @@ checkpoint_every: int = 0               # steps between resumable checkpoints (0
 save_checkpoint: bool = True            # keep the final weights in checkpoint.pt (for later measurements)
 
 # --- where the run is written
-runs_dir: str = "../runs"               # run directories go to RUNS_DIR/SWEEP/<run_id>/ (relative to this notebook)
+runs_dir: str = "runs"                  # run directories go to RUNS_DIR/SWEEP/<run_id>/ (relative: to the project)
 sweep: str = "notebook"                 # the folder for runs started from this notebook
 run_dir: Optional[str] = None           # the exact run directory (a sweep sets it); None: RUNS_DIR/SWEEP/<run_id>
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from bsresearch.config import RunConfig, run_id
+from bsresearch.paths import project_path
 from bsresearch.plots import run_curves
 from bsresearch.train import run
 
@@ -99,16 +98,17 @@ cfg = RunConfig(
     noise_scale_every=noise_scale_every, noise_scale_ema=noise_scale_ema, seed=seed, device=device,
     threads=threads, checkpoint_every=checkpoint_every, save_checkpoint=save_checkpoint,
 )
-run_dir = Path(run_dir) if run_dir else Path(runs_dir) / sweep / run_id(cfg)
+run_dir = project_path(run_dir) if run_dir else project_path(runs_dir) / sweep / run_id(cfg)
 print(f"run {run_id(cfg)} -> {run_dir}")
 
 # %%
-# trains, or returns the finished result already in run_dir; failures are recorded, not raised
+# trains (a progress bar in JupyterLab), or returns the finished result already in run_dir;
+# failures are recorded, not raised
 result = run(cfg, run_dir)
 print(result.summary())
 
 # %%
-history = pd.read_csv(Path(run_dir) / "history.csv")
+history = pd.read_csv(run_dir / "history.csv")
 fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5), layout="constrained")
 run_curves(ax_loss, ax_acc, history)
 fig.suptitle(f"{cfg.dataset} / {cfg.model}: batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, "

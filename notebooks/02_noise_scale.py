@@ -38,11 +38,11 @@ hessian_probes: int = 10          # Hutchinson probes for B_noise at the end
 train_size: int = 0               # 0: the whole training set (synthetic: number of examples)
 seed: int = 0                     # init, data order and probes
 device: str = "auto"              # auto | cpu | cuda | cuda:N
-out_dir: str = "reports/noise"    # figures go here
+out_dir: str = "reports/noise"    # figures go here (relative: to the project)
 tag: str = "nb02"
 
 # %%
-from pathlib import Path
+import math
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -51,6 +51,7 @@ import pandas as pd
 from bsresearch.config import RunConfig, lr_at
 from bsresearch.data import dataset_for
 from bsresearch.measure.noise import gradient_noise_scale, hessian_noise_scale, two_batch_noise_scale
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.runtime import resolve_device, set_threads
 from bsresearch.train import evaluate, new_state, train_step
@@ -58,6 +59,7 @@ from bsresearch.train import evaluate, new_state, train_step
 cfg = RunConfig(dataset=dataset, model=model, optimizer=optimizer, lr=lr, batch_size=batch_size,
                 base_batch_size=batch_size, micro_batch_size=micro_batch_size, noise_scale_every=1,
                 budget="steps", budget_amount=steps, train_size=train_size or None, seed=seed, device=device)
+out = project_path(out_dir)
 dev = resolve_device(cfg.device)
 set_threads(1)
 data = dataset_for(cfg, dev)
@@ -73,13 +75,15 @@ for step in range(steps + 1):
         exact = gradient_noise_scale(state.model, x, y, unbiased=False)
         two = two_batch_noise_scale(state.model, x, y, b_small, min(b_big, len(x)), n_draws,
                                     generator=state.generators.probe)
-        ema = state.noise_ema.b_simple if state.noise_ema else np.nan
+        # the EMA has no estimate before its first sample, nor while its |G|^2 estimate is not positive
+        ema = state.noise_ema.b_simple if state.noise_ema else math.nan
+        ema = ema if math.isfinite(ema) and ema > 0 else math.nan
         rows.append({"step": step, "train_loss": evaluate(state.model, x, y)[0], "exact": exact.b_simple,
                      "two_batch": two.b_simple, "ema": ema})
     if step < steps:
         train_step(state, cfg, data, lr_at(cfg, step, data.n_train))
 table = pd.DataFrame(rows)
-table
+table.style.format(precision=4, na_rep="")   # blank: no estimate yet
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
@@ -91,7 +95,7 @@ twin = ax.twinx()
 twin.plot(table.step.clip(lower=1), table.train_loss, color="0.6", lw=1)
 twin.set_ylabel("train loss (grey)")
 ax.legend()
-save_figure(fig, Path(out_dir) / f"{tag}_b_simple", f"B_simple along training ({dataset}/{model}, batch "
+save_figure(fig, out / f"{tag}_b_simple", f"B_simple along training ({dataset}/{model}, batch "
             f"{batch_size}, seed {seed}): exact per-example, two-batch ({b_small}/{b_big}, {n_draws} draws), "
             f"and the training loop's EMA over micro-batches of {micro_batch_size}")
 plt.show()
@@ -102,7 +106,10 @@ plt.show()
 # %%
 final = gradient_noise_scale(state.model, x, y, unbiased=False, per_layer=True)
 with_hessian = hessian_noise_scale(state.model, x, y, n_probes=hessian_probes, generator=state.generators.probe)
-layers = pd.DataFrame([{"layer": name, "b_simple": r.b_simple, "trace_cov": r.trace_cov, "grad_sq_norm": r.grad_sq_norm}
+modules = dict(state.model.named_modules())
+layers = pd.DataFrame([{"layer": f"{name} {type(modules[name]).__name__}",
+                        "weight": "x".join(map(str, modules[name].weight.shape)),
+                        "b_simple": r.b_simple, "trace_cov": r.trace_cov, "grad_sq_norm": r.grad_sq_norm}
                        for name, r in final.per_layer.items()])
 print(f"B_simple {final.b_simple:.4g}   B_noise {with_hessian.b_noise:.4g} +- {with_hessian.b_noise_std_error:.2g}")
 layers

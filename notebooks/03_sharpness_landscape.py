@@ -38,12 +38,10 @@ density_iter: int = 60             # Lanczos steps per probe
 n_alphas: int = 25                 # interpolation points in [-1, 2]
 seed: int = 0                      # same init for SB and LB
 device: str = "auto"               # auto | cpu | cuda | cuda:N
-out_dir: str = "reports/sharpness" # figures go here
+out_dir: str = "reports/sharpness" # figures go here (relative: to the project)
 tag: str = "nb03"
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -52,10 +50,12 @@ from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for
 from bsresearch.measure import curvature, landscape, sharpness
 from bsresearch.measure.functional import batches_of
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.runtime import make_generator, resolve_device
 from bsresearch.train import run
 
+out = project_path(out_dir)
 base = RunConfig(dataset=dataset, model=model, optimizer=optimizer, lr=lr, lr_scaling="none", budget=budget,
                  budget_amount=budget_amount, target_loss=target_loss, max_steps=max_steps,
                  train_size=train_size or None, seed=seed, device=device, save_checkpoint=False)
@@ -106,7 +106,7 @@ for split, style in [("train", "-"), ("test", "--")]:
 acc.set_ylabel("accuracy (%)", color="r")
 ax.legend(loc="upper left")
 acc.legend(loc="upper right")
-save_figure(fig, Path(out_dir) / f"{tag}_interpolation", f"Loss and accuracy on the line from the small-batch "
+save_figure(fig, out / f"{tag}_interpolation", f"Loss and accuracy on the line from the small-batch "
             f"({small_batch}) to the large-batch ({large_batch}) solution, {dataset}/{model}, {optimizer} lr {lr:g}, "
             f"seed {seed}; BatchNorm buffers interpolated too")
 plt.show()
@@ -121,6 +121,6 @@ if density_probes:
         ax.plot(grid, density.density(grid, sigma=0.02 * (grid[-1] - grid[0])) + 1e-8, label=name)
     ax.set(yscale="log", xlabel="Hessian eigenvalue", ylabel="density", title="spectral density (SLQ)")
     ax.legend()
-    save_figure(fig, Path(out_dir) / f"{tag}_spectrum", f"Hessian spectral density by stochastic Lanczos "
+    save_figure(fig, out / f"{tag}_spectrum", f"Hessian spectral density by stochastic Lanczos "
                 f"quadrature ({density_probes} probes x {density_iter} steps), SB vs LB")
     plt.show()

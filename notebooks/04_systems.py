@@ -38,16 +38,15 @@ target_batch_size: int = 2 ** 14          # the batch size a study wants: the ac
 b_noise: Optional[float] = None           # a measured gradient noise scale (examples); None: measure B_simple below
 noise_steps: int = 300                    # training steps before measuring B_simple (when b_noise is None)
 noise_examples: int = 2000                # training examples B_simple is computed over
-out_dir: str = "reports/systems"          # figures go here
+out_dir: str = "reports/systems"          # figures go here (relative: to the project)
 tag: str = "nb04"                         # file name stem
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 
 from bsresearch import RunConfig, run
 from bsresearch.data import dataset_for
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.systems import bench_figure, memory_breakdown_plot, precision_plot, recommendation_plots
 from bsresearch.runtime import resolve_device, set_threads
@@ -66,7 +65,7 @@ dev = resolve_device(device)
 set_threads(1)
 budget = parse_bytes(memory_budget) if memory_budget else None
 workloads = [model_workload(model, precision=p, optimizer=optimizer, dataset=dataset) for p in precisions]
-out = Path(out_dir)
+out = project_path(out_dir)
 label = device_label(dev)
 print(dev, label, "budget", budget)
 

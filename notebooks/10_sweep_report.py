@@ -21,17 +21,16 @@
 from typing import Optional
 
 sweep: str = "demo"                 # the sweep's name: its runs are in RUNS_DIR/SWEEP/
-runs_dir: str = "../runs"           # root folder of run directories (relative to this notebook)
-out_dir: str = "../reports/demo"    # figures and tables are written here
+runs_dir: str = "runs"              # root folder of run directories (relative: to the project)
+out_dir: str = "reports/demo"       # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = None     # the spec file, for the record
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 from IPython.display import display
 
 from bsresearch import results
+from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import (
     figure_grid,
     learning_curves,
@@ -41,8 +40,9 @@ from bsresearch.plots import (
     steps_to_target_plot,
 )
 
-out = Path(out_dir)
+runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
+require_sweep(sweep, runs_dir)
 runs = results.load(sweep, runs_root=runs_dir)
 ok = results.finished(runs)
 print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))

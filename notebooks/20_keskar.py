@@ -21,8 +21,8 @@
 from typing import Optional
 
 sweep: str = "keskar"              # the sweep to analyse (bsresearch report passes it)
-runs_dir: str = "runs"              # root folder of run directories
-out_dir: str = "."                  # where figures and tables go (the report runs with this as cwd)
+runs_dir: str = "runs"              # root folder of run directories (relative: to the project)
+out_dir: str = "reports/keskar"     # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = None     # the spec file (informational)
 contrast_sweep: Optional[str] = None    # the fixed-epochs comparison (None: SWEEP_epochs, if it exists)
 small_batch: Optional[int] = None       # None: the smallest batch size of the sweep
@@ -37,12 +37,15 @@ from IPython.display import display
 from bsresearch import results
 from bsresearch.analysis import interpolate_runs, measure_runs
 from bsresearch.measure.sharpness import keskar_sharpness
+from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings import interpolation_plot
 from bsresearch.plots.sweeps import figure_grid, metric_vs_batch
 from bsresearch.runtime import make_generator
 
-runs = results.load(sweep, runs_dir)
+runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
+out.mkdir(parents=True, exist_ok=True)
+runs = results.load(require_sweep(sweep, runs_dir))
 ok = results.finished(runs)
 small_batch = small_batch or int(ok["batch_size"].min())
 first = ok.iloc[0]
@@ -73,8 +76,8 @@ metrics = ["test_acc", "train_acc", "train_loss", "gap_acc", "steps",
            *[f"keskar_subspace_phi_eps{eps_key(e)}" for e in eps_values],
            "hessian_top_eigenvalue"]
 summary = results.summarize(ok, "batch_size", metrics)
-summary.to_csv("keskar_summary.csv", index=False)
-ok[["batch_size", "seed", *metrics]].sort_values(["batch_size", "seed"]).to_csv("keskar_runs.csv", index=False)
+summary.to_csv(out / "keskar_summary.csv", index=False)
+ok[["batch_size", "seed", *metrics]].sort_values(["batch_size", "seed"]).to_csv(out / "keskar_runs.csv", index=False)
 summary[["batch_size", "n"] + [f"{m}_mean" for m in metrics]]
 
 # %% [markdown]
@@ -92,7 +95,7 @@ for seed in sorted(ok["seed"].unique()):
                        **{f"ratio_{m}": lb[m] / sb[m] for m in metrics if "phi" in m or "eigenvalue" in m}})
 paired = pd.DataFrame(paired)
 paired_summary = results.summarize(paired, "large_batch", [c for c in paired if c not in ("seed", "large_batch")])
-paired_summary.to_csv("keskar_paired.csv", index=False)
+paired_summary.to_csv(out / "keskar_paired.csv", index=False)
 paired_summary
 
 # %%
@@ -104,7 +107,7 @@ for ax, (y, title) in zip(axes, [("test_acc", "test accuracy"), ("keskar_phi_eps
     ax.set_title(title, fontsize=10)
     if y != "test_acc":
         ax.set_yscale("log")
-save_figure(fig, "keskar_target", f"Keskar et al. ({setting}): test "
+save_figure(fig, out / "keskar_target", f"Keskar et al. ({setting}): test "
             "accuracy, Keskar sharpness phi (full space and a random 100-dim subspace, eps 1e-3) and the top "
             "Hessian eigenvalue at the end of training, against batch size; mean and 95% interval over seeds, "
             "dots are single seeds.", runs=ok)
@@ -123,14 +126,14 @@ for seed in sorted(ok["seed"].unique()):
         table = interpolate_runs(sb["run_dir"].iloc[0], lb["run_dir"].iloc[0])
         curves.append(table.assign(seed=seed, large_batch=b))
 curves = pd.concat(curves, ignore_index=True)
-curves.to_csv("keskar_interpolation.csv", index=False)
+curves.to_csv(out / "keskar_interpolation.csv", index=False)
 large = sorted(curves["large_batch"].unique())
 fig, axes = plt.subplots(2, len(large), figsize=(4.2 * len(large), 6), layout="constrained", squeeze=False)
 for col, b in enumerate(large):
     interpolation_plot(axes[0][col], axes[1][col], curves[curves.large_batch == b],
                        a_label=f"B={small_batch}", b_label=f"B={b}")
     axes[0][col].set_title(f"B={small_batch} (alpha 0) to B={b} (alpha 1)", fontsize=10)
-save_figure(fig, "keskar_parametric", f"Keskar et al.'s parametric plot ({setting}): cross-entropy (log "
+save_figure(fig, out / "keskar_parametric", f"Keskar et al.'s parametric plot ({setting}): cross-entropy (log "
             "scale) and accuracy on the training and test sets along (1 - alpha) x_SB + alpha x_LB, 25 points "
             "in [-1, 2]; the line is the mean over seeds (each pair from the same initial weights), the band "
             "the range.", runs=ok)
@@ -140,10 +143,9 @@ save_figure(fig, "keskar_parametric", f"Keskar et al.'s parametric plot ({settin
 # reach the target).
 
 # %%
-from pathlib import Path
 
 contrast_sweep = contrast_sweep or f"{sweep}_epochs"
-if not (Path(runs_dir) / contrast_sweep).is_dir():
+if not (runs_dir / contrast_sweep).is_dir():
     print(f"no contrast sweep {contrast_sweep!r} in {runs_dir}: skipped")
 else:
     fixed = results.finished(results.load(contrast_sweep, runs_dir))
@@ -153,13 +155,13 @@ else:
     contrast_metrics = ["test_acc", "train_loss", "train_acc", "steps", "keskar_phi_eps1e-3",
                         "hessian_top_eigenvalue"]
     contrast = results.summarize(both, ["protocol", "batch_size"], contrast_metrics)
-    contrast.to_csv("keskar_fixed_epochs_summary.csv", index=False)
+    contrast.to_csv(out / "keskar_fixed_epochs_summary.csv", index=False)
     fig, axes = figure_grid(3, width=3.8)
     for ax, y in zip(axes, ["test_acc", "train_loss", "keskar_phi_eps1e-3"]):
         metric_vs_batch(ax, both, y, hue="protocol")
         if y != "test_acc":
             ax.set_yscale("log")
-    save_figure(fig, "keskar_fixed_epochs", f"Keskar comparison ({setting}) under two budgets: trained to the "
+    save_figure(fig, out / "keskar_fixed_epochs", f"Keskar comparison ({setting}) under two budgets: trained to the "
                 f"target train loss (the protocol) vs {epochs} for every batch size. At fixed epochs the large "
                 "batches take few steps and are under-trained (high train loss), so their lower test accuracy "
                 "is not evidence for sharp minima. Mean and 95% interval over seeds.", runs=both)

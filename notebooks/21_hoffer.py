@@ -25,26 +25,26 @@
 from typing import Optional
 
 sweep: str = "hoffer"                              # the sweep's name: its runs are in RUNS_DIR/SWEEP/
-runs_dir: str = "../runs"                          # root folder of run directories
-out_dir: str = "../reports/hoffer"                 # figures and tables are written here
-spec_path: Optional[str] = "../experiments/hoffer.yaml"  # the spec: which variant each run belongs to
+runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
+out_dir: str = "reports/hoffer"                    # figures and tables are written here (relative: to the project)
+spec_path: Optional[str] = "experiments/hoffer.yaml"     # the spec: which variant each run belongs to
 reference: str = "sb"                              # the small-batch variant every other is compared with
 fit_t_min: float = 10.0                            # first step of the distance fit (skips the first updates)
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from bsresearch import recipes, results
+from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import figure_grid, learning_curves, save_figure
 from bsresearch.plots.recipes import distance_vs_steps, variant_colors, variant_points
 from bsresearch.sweep.spec import load_spec
 
-out = Path(out_dir)
+runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-spec = load_spec(spec_path)
+require_sweep(sweep, runs_dir)
+spec = load_spec(project_path(spec_path))
 order = recipes.variant_order(spec)
 colors = variant_colors(order)                     # one colour per variant in every figure
 runs = results.load(sweep, runs_root=runs_dir)

@@ -27,27 +27,27 @@
 from typing import Optional
 
 sweep: str = "goyal"                               # the sweep's name: its runs are in RUNS_DIR/SWEEP/
-runs_dir: str = "../runs"                          # root folder of run directories
-out_dir: str = "../reports/goyal"                  # figures and tables are written here
-spec_path: Optional[str] = "../experiments/goyal.yaml"  # the spec: which rule (variant) each run belongs to
+runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
+out_dir: str = "reports/goyal"                     # figures and tables are written here (relative: to the project)
+spec_path: Optional[str] = "experiments/goyal.yaml"     # the spec: which rule (variant) each run belongs to
 break_drop: float = 0.01                           # a rule breaks when its test accuracy falls this far ...
 baseline_batch: int = 32                           # ... below its own value at this batch size
 curve_rules: list = ["none", "linear", "linear_warmup", "sqrt_warmup"]  # rules shown in the training curves
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from bsresearch import recipes, results
+from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import figure_grid, learning_curves, save_figure
 from bsresearch.plots.recipes import rule_vs_batch
 from bsresearch.sweep.spec import load_spec
 
-out = Path(out_dir)
+runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-spec = load_spec(spec_path)
+require_sweep(sweep, runs_dir)
+spec = load_spec(project_path(spec_path))
 order = recipes.variant_order(spec)
 runs = results.load(sweep, runs_root=runs_dir)
 rows = results.generalization_gap(recipes.runs_per_variant(runs, spec))

@@ -31,8 +31,8 @@
 from typing import Optional
 
 sweep: str = "steps_to_target"             # the steps-to-target sweep: its runs are in RUNS_DIR/SWEEP/
-runs_dir: str = "../runs"                  # root folder of run directories (relative to this notebook)
-out_dir: str = "../reports/steps_to_target"  # figures and tables are written here
+runs_dir: str = "runs"                     # root folder of run directories (relative: to the project)
+out_dir: str = "reports/steps_to_target"     # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = None            # the spec file, for the record
 noise_sweep: str = "steps_to_target_noise" # B_simple / B_noise at checkpoints of one run ("" to skip)
 confidence: float = 0.95                   # level of every interval (t-intervals over seeds, fit intervals)
@@ -41,7 +41,6 @@ maximal_exponent: float = 0.2              # ... and below this, maximal data pa
 measure_at_target: bool = True             # B_simple at each best-lr run's final weights (needs torch, ~2-4 s each)
 
 # %%
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -50,6 +49,7 @@ from IPython.display import display
 
 from bsresearch import results
 from bsresearch import steps_to_target as stt
+from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import figure_grid, learning_curves, save_figure
 from bsresearch.plots.steps import (
     examples_vs_batch,
@@ -61,8 +61,9 @@ from bsresearch.plots.steps import (
     tuned_lr_vs_batch,
 )
 
-out = Path(out_dir)
+runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
+require_sweep(sweep, runs_dir)
 runs = results.load(sweep, runs_root=runs_dir)
 print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
 tried = results.finished(runs, include_diverged=True)   # a diverged run is a data point (no steps)

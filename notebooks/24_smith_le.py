@@ -33,8 +33,8 @@
 from typing import Optional
 
 sweep: str = "smith_le"             # part 1: lr x batch size, all 4000 examples (bsresearch report passes it)
-runs_dir: str = "runs"              # root folder of run directories
-out_dir: str = "."                  # where figures and tables go (the report runs with this as cwd)
+runs_dir: str = "runs"              # root folder of run directories (relative: to the project)
+out_dir: str = "reports/smith_le"   # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = None     # the spec file (informational)
 edge_sweep: Optional[str] = "smith_le_edge"   # part 1 extended below the grid's edge (None: not used)
 n_sweep: str = "smith_le_n"         # part 2: train_size x batch size at lr n_lr
@@ -46,7 +46,6 @@ confidence: float = 0.95            # for every interval
 
 # %%
 import math
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -62,6 +61,7 @@ from bsresearch.optimum import (
     power_law,
     power_law_by_seed,
 )
+from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import save_figure
 from bsresearch.plots.noise_scale_sgd import (
     agreement_plot,
@@ -71,14 +71,14 @@ from bsresearch.plots.noise_scale_sgd import (
 )
 from bsresearch.plots.sweeps import figure_grid, learning_curves, metric_vs_batch
 
-out = Path(out_dir)
+runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
 CHANCE_LOSS = 0.99 * math.log(10)   # a final train loss this high: the network collapsed to chance
 
 
 def load(name):
     """Finished runs (ok and diverged) of a sweep, with the noise scale and a 'collapsed' flag."""
-    runs = results.load(name, runs_dir)
+    runs = results.load(require_sweep(name, runs_dir))
     print(f"{name}: {len(runs)} runs:", ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
     done = results.finished(runs, include_diverged=True)
     return done.assign(collapsed=pd.to_numeric(done["train_loss"], errors="coerce") >= CHANCE_LOSS,

@@ -19,8 +19,8 @@
 from typing import Optional
 
 sweep: str = "nqm"              # the sweep to analyse (bsresearch report passes it)
-runs_dir: str = "runs"              # root folder of run directories
-out_dir: str = "."                  # where figures and tables go (the report runs with this as cwd)
+runs_dir: str = "runs"              # root folder of run directories (relative: to the project)
+out_dir: str = "reports/nqm"        # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = None     # the spec file (informational)
 dim: int = 10_000                 # number of curvature directions (Zhang et al.: 10^4)
 target_fraction: float = 0.01     # target: this fraction of the initial loss
@@ -34,16 +34,19 @@ import pandas as pd
 
 from bsresearch.measure.critical import fit_critical_batch
 from bsresearch.nqm import NQM, steps_vs_batch_size
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings import steps_by_optimizer
 from bsresearch.runtime import git_commit
 
+out = project_path(out_dir)   # relative paths: to the project
+out.mkdir(parents=True, exist_ok=True)
 model = NQM.zhang(dim)
 target = target_fraction * model.initial_loss()
 batch_sizes = [2 ** k for k in range(max_batch_exponent + 1)]
 lrs = np.logspace(lr_grid[0], lr_grid[1], int(lr_grid[2]))
 table = pd.DataFrame(steps_vs_batch_size(model, batch_sizes, target, lrs=lrs))
-table.to_csv("nqm_steps.csv", index=False)
+table.to_csv(out / "nqm_steps.csv", index=False)
 print(f"initial loss {model.initial_loss():.4f}, target {target:.4f}; best lr on the grid edge for",
       int(table["lr_at_grid_edge"].sum()), "of", len(table), "points")
 table.pivot(index="batch_size", columns="optimizer", values="steps")
@@ -57,14 +60,15 @@ fit_table = pd.DataFrame([{"optimizer": n, "b_crit": f.b_crit, "b_crit_low": f.b
                                                            & (table.batch_size == 1)]["steps"].iloc[0]),
                            "fewest_steps": float(table[table.optimizer == n]["steps"].min())}
                           for n, f in fits.items()])
-fit_table.to_csv("nqm_critical_batch.csv", index=False)
+fit_table.to_csv(out / "nqm_critical_batch.csv", index=False)
 fit_table
 
 # %%
 fig, ax = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
 steps_by_optimizer(ax, table, fits)
 ax.set_title(f"NQM, d = {dim}, target {target_fraction:.0%} of the initial loss", fontsize=10)
-save_figure(fig, "nqm_steps", f"Noisy quadratic model (Zhang et al. 2019): steps to reach {target_fraction:.0%} of "
-            "the initial loss against batch size, lr (and momentum in {0, 0.5, 0.9, 0.99}) tuned per batch size "
+save_figure(fig, out / "nqm_steps", f"Noisy quadratic model (Zhang et al. 2019): steps to reach "
+            f"{target_fraction:.0%} of the initial loss against batch size, "
+            "lr (and momentum in {0, 0.5, 0.9, 0.99}) tuned per batch size "
             "on a log grid; exact expected loss, no sampling. Dotted: perfect scaling from batch 1; dashed: "
             f"B_crit of the fit S = S_min (1 + B_crit/B). Commit {git_commit()}.")

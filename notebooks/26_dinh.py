@@ -20,8 +20,8 @@
 from typing import Optional
 
 sweep: str = "dinh"              # the sweep to analyse (bsresearch report passes it)
-runs_dir: str = "runs"              # root folder of run directories
-out_dir: str = "."                  # where figures and tables go (the report runs with this as cwd)
+runs_dir: str = "runs"              # root folder of run directories (relative: to the project)
+out_dir: str = "reports/dinh"       # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = None     # the spec file (informational)
 source_sweep: str = "keskar"        # trained models to reparameterise (their checkpoints)
 batch_sizes: list = [32, 4000]      # which of its runs
@@ -37,12 +37,15 @@ from bsresearch import results
 from bsresearch.analysis import relu_rescale
 from bsresearch.data import dataset_for
 from bsresearch.measure import curvature, sharpness
+from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings import reparameterisation_plot
 from bsresearch.runtime import make_generator
 from bsresearch.train import evaluate, load_trained_model
 
-source = results.finished(results.load(source_sweep, runs_dir))
+runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
+out.mkdir(parents=True, exist_ok=True)
+source = results.finished(results.load(require_sweep(source_sweep, runs_dir)))
 chosen = source[source.batch_size.isin(batch_sizes) & source.seed.isin(seeds)]
 rows = []
 for _, run in chosen.iterrows():
@@ -66,11 +69,11 @@ for _, run in chosen.iterrows():
                 other, x, y, 0.05, adaptive=True, generator=make_generator(cfg.seed, "dinh")).sharpness,
         })
 table = pd.DataFrame(rows)
-table.to_csv("dinh_runs.csv", index=False)
+table.to_csv(out / "dinh_runs.csv", index=False)
 measures = ["train_loss", "test_acc", "keskar_phi", "top_eigenvalue", "hessian_trace", "worst_case",
             "adaptive_worst_case", "adaptive_average_case"]
 summary = results.summarize(table, ["batch_size", "alpha"], ["max_output_change", *measures])
-summary.to_csv("dinh_summary.csv", index=False)
+summary.to_csv(out / "dinh_summary.csv", index=False)
 summary[["batch_size", "alpha", "n", "max_output_change_mean"] + [f"{m}_mean" for m in measures]]
 
 # %%
@@ -83,6 +86,7 @@ for ax, b in zip(axes[0], batch_sizes):
     mean = table[table.batch_size == b].groupby("alpha", as_index=False)[list(shown)].mean()
     reparameterisation_plot(ax, mean, shown)
     ax.set_title(f"cnn1d trained at batch {b} (mean over seeds {seeds})", fontsize=10)
-save_figure(fig, "dinh_reparameterisation", "Dinh et al. on MNIST-1D: the first conv layer multiplied by alpha and "
+save_figure(fig, out / "dinh_reparameterisation", "Dinh et al. on MNIST-1D: the first conv layer multiplied by "
+            "alpha and "
             "the second divided by alpha (the same function: outputs unchanged to float precision). Each measure "
             "relative to its value at alpha = 1, mean over seeds.", runs=chosen)

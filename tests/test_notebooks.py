@@ -131,3 +131,37 @@ def test_analysis_notebooks_take_the_report_parameters(spec):
         pytest.skip("no analysis notebook")
     names = {p.name for p in PythonTranslator.inspect(parameters_cell(nbformat.read(analysis, as_version=4)))}
     assert REPORT_PARAMETERS <= names
+
+
+def test_relative_paths_resolve_against_the_project_whatever_the_working_directory(tmp_path, monkeypatch):
+    from bsresearch.paths import project_path
+    monkeypatch.chdir(tmp_path)   # as papermill's --cwd, or a kernel started in notebooks/
+    assert project_path("runs") == ROOT / "runs" and project_path() == ROOT
+    assert project_path(tmp_path / "x") == tmp_path / "x"
+
+
+def test_a_sweep_that_has_not_run_is_one_line_naming_the_spec_and_the_command(tmp_path):
+    from bsresearch.paths import SweepMissing, require_sweep
+    with pytest.raises(SweepMissing) as err:
+        require_sweep("keskar", tmp_path)
+    assert str(err.value) == (f"no runs of sweep 'keskar' in {tmp_path}: "
+                              "run `bsresearch sweep experiments/keskar.yaml` first")
+    assert err.value._render_traceback_() == [f"SweepMissing: {err.value}"]   # what IPython shows: one line
+    (tmp_path / "keskar" / "r1").mkdir(parents=True)
+    (tmp_path / "keskar" / "r1" / "config.json").write_text("{}")
+    assert require_sweep("keskar", tmp_path) == tmp_path / "keskar"
+
+
+@pytest.mark.slow
+def test_an_analysis_notebook_opened_before_its_sweep_says_what_to_run(tmp_path):
+    # executed as JupyterLab does (kernel in notebooks/, the committed parameters), with no runs: one line
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    nb = nbformat.read(NOTEBOOK_DIR / "10_sweep_report.ipynb", as_version=4)
+    parameters_cell(nb).source += f"\nruns_dir = {str(tmp_path / 'runs')!r}\nout_dir = {str(tmp_path / 'out')!r}"
+    with pytest.raises(CellExecutionError):
+        NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
+                       shutdown_kernel="immediate").execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert [e.traceback for e in errors] == [[f"SweepMissing: no runs of sweep 'demo' in {tmp_path / 'runs'}: "
+                                              "run `bsresearch sweep experiments/demo.yaml` first"]]
