@@ -165,3 +165,18 @@ def test_an_analysis_notebook_opened_before_its_sweep_says_what_to_run(tmp_path)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert [e.traceback for e in errors] == [[f"SweepMissing: no runs of sweep 'demo' in {tmp_path / 'runs'}: "
                                               "run `bsresearch sweep experiments/demo.yaml` first"]]
+
+
+def test_progress_bar_shows_in_jupyterlab_and_not_under_papermill(monkeypatch):
+    import sys
+    import types
+
+    from bsresearch.train import _progress_bar
+    monkeypatch.setitem(sys.modules, "ipykernel", sys.modules.get("ipykernel") or types.ModuleType("ipykernel"))
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    assert _progress_bar(10, None).disable          # papermill's kernel: no Jupyter server session
+    monkeypatch.setenv("JPY_SESSION_NAME", "/p/notebooks/01_train.ipynb")   # set by the Jupyter server
+    bar = _progress_bar(10, None)
+    assert not bar.disable
+    bar.close()
+    assert _progress_bar(10, False).disable

@@ -54,10 +54,12 @@ def test_by_hand_and_by_papermill_give_the_same_run(tmp_path, tiny):
 
 
 @pytest.mark.slow
-def test_report_executes_the_analysis_notebook_into_the_reports_folder(tmp_path):
+def test_report_executes_the_analysis_notebook_into_the_reports_folder(tmp_path, capfd):
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     assert run_sweep(SMOKE, runs_root=runs, executor="inline", progress=False).all_finished
+    capfd.readouterr()
     out = run_report(SMOKE, runs, reports)
+    assert "without encryption" not in capfd.readouterr().err     # the kernel's log stays quiet
     assert out == reports.resolve() / "smoke"
     names = {p.name for p in out.iterdir()}
     for stem in ("metrics_vs_batch", "learning_curves"):
@@ -131,3 +133,24 @@ def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):
     spec.write_text("name: s\nbase: {dataset: synthetic}\n")
     with pytest.raises(ConfigError, match="analysis: spec 's' names no analysis notebook"):
         run_report(spec, tmp_path / "runs", tmp_path / "reports")
+
+
+@pytest.mark.parametrize("n, width, shape", [(3, 4.6, (1, 3)), (4, 3.6, (2, 2)), (2, 5.2, (1, 2)), (7, 4.0, (3, 3))])
+def test_report_figures_fit_a_page_and_open_whole(tmp_path, n, width, shape):
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots import PNG_MAX_WIDTH, figure_grid, save_figure
+    from bsresearch.plots.sweeps import PAGE_WIDTH
+    fig, axes = figure_grid(n, width=width, height=3.6)
+    assert len(axes) == len(fig.axes) == n and fig.get_figwidth() <= PAGE_WIDTH + 1e-9
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in axes} == {shape}
+    for ax in axes:
+        ax.plot([1, 2], [3, 4])
+        ax.set_title("a title as long as the reports use")
+    png = save_figure(fig, tmp_path / "f", "caption")[0]
+    assert 0.5 * PNG_MAX_WIDTH < matplotlib.image.imread(png).shape[1] <= PNG_MAX_WIDTH
+    plt.close(fig)
+    wide, _ = plt.subplots(figsize=(16, 4))   # a notebook's own figure, wider than a page
+    assert matplotlib.image.imread(save_figure(wide, tmp_path / "w", "caption")[0]).shape[1] <= PNG_MAX_WIDTH
+    plt.close(wide)
