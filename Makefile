@@ -74,7 +74,9 @@ test-browser: $(LAB_STAMP)
 # Each notebooks/*.ipynb rewritten from its .py, or the .py from the .ipynb, whichever is newer; outputs removed
 clean-notebooks: install
 	$(BIN)/jupytext --sync notebooks/[0-9]*.py
-	$(BIN)/jupyter nbconvert --clear-output --inplace --log-level=WARN notebooks/[0-9]*.ipynb
+	$(BIN)/jupyter nbconvert --clear-output --inplace --log-level=WARN --ClearMetadataPreprocessor.enabled=True \
+	  --ClearMetadataPreprocessor.clear_notebook_metadata=False --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags \
+	  notebooks/[0-9]*.ipynb
 
 # CPU benchmarks; results (CSV, figures) in benchmarks/results/, named with the machine.
 bench: install

@@ -180,3 +180,23 @@ def test_progress_bar_shows_in_jupyterlab_and_not_under_papermill(monkeypatch):
     assert not bar.disable
     bar.close()
     assert _progress_bar(10, False).disable
+
+
+NEEDS_A_SWEEP = [s for s in STEMS if "require_sweep(" in (NOTEBOOK_DIR / f"{s}.py").read_text()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", NEEDS_A_SWEEP)
+def test_every_analysis_notebook_opened_before_its_sweep_says_what_to_run(stem, tmp_path):
+    # as JupyterLab runs it: the kernel in notebooks/, the notebook's own parameters, no runs yet
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    nb = nbformat.read(NOTEBOOK_DIR / f"{stem}.ipynb", as_version=4)
+    parameters_cell(nb).source += f"\nruns_dir = {str(tmp_path / 'runs')!r}\nout_dir = {str(tmp_path / 'out')!r}"
+    with pytest.raises(CellExecutionError):
+        NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
+                       shutdown_kernel="immediate").execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert len(errors) == 1 and len(errors[0].traceback) == 1, errors
+    line = errors[0].traceback[0]
+    assert line.startswith("SweepMissing: no runs of sweep '") and "run `bsresearch sweep experiments/" in line
