@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install data test demo lab test-browser clean-notebooks bench bench-gpu reproduce reproduce-gpu clean
+.PHONY: install data test test-fast lint typecheck demo lab test-browser clean-notebooks bench bench-gpu reproduce reproduce-gpu clean
 
 install: $(STAMP)
 
@@ -43,6 +43,18 @@ data:
 
 test: install data
 	$(BIN)/python -m pytest -q
+
+# The tests not marked slow (papermill end-to-end runs are): a quick check while editing.
+test-fast: install data
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# ruff (pyflakes, pycodestyle, bugbear, isort, pyupgrade) and mypy, configured in pyproject.toml.
+LINT_PATHS := bsresearch tests benchmarks notebooks/*.py
+lint: install
+	$(BIN)/ruff check $(LINT_PATHS)
+
+typecheck: install
+	$(BIN)/mypy
 
 # The main job: a Keskar-style sweep on MNIST-1D through papermill (one worker per core), then its report.
 demo: install

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"

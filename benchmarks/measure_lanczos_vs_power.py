@@ -75,7 +75,7 @@ def main() -> None:
 
         seeds = itertools.count(1)   # each call starts from a new random vector
 
-        def call(method: str) -> float:
+        def call(method: str, k=k, max_iter=max_iter, seeds=seeds, results=results) -> float:
             seconds, pairs = timed_eigs(model, batches, k, method, args.tol, max_iter[method], device, next(seeds))
             results[method].append(pairs)
             return seconds

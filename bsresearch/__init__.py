@@ -1,6 +1,6 @@
 """bsresearch: how batch size shapes training speed, GPU cost and generalization.
 
-The public API is re-exported here; see README.md for the workflow and DESIGN.md for the layout.
+The public API is re-exported here; see README.md for the workflow and docs/design.md for the layout.
 Importing the package does not import torch until a torch-using name is accessed, so analysis code
 (results, plots) stays light.
 """
@@ -45,10 +45,9 @@ _LAZY = {
     # sweeps and results
     "run_sweep": "sweep", "load_spec": "sweep", "SweepSpec": "sweep",
 }
-# analysis modules of the reproductions: steps_to_target (Shallue/McCandlish), optimum (Smith & Le),
-# recipes (Hoffer/Goyal), analysis (finished runs' weights: Keskar, Dinh), nqm (Zhang et al.)
-_SUBMODULES = ("results", "plots", "nqm", "measure", "systems", "sweep", "analysis", "steps_to_target", "optimum",
-               "recipes")
+# subpackages and torch-free modules, imported on first access; the reproductions' analyses are
+# bsresearch.findings.<name> (keskar, dinh, hoffer, goyal, steps_to_target, smith_le, nqm)
+_SUBMODULES = ("results", "stats", "plots", "findings", "measure", "systems", "sweep", "noise_tracker")
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Accepted values. The registries in data.py, models.py and measure/ are checked against these by tests.
-DATASETS = ("mnist1d", "fashion_mnist", "synthetic", "cifar10", "cifar100", "mnist", "svhn")
+DATASETS = ("mnist1d", "mnist1d_large", "fashion_mnist", "synthetic", "cifar10", "cifar100", "mnist", "svhn")
 IMAGE_DATASETS = ("fashion_mnist", "cifar10", "cifar100", "mnist", "svhn")
 MODELS = ("mlp", "cnn1d", "convnet", "resnet")
 OPTIMIZERS = ("sgd", "adam", "adamw")

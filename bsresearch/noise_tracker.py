@@ -66,7 +66,11 @@ def update_noise_ema(ema: NoiseScaleEMA, sq_norm_small: float, sq_norm_big: floa
 
 def squared_grad_norm(model: nn.Module) -> torch.Tensor:
     """|p.grad|^2 summed over the model's parameters (a 0-d float32 tensor; no device sync)."""
-    return sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)
+    total = torch.zeros((), device=next(model.parameters()).device)
+    for p in model.parameters():
+        if p.grad is not None:
+            total += (p.grad.float() ** 2).sum()
+    return total
 
 
 def noise_ema_columns(ema: NoiseScaleEMA | None) -> dict[str, float]:

@@ -1,11 +1,13 @@
-"""Sweep results as tidy pandas tables, and the analysis helpers. No torch import: analysis runs anywhere.
+"""Sweep results as tidy pandas tables. No torch import: analysis runs anywhere.
 
     runs = load("demo")                 # one row per run: config columns, final metrics, state, provenance
     history = load_history(runs)        # long form: one row per (run, evaluation)
     ok = finished(runs)                 # state ok (or also diverged)
-    summarize(ok, "batch_size", ["test_acc"])        # mean, std, t-interval over seeds
-    best_lr(ok, "steps_to_target", by="batch_size")  # lr tuned per batch size (mean over seeds)
+    to_target(history, 0.1)             # steps, examples, epochs at the first evaluation under a loss
     critical_batch(table)               # S = S_min (1 + B_crit/B) on steps-to-target
+
+Run directories are read through bsresearch.rundir.RunDir only. Statistics over seeds (summarize, best_lr,
+intervals) are in bsresearch.stats.
 
 Columns of `load`: sweep, run_id, label, state, error, notebook_error, every RunConfig field (tuples stay
 tuples), the derived values of config.json (effective_lr, total_steps, n_train, ...), every final metric of
@@ -25,9 +27,7 @@ import pandas as pd
 
 from .config import FIELD_NAMES, ConfigError
 from .rundir import FINISHED_STATES as FINISHED
-from .rundir import MANIFEST
-
-LOWER_IS_BETTER = ("loss", "steps", "examples", "epochs", "gap", "seconds", "sharpness")
+from .rundir import MANIFEST, RunDir
 
 
 # ----------------------------------------------------------------------------- loading
@@ -51,7 +51,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def sweep_dir(sweep: str | Path, runs_root: str | Path = "runs") -> Path:
     """The folder of a sweep: `sweep` itself when it is a folder, else RUNS_ROOT/<sweep>."""
     path = Path(sweep)
-    if path.is_dir() and ((path / MANIFEST).exists() or any(path.glob("*/config.json"))):
+    if path.is_dir() and ((path / MANIFEST).exists() or any(RunDir(d).has_config() for d in path.iterdir())):
         return path
     path = Path(runs_root) / str(sweep)
     if not path.is_dir():
@@ -61,17 +61,18 @@ def sweep_dir(sweep: str | Path, runs_root: str | Path = "runs") -> Path:
 
 
 def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any]) -> dict[str, Any]:
-    config = _read_json(run_dir / "config.json")
-    status = _read_json(run_dir / "status.json") or {}
+    rd = RunDir(run_dir)
     row: dict[str, Any] = {"sweep": sweep, "run_id": run_dir.name, "label": label}
-    if config is None:  # listed in the manifest, not started yet
+    if not rd.has_config():  # listed in the manifest, not started yet
         row.update(coords, state="pending")
         return row
+    config = rd.config()
+    status = rd.status() or {}
     row.update(state=status.get("state"), error=status.get("error"), notebook_error=status.get("notebook_error"))
     derived = config.pop("derived", {}) or {}
     row.update({k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
     row.update({k: v for k, v in derived.items() if k not in row})
-    for k, v in _flatten(_read_json(run_dir / "metrics.json") or {}).items():
+    for k, v in _flatten(rd.metrics()).items():
         if k not in row:
             row[k] = v
         elif row[k] != v:
@@ -103,7 +104,7 @@ def load(sweeps: str | Path | Iterable[str | Path], runs_root: str | Path = "run
             for p in points:
                 rows.append(_run_row(folder / p["run_id"], name, p.get("label"), p.get("coords") or {}))
         else:
-            for run_dir in sorted(d for d in folder.iterdir() if (d / "config.json").exists()):
+            for run_dir in sorted(d for d in folder.iterdir() if RunDir(d).has_config()):
                 rows.append(_run_row(run_dir, name, None, {}))
     return pd.DataFrame(rows)
 
@@ -141,10 +142,10 @@ def load_history(runs: pd.DataFrame, columns: Sequence[str] | None = None) -> pd
     columns = [c for c in columns if c in runs]
     frames = []
     for _, run in runs.iterrows():
-        path = Path(str(run.get("run_dir"))) / "history.csv"
-        if run.get("run_dir") is None or not path.exists() or path.stat().st_size == 0:
+        rows = RunDir(str(run["run_dir"])).history_rows() if isinstance(run.get("run_dir"), str) else []
+        if not rows:
             continue
-        hist = pd.read_csv(path)
+        hist = pd.DataFrame(rows)
         keys = {"sweep": run["sweep"], "run_id": run["run_id"]}
         keys.update({("config_lr" if c == "lr" else c): run[c] for c in columns})
         front = pd.DataFrame({k: [v] * len(hist) for k, v in keys.items()})  # lists: tuples stay values
@@ -155,57 +156,10 @@ def load_history(runs: pd.DataFrame, columns: Sequence[str] | None = None) -> pd
 
 
 # ----------------------------------------------------------------------------- analysis helpers
-def summarize(runs: pd.DataFrame, by: str | Sequence[str], metrics: Sequence[str],
-              confidence: float = 0.95) -> pd.DataFrame:
-    """Per group (e.g. batch size): n, and for each metric its mean, std, and the Student-t interval of
-    the mean over seeds (`<metric>_mean`, `_std`, `_low`, `_high`). NaN values (e.g. never reached the
-    target) are left out of that metric's statistics."""
-    from scipy import stats
-    by = [by] if isinstance(by, str) else list(by)
-    rows = []
-    for key, group in runs.groupby(by, sort=True, dropna=False):
-        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        row["n"] = len(group)
-        for m in metrics:
-            values = pd.to_numeric(group[m], errors="coerce").dropna().to_numpy(float)
-            mean = float(values.mean()) if len(values) else math.nan
-            std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
-            half = float(stats.t.ppf((1 + confidence) / 2, len(values) - 1) * std / math.sqrt(len(values))) \
-                if len(values) > 1 else math.nan
-            row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_low": mean - half, f"{m}_high": mean + half})
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
-def lower_is_better(metric: str) -> bool:
-    """Losses, steps, examples, epochs, gaps, seconds and sharpness are minimised; the rest maximised."""
-    return any(word in metric for word in LOWER_IS_BETTER)
 
 
-def best_lr(runs: pd.DataFrame, metric: str, by: str | Sequence[str] = "batch_size", lr: str = "lr",
-            minimize: bool | None = None) -> pd.DataFrame:
-    """For each group (batch size), the learning rate with the best mean `metric` over seeds.
-
-    A run with a missing value (diverged, never reached the target) counts as the worst possible, so an
-    lr that fails for some seed is not chosen over one that always works. Columns: the `by` columns,
-    lr, `<metric>` (mean over seeds at that lr), n_seeds, n_lrs, and `interior`: whether the best lr lies
-    strictly inside the lrs tried (if not, extend the grid: the optimum may lie beyond it).
-    """
-    by = [by] if isinstance(by, str) else list(by)
-    minimize = lower_is_better(metric) if minimize is None else minimize
-    worst = math.inf if minimize else -math.inf
-    scores = runs.assign(_score=pd.to_numeric(runs[metric], errors="coerce").fillna(worst))
-    per_lr = scores.groupby(by + [lr], sort=True)["_score"].agg(["mean", "size"]).reset_index()
-    rows = []
-    for key, group in per_lr.groupby(by, sort=True):
-        best = group.loc[group["mean"].idxmin() if minimize else group["mean"].idxmax()]
-        lrs = sorted(group[lr])
-        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        row.update({lr: best[lr], metric: best["mean"] if math.isfinite(best["mean"]) else math.nan,
-                    "n_seeds": int(best["size"]), "n_lrs": len(lrs),
-                    "interior": len(lrs) > 2 and lrs[0] < best[lr] < lrs[-1]})
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def to_target(history: pd.DataFrame, target: float, loss: str = "train_loss") -> pd.DataFrame:
@@ -216,7 +170,7 @@ def to_target(history: pd.DataFrame, target: float, loss: str = "train_loss") ->
     """
     keep = [c for c in history.columns if c in FIELD_NAMES or c in ("sweep", "run_id", "config_lr")]
     rows = []
-    for run_id, group in history.groupby("run_id", sort=False):
+    for _, group in history.groupby("run_id", sort=False):
         group = group.sort_values("step")
         hit = group[group[loss] <= target]
         row = group.iloc[0][keep].to_dict()

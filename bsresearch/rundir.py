@@ -70,6 +70,20 @@ def read_json(path: Path) -> Any:
         return json.load(f)
 
 
+def _parse_cell(text: str) -> Any:
+    """A history.csv cell back to the value the loop wrote: int, float (NaN for an empty cell) or text."""
+    if text == "":
+        return math.nan
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -135,12 +149,18 @@ class RunDir:
             writer.writerows(_jsonable(rows))
         atomic_write_text(self.path / "history.csv", buf.getvalue())
 
-    def history_rows(self) -> list[dict[str, str]]:
+    def history_rows(self) -> list[dict[str, Any]]:
+        """history.csv as the rows the training loop wrote: numbers typed (int where written as one),
+        NaN where a value was missing or not finite (written empty), other text as it is."""
         try:
             with open(self.path / "history.csv", newline="") as f:
-                return list(csv.DictReader(f))
+                return [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
         except FileNotFoundError:
             return []
+
+    def has_config(self) -> bool:
+        """Whether the run has started (config.json is written before any training)."""
+        return (self.path / "config.json").exists()
 
     @property
     def checkpoint_path(self) -> Path:

@@ -1,6 +1,6 @@
 """The training loop: TrainState, one optimizer step, evaluation, and `run`, which writes a run directory.
 
-Read `run` top to bottom: it is the whole experiment. Conventions (see DESIGN.md):
+Read `run` top to bottom: it is the whole experiment. Conventions (docs/design.md#conventions):
 - batch size = examples per optimizer update; micro-batches only split the work (gradient accumulation);
 - the loss is the mean cross-entropy over the batch;
 - the learning rate at each step is `config.lr_at(cfg, step, n_train)`, nothing else sets it;
@@ -30,6 +30,7 @@ from .models import build_model, count_parameters
 from .noise_tracker import NoiseScaleEMA, noise_ema_columns, squared_grad_norm, update_noise_ema
 from .rundir import RunDir, atomic_write_bytes
 from .runtime import Generators, autocast, check_precision, provenance, resolve_device, set_threads, synchronize
+from .step import make_optimizer, training_step
 
 EVAL_CHUNK = 2048          # examples per forward pass during evaluation
 LOSS_CHECK_EVERY = {"cpu": 1, "cuda": 16}  # steps between divergence checks (each one syncs the device)
@@ -74,17 +75,6 @@ class TrainState:
         self.noise_ema = NoiseScaleEMA(**state["noise_ema"]) if state.get("noise_ema") else None
 
 
-def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer with lr 0: the loop sets every step's lr from `config.lr_at`."""
-    params = model.parameters()
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=0.0, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=0.0, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=0.0, weight_decay=cfg.weight_decay)
-
-
 def new_state(cfg: RunConfig, data: Dataset, device: torch.device) -> TrainState:
     """Fresh model (weights from the 'init' generator only), optimizer and sampler for `cfg`."""
     gens = Generators.from_seed(cfg.seed, device)
@@ -96,46 +86,39 @@ def new_state(cfg: RunConfig, data: Dataset, device: torch.device) -> TrainState
 
 
 def train_step(state: TrainState, cfg: RunConfig, data: Dataset, lr: float) -> torch.Tensor:
-    """One optimizer update on the next cfg.batch_size examples; returns the batch's mean loss (a tensor).
+    """One optimizer update (step.training_step) on the next cfg.batch_size examples; returns the batch's
+    mean loss (a tensor).
 
-    With micro_batch_size, the batch is split and gradients accumulate; each micro-batch's mean loss is
-    weighted by its share of the batch, so the gradient equals the full batch's (BatchNorm aside: its
-    statistics then come from micro-batches).
-    Every cfg.noise_scale_every steps, |G_small|^2 (the first micro-batch's gradient alone) and |G_big|^2
-    (the whole batch's) feed the two-batch noise-scale EMA: both at the same parameters, no drift.
+    With micro_batch_size, the batch is split and gradients accumulate (step.training_step weights each
+    micro-batch's loss by its share). Every cfg.noise_scale_every steps, |G_small|^2 (the first
+    micro-batch's gradient alone) and |G_big|^2 (the whole batch's) feed the two-batch noise-scale EMA:
+    both at the same parameters, no drift.
     """
-    model, optimizer, scaler = state.model, state.optimizer, state.scaler
-    device = data.x_train.device
     idx = state.sampler.next()
-    for group in optimizer.param_groups:
+    for group in state.optimizer.param_groups:
         group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
     micro_batches = idx.split(cfg.micro_batch_size) if cfg.micro_batch_size else (idx,)
-    total_loss = torch.zeros((), device=device)
-    sample_noise = cfg.noise_scale_every > 0 and state.step % cfg.noise_scale_every == 0
-    for i, micro in enumerate(micro_batches):
-        with autocast(cfg.precision, device):
-            loss = F.cross_entropy(model(data.x_train[micro]), data.y_train[micro])
-        if len(micro_batches) > 1:
-            loss = loss * (len(micro) / len(idx))
-        (scaler.scale(loss) if scaler else loss).backward()
-        if sample_noise and i == 0:  # undo the micro-batch weight: the small batch's own mean-loss gradient
-            small_sq_norm = squared_grad_norm(model) / (len(micro) / len(idx)) ** 2
-        total_loss += loss.detach().float()
-    if sample_noise:
-        grad_scale_sq = scaler.get_scale() ** 2 if scaler else 1.0
+    batches = [(data.x_train[micro], data.y_train[micro]) for micro in micro_batches]
+    small_sq_norm: list[torch.Tensor] = []
+
+    def after_backward(i: int) -> None:
+        if i == 0:  # undo the micro-batch weight: the small batch's own mean-loss gradient
+            small_sq_norm.append(squared_grad_norm(state.model) / (len(micro_batches[0]) / len(idx)) ** 2)
+
+    def before_update() -> None:
+        grad_scale_sq = state.scaler.get_scale() ** 2 if state.scaler else 1.0
         state.noise_ema = update_noise_ema(state.noise_ema or NoiseScaleEMA(cfg.noise_scale_ema),
-                                           float(small_sq_norm) / grad_scale_sq,
-                                           float(squared_grad_norm(model)) / grad_scale_sq,
+                                           float(small_sq_norm[0]) / grad_scale_sq,
+                                           float(squared_grad_norm(state.model)) / grad_scale_sq,
                                            len(micro_batches[0]), len(idx))
-    if scaler:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
+
+    sample_noise = cfg.noise_scale_every > 0 and state.step % cfg.noise_scale_every == 0
+    loss = training_step(state.model, state.optimizer, batches, cfg.precision, state.scaler,
+                         after_backward=after_backward if sample_noise else None,
+                         before_update=before_update if sample_noise else None)
     state.step += 1
     state.examples_seen += len(idx)
-    return total_loss
+    return loss
 
 
 @torch.no_grad()
@@ -248,7 +231,7 @@ def load_trained_model(run_dir: str | Path, device: torch.device | str = "cpu") 
     rd = RunDir(run_dir)
     if not rd.checkpoint_path.exists():
         raise FileNotFoundError(f"{rd.checkpoint_path} does not exist (was the run saved with save_checkpoint?)")
-    cfg = RunConfig.from_json((rd.path / "config.json").read_text())
+    cfg = RunConfig.from_dict({k: v for k, v in rd.config().items() if k != "derived"})
     data = dataset_for(cfg, "cpu")
     model = build_model(cfg, data.input_shape, data.num_classes, torch.Generator())
     model.load_state_dict(load_checkpoint(rd.checkpoint_path)["state"]["model"])
@@ -275,7 +258,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     """
     rd = RunDir(run_dir) if run_dir is not None else None
     if rd and rd.is_finished() and not overwrite:
-        return RunResult(rd.state(), rd.metrics(), rd.history_rows(), rd.path)
+        return RunResult(rd.state() or "ok", rd.metrics(), rd.history_rows(), rd.path)
 
     # --- setup: everything that can be wrong with the input fails here, before any training
     device = resolve_device(cfg.device)

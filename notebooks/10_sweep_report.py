@@ -29,7 +29,7 @@ spec_path: Optional[str] = None     # the spec file, for the record
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from bsresearch import results
+from bsresearch import results, stats
 from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import (
     figure_grid,
@@ -90,7 +90,7 @@ plt.show()
 # %%
 # with the lr tuned per batch size on a target budget: steps to the target, and the critical batch
 if "lr" in axes_of_sweep and set(ok["budget"]) == {"target"} and ok["batch_size"].nunique() >= 2:
-    best = results.best_lr(ok, "steps_to_target", by="batch_size")
+    best = stats.best_lr(ok, "steps_to_target", by="batch_size")
     display(best)
     fit = results.critical_batch(best) if best["steps_to_target"].notna().sum() >= 2 else None
     fig, axes = figure_grid(2)
@@ -109,7 +109,7 @@ if "lr" in axes_of_sweep and set(ok["budget"]) == {"target"} and ok["batch_size"
 # the summary table: mean, std and 95% interval over seeds per batch size (and the varied axis)
 metrics = [m for m in ["test_acc", "train_acc", "gap_acc", "train_loss", "steps", "train_seconds", *measured]
            if m in results.generalization_gap(ok)]
-table = results.summarize(results.generalization_gap(ok), ["batch_size"] + ([hue] if hue else []), metrics)
+table = stats.summarize(results.generalization_gap(ok), ["batch_size"] + ([hue] if hue else []), metrics)
 table.to_csv(out / "summary.csv", index=False)
 shown = ["batch_size"] + ([hue] if hue else []) + ["n"] + [f"{m}_mean" for m in metrics]
 lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]

@@ -34,12 +34,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from bsresearch import results
-from bsresearch.analysis import interpolate_runs, measure_runs
+from bsresearch import results, stats
+from bsresearch.findings.keskar import interpolate_runs, interpolation_plot
+from bsresearch.findings.runs import measure_runs
 from bsresearch.measure.sharpness import keskar_sharpness
 from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import save_figure
-from bsresearch.plots.findings import interpolation_plot
 from bsresearch.plots.sweeps import figure_grid, metric_vs_batch
 from bsresearch.runtime import make_generator
 
@@ -75,7 +75,7 @@ metrics = ["test_acc", "train_acc", "train_loss", "gap_acc", "steps",
            *[f"keskar_phi_eps{eps_key(e)}" for e in eps_values],
            *[f"keskar_subspace_phi_eps{eps_key(e)}" for e in eps_values],
            "hessian_top_eigenvalue"]
-summary = results.summarize(ok, "batch_size", metrics)
+summary = stats.summarize(ok, "batch_size", metrics)
 summary.to_csv(out / "keskar_summary.csv", index=False)
 ok[["batch_size", "seed", *metrics]].sort_values(["batch_size", "seed"]).to_csv(out / "keskar_runs.csv", index=False)
 summary[["batch_size", "n"] + [f"{m}_mean" for m in metrics]]
@@ -94,7 +94,7 @@ for seed in sorted(ok["seed"].unique()):
         paired.append({"seed": seed, "large_batch": b, "test_acc_drop": sb["test_acc"] - lb["test_acc"],
                        **{f"ratio_{m}": lb[m] / sb[m] for m in metrics if "phi" in m or "eigenvalue" in m}})
 paired = pd.DataFrame(paired)
-paired_summary = results.summarize(paired, "large_batch", [c for c in paired if c not in ("seed", "large_batch")])
+paired_summary = stats.summarize(paired, "large_batch", [c for c in paired if c not in ("seed", "large_batch")])
 paired_summary.to_csv(out / "keskar_paired.csv", index=False)
 paired_summary
 
@@ -154,7 +154,7 @@ else:
                      ignore_index=True)
     contrast_metrics = ["test_acc", "train_loss", "train_acc", "steps", "keskar_phi_eps1e-3",
                         "hessian_top_eigenvalue"]
-    contrast = results.summarize(both, ["protocol", "batch_size"], contrast_metrics)
+    contrast = stats.summarize(both, ["protocol", "batch_size"], contrast_metrics)
     contrast.to_csv(out / "keskar_fixed_epochs_summary.csv", index=False)
     fig, axes = figure_grid(3, width=3.8)
     for ax, y in zip(axes, ["test_acc", "train_loss", "keskar_phi_eps1e-3"]):

@@ -35,20 +35,23 @@ fit_t_min: float = 10.0                            # first step of the distance 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from bsresearch import recipes, results
+from bsresearch import results, stats
+from bsresearch.findings import hoffer
+from bsresearch.findings.hoffer import distance_vs_steps, variant_points
 from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import figure_grid, learning_curves, save_figure
-from bsresearch.plots.recipes import distance_vs_steps, variant_colors, variant_points
+from bsresearch.plots.sweeps import variant_colors
+from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
 require_sweep(sweep, runs_dir)
 spec = load_spec(project_path(spec_path))
-order = recipes.variant_order(spec)
+order = variants.variant_order(spec)
 colors = variant_colors(order)                     # one colour per variant in every figure
 runs = results.load(sweep, runs_root=runs_dir)
-rows = results.generalization_gap(recipes.runs_per_variant(runs, spec))
+rows = results.generalization_gap(variants.runs_per_variant(runs, spec))
 ok = rows[rows["state"] == "ok"]
 print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", results.budget_description(rows))
 
@@ -56,16 +59,16 @@ print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", res
 # per variant: mean, std and 95% t-interval over seeds
 metrics = ["test_acc", "train_acc", "gap_acc", "train_loss", "test_loss", "gap_loss", "steps", "epochs",
            "effective_lr", "distance_from_init", "train_seconds"]
-table = recipes.summarize_states(rows, "variant", metrics).set_index("variant").loc[order].reset_index()
+table = stats.summarize_states(rows, "variant", metrics).set_index("variant").loc[order].reset_index()
 table.to_csv(out / "variants.csv", index=False)
 shown = ["test_acc", "train_acc", "gap_acc", "train_loss", "steps", "effective_lr", "distance_from_init"]
 (out / "variants.md").write_text(results.provenance_caption(rows) + "\n\n"
-                                 + recipes.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
-print(recipes.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
+                                 + stats.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
+print(stats.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
 
 # %%
 # each variant minus the small batch (Welch 95% interval over seeds): has the gap closed?
-versus = pd.concat([recipes.versus_reference(rows, m, {"variant": reference}).assign(metric=m)
+versus = pd.concat([stats.versus_reference(rows, m, {"variant": reference}).assign(metric=m)
                     for m in ["test_acc", "gap_acc", "train_loss"]], ignore_index=True)
 versus.to_csv(out / "versus_sb.csv", index=False)
 versus_wide = versus.pivot(index="variant", columns="metric", values=["diff", "low", "high"])
@@ -74,7 +77,7 @@ versus_wide.reindex(order).dropna(how="all").round(4)
 # %%
 # each ingredient's effect with the others held fixed: the LB variants form a 2^3 factorial design
 lb_variants = [v for v in order if v != reference]
-effects = pd.concat([recipes.ingredient_effects(rows, m, lb_variants).assign(metric=m)
+effects = pd.concat([hoffer.ingredient_effects(rows, m, lb_variants).assign(metric=m)
                      for m in ["test_acc", "gap_acc", "distance_from_init"]], ignore_index=True)
 effects.to_csv(out / "ingredient_effects.csv", index=False)
 effects[effects["metric"] == "test_acc"].round(4)
@@ -101,12 +104,12 @@ plt.show()
 
 # %%
 history = results.load_history(ok, ["variant", "batch_size", "seed", "lr_scaling", "ghost_batch_size", "budget"])
-fits = recipes.distance_fits(history, by=("variant", "seed"), t_min=fit_t_min)
+fits = hoffer.distance_fits(history, by=("variant", "seed"), t_min=fit_t_min)
 fits.to_csv(out / "distance_fits_per_run.csv", index=False)
-fit_table = results.summarize(fits, "variant", ["slope", "intercept", "r2", "alpha", "r2_power", "t_max", "n_points"])
+fit_table = stats.summarize(fits, "variant", ["slope", "intercept", "r2", "alpha", "r2_power", "t_max", "n_points"])
 fit_table = fit_table.set_index("variant").loc[[v for v in order if v in set(fit_table["variant"])]].reset_index()
 fit_table.to_csv(out / "distance_fits.csv", index=False)
-print(recipes.markdown_table(fit_table, ["variant"], ["slope", "r2", "alpha", "r2_power", "t_max"]))
+print(stats.markdown_table(fit_table, ["variant"], ["slope", "r2", "alpha", "r2_power", "t_max"]))
 
 # %%
 same_epochs = [v for v in order if not v.endswith("_ra")]

@@ -38,19 +38,21 @@ curve_rules: list = ["none", "linear", "linear_warmup", "sqrt_warmup"]  # rules 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from bsresearch import recipes, results
+from bsresearch import results, stats
+from bsresearch.findings import goyal
+from bsresearch.findings.goyal import rule_vs_batch
 from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import figure_grid, learning_curves, save_figure
-from bsresearch.plots.recipes import rule_vs_batch
+from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
 require_sweep(sweep, runs_dir)
 spec = load_spec(project_path(spec_path))
-order = recipes.variant_order(spec)
+order = variants.variant_order(spec)
 runs = results.load(sweep, runs_root=runs_dir)
-rows = results.generalization_gap(recipes.runs_per_variant(runs, spec))
+rows = results.generalization_gap(variants.runs_per_variant(runs, spec))
 unique = rows.drop_duplicates("run_id")            # for captions: each run counted once
 print(f"{runs['run_id'].nunique()} runs ({len(rows)} rule x batch x seed rows; the batch-{baseline_batch} runs "
       f"are shared by the rules):", dict(runs["state"].value_counts()), "| budget:", results.budget_description(rows))
@@ -60,29 +62,29 @@ rows.pivot_table(index="variant", columns="batch_size", values="state", aggfunc=
 # %%
 # per rule and batch size: mean, std and 95% t-interval over the seeds that finished, and the outcomes
 metrics = ["test_acc", "train_acc", "gap_acc", "train_loss", "test_loss", "effective_lr", "steps", "train_seconds"]
-table = recipes.summarize_states(rows, ["variant", "batch_size"], metrics)
+table = stats.summarize_states(rows, ["variant", "batch_size"], metrics)
 table["variant"] = pd.Categorical(table["variant"], order, ordered=True)
 table = table.sort_values(["variant", "batch_size"]).reset_index(drop=True)
-diff = recipes.versus_baseline_batch(rows, "test_acc", baseline_batch).rename(
+diff = goyal.versus_baseline_batch(rows, "test_acc", baseline_batch).rename(
     columns={"diff": "test_acc_vs_base", "low": "test_acc_vs_base_low", "high": "test_acc_vs_base_high"})
 table = table.merge(diff[["variant", "batch_size", "test_acc_vs_base", "test_acc_vs_base_low",
                           "test_acc_vs_base_high"]], on=["variant", "batch_size"], how="left")
 table.to_csv(out / "summary.csv", index=False)
 shown = ["test_acc", "train_loss", "train_acc", "effective_lr"]
-text = recipes.markdown_table(table, ["variant", "batch_size"], shown, counts=("n", "n_diverged"))
+text = stats.markdown_table(table, ["variant", "batch_size"], shown, counts=("n", "n_diverged"))
 (out / "summary.md").write_text(results.provenance_caption(unique) + "\n\n" + text)
 print(text)
 
 # %%
 # where each rule breaks
-verdict = recipes.breaking_batch(table, "test_acc", drop=break_drop, baseline_batch=baseline_batch)
+verdict = goyal.breaking_batch(table, "test_acc", drop=break_drop, baseline_batch=baseline_batch)
 verdict.to_csv(out / "breaking.csv", index=False)
 verdict
 
 # %%
 # each rule minus linear + warmup at the same batch size (test accuracy, Welch 95% interval over seeds)
 reference_rule = "linear_warmup" if "linear_warmup" in order else order[0]
-versus_rule = recipes.versus_within(rows, "test_acc", within="batch_size", compare="variant", reference=reference_rule)
+versus_rule = stats.versus_within(rows, "test_acc", within="batch_size", compare="variant", reference=reference_rule)
 versus_rule.to_csv(out / "versus_linear_warmup.csv", index=False)
 cells = versus_rule.assign(text=lambda d: d.apply(
     lambda r: f"{100 * r['diff']:+.1f} [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]", axis=1))

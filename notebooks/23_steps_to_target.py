@@ -47,11 +47,9 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from bsresearch import results
-from bsresearch import steps_to_target as stt
-from bsresearch.paths import project_path, require_sweep
-from bsresearch.plots import figure_grid, learning_curves, save_figure
-from bsresearch.plots.steps import (
+from bsresearch import results, stats
+from bsresearch.findings import steps_to_target as stt
+from bsresearch.findings.steps_to_target import (
     examples_vs_batch,
     noise_at_target_vs_batch,
     noise_vs_training,
@@ -60,6 +58,8 @@ from bsresearch.plots.steps import (
     steps_vs_lr,
     tuned_lr_vs_batch,
 )
+from bsresearch.paths import project_path, require_sweep
+from bsresearch.plots import figure_grid, learning_curves, save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ print(f"target: full-train loss <= {target:g}; batch sizes {sorted(tried.batch_s
 # ## The tuned lr, and steps to the target at it
 #
 # Per batch size the best lr is the one with the fewest mean steps over seeds; a run that diverged or hit
-# its step cap counts as the worst (`results.best_lr`). `interior` says whether the best lr lies strictly
+# its step cap counts as the worst (`stats.best_lr`). `interior` says whether the best lr lies strictly
 # inside the lrs tried; if not, the spec's grid must be extended for that batch size.
 
 # %%
@@ -95,7 +95,7 @@ print("steps-to-target resolution (eval_every / steps):",
       ", ".join(f"B {b}: {r:.1%}" for b, r in steps_resolution.items()))
 
 # every (batch size, lr): how many seeds reached the target, mean steps, the states
-by_lr = results.summarize(tried, ["batch_size", "lr"], ["steps_to_target"], confidence)
+by_lr = stats.summarize(tried, ["batch_size", "lr"], ["steps_to_target"], confidence)
 by_cell = tried.groupby(["batch_size", "lr"])
 states = by_cell["state"].agg(lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().items()))
 reached = by_cell["steps_to_target"].agg(lambda s: int(pd.to_numeric(s, errors="coerce").notna().sum()))
@@ -241,7 +241,7 @@ if measure_at_target:
                      "trace_cov": ns.trace_cov, "grad_sq_norm": ns.grad_sq_norm})
     at_weights = pd.DataFrame(rows)
     at_weights.to_csv(out / "b_simple_at_target.csv", index=False)
-    display(results.summarize(at_weights, "batch_size", ["b_simple", "train_loss"], confidence))
+    display(stats.summarize(at_weights, "batch_size", ["b_simple", "train_loss"], confidence))
 
 # %%
 if len(noise):

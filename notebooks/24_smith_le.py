@@ -24,7 +24,7 @@
 #    along each; where the equivalence breaks.
 #
 # B_opt is the vertex of the parabola in log2 B through the batch size with the best seed-mean accuracy and
-# its two neighbours (`bsresearch.optimum`); its interval, and that of the slope, come from a bootstrap
+# its two neighbours (`bsresearch.findings.smith_le`); its interval, and that of the slope, come from a bootstrap
 # over seeds (each grid cell's seeds resampled). A peak at the edge of the grid is censored and left out
 # of the slope. Diverged runs count with the accuracy they ended at; runs that collapsed to chance (final
 # train loss >= 0.99 ln 10) stay in as data points and are counted.
@@ -51,24 +51,22 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from bsresearch import results
-from bsresearch.optimum import (
+from bsresearch import results, stats
+from bsresearch.findings.smith_le import (
     agreement,
+    agreement_plot,
     breaking_point,
     curve_gaps,
-    noise_scale,
+    metric_vs_batch_optima,
+    metric_vs_noise_scale,
     optimum_by_group,
+    optimum_scaling,
     power_law,
     power_law_by_seed,
+    sgd_noise_scale,
 )
 from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import save_figure
-from bsresearch.plots.noise_scale_sgd import (
-    agreement_plot,
-    metric_vs_batch_optima,
-    metric_vs_noise_scale,
-    optimum_scaling,
-)
 from bsresearch.plots.sweeps import figure_grid, learning_curves, metric_vs_batch
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
@@ -82,7 +80,7 @@ def load(name):
     print(f"{name}: {len(runs)} runs:", ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
     done = results.finished(runs, include_diverged=True)
     return done.assign(collapsed=pd.to_numeric(done["train_loss"], errors="coerce") >= CHANCE_LOSS,
-                       noise_scale=noise_scale(done["effective_lr"], done["n_train"], done["batch_size"],
+                       noise_scale=sgd_noise_scale(done["effective_lr"], done["n_train"], done["batch_size"],
                                                done["momentum"]),
                        epochs_budget=done["budget_amount"] / done["n_train"])
 
@@ -114,7 +112,7 @@ opt_lr.table.to_csv(out / "optimum_vs_lr.csv", index=False)
 seed_lr = power_law_by_seed(lr_runs, metric, x="batch_size", by="lr", confidence=confidence)
 # descriptive, without interpolation: the grid point with the best seed mean, against lr
 argmax_slope = np.polyfit(np.log(opt_lr.table["lr"]), np.log(opt_lr.table["x_best"]), 1)[0]
-summary_lr = results.summarize(lr_runs, ["lr", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
+summary_lr = stats.summarize(lr_runs, ["lr", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
 summary_lr = summary_lr.merge(lr_runs.groupby(["lr", "batch_size"])[["collapsed"]].sum().reset_index()
                               .rename(columns={"collapsed": "n_collapsed"}), on=["lr", "batch_size"])
 summary_lr.to_csv(out / "summary_lr.csv", index=False)
@@ -157,7 +155,7 @@ opt_n = optimum_by_group(n_all, metric, x="batch_size", by="n_train", n_boot=n_b
 fit_n = power_law(opt_n)
 seed_n = power_law_by_seed(n_all, metric, x="batch_size", by="n_train", confidence=confidence)
 opt_n.table.to_csv(out / "optimum_vs_n.csv", index=False)
-summary_n = results.summarize(n_all, ["n_train", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
+summary_n = stats.summarize(n_all, ["n_train", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
 summary_n.to_csv(out / "summary_n.csv", index=False)
 
 fig, axes = figure_grid(3, width=4.6, height=3.6)

@@ -11,7 +11,7 @@
 #
 # L(theta) = 1/2 sum_i h_i theta_i^2 with h_i = 1/i (d = 10^4), mini-batch gradient noise covariance H/B,
 # E theta_0^2 = 1. Steps to reach 1% of the initial loss, computed exactly from the second-moment
-# recurrence (bsresearch.nqm), with the learning rate (and momentum) tuned for every batch size. The paper:
+# recurrence (bsresearch.findings.nqm), with the learning rate (and momentum) tuned for every batch size. The paper:
 # momentum and preconditioning extend perfect scaling to larger batch sizes (raise the critical batch size)
 # and do not help at small batch sizes.
 
@@ -32,11 +32,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from bsresearch.findings.nqm import NQM, steps_by_optimizer, steps_vs_batch_size
 from bsresearch.measure.critical import fit_critical_batch
-from bsresearch.nqm import NQM, steps_vs_batch_size
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
-from bsresearch.plots.findings import steps_by_optimizer
 from bsresearch.runtime import git_commit
 
 out = project_path(out_dir)   # relative paths: to the project

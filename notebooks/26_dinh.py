@@ -33,13 +33,12 @@ pair: int = 0                       # rescale weighted layers (pair, pair + 1): 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from bsresearch import results
-from bsresearch.analysis import relu_rescale
+from bsresearch import results, stats
 from bsresearch.data import dataset_for
+from bsresearch.findings.dinh import relu_rescale, reparameterisation_plot
 from bsresearch.measure import curvature, sharpness
 from bsresearch.paths import project_path, require_sweep
 from bsresearch.plots import save_figure
-from bsresearch.plots.findings import reparameterisation_plot
 from bsresearch.runtime import make_generator
 from bsresearch.train import evaluate, load_trained_model
 
@@ -72,7 +71,7 @@ table = pd.DataFrame(rows)
 table.to_csv(out / "dinh_runs.csv", index=False)
 measures = ["train_loss", "test_acc", "keskar_phi", "top_eigenvalue", "hessian_trace", "worst_case",
             "adaptive_worst_case", "adaptive_average_case"]
-summary = results.summarize(table, ["batch_size", "alpha"], ["max_output_change", *measures])
+summary = stats.summarize(table, ["batch_size", "alpha"], ["max_output_change", *measures])
 summary.to_csv(out / "dinh_summary.csv", index=False)
 summary[["batch_size", "alpha", "n", "max_output_change_mean"] + [f"{m}_mean" for m in measures]]
 

@@ -126,3 +126,14 @@ def test_sampler_state_round_trip():
     t = BatchSampler(30, 7, make_generator(99, "data"))
     t.load_state_dict(saved)
     assert all(torch.equal(x, y) for x, y in zip(expected, [t.next() for _ in range(6)]))
+
+
+def test_mnist1d_large_is_the_same_generator_with_more_signals(tmp_path, monkeypatch):
+    """mnist1d_large has its own cache and split sizes (here a small stand-in size, to stay fast)."""
+    from bsresearch import data as data_module
+    monkeypatch.setitem(data_module.MNIST1D_SAMPLES, "mnist1d_large", 1500)
+    large = load_dataset("mnist1d_large", data_dir=tmp_path)
+    assert large.x_train.shape == (1200, 40) and large.x_test.shape == (300, 40)
+    assert (tmp_path / "mnist1d" / "mnist1d_1500.npz").exists()
+    assert not (tmp_path / "mnist1d" / "mnist1d_default.npz").exists()
+    assert large.num_classes == 10 and set(large.y_train.tolist()) == set(range(10))

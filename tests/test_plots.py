@@ -48,7 +48,8 @@ def test_metric_vs_batch_draws_seed_means_on_a_log2_axis(runs):
     assert list(ax.get_xticks()) == [32, 400, 4000]
     means = runs.groupby(["lr", "batch_size"])["test_acc"].mean()
     drawn = [xy for xy in line_data(ax) if len(xy[0]) == 3]
-    for lr, (xs, ys) in zip((0.001, 0.01), drawn[:2]):  # one mean line per lr, in order
+    assert len(drawn) == 2
+    for lr, (xs, ys) in zip((0.001, 0.01), drawn):  # one mean line per lr, in order
         assert xs == (32, 400, 4000)
         assert np.allclose(ys, means[lr].to_numpy())
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["0.001", "0.01"]

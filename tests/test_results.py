@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
+import scipy.stats
 
-from bsresearch import results
+from bsresearch import results, stats
 from bsresearch.config import RunConfig, derived, run_id
 from bsresearch.rundir import RunDir, atomic_write_json
 from bsresearch.sweep import runner
@@ -96,10 +96,10 @@ def test_history_is_long_form_with_the_sweep_axes(sweep):
 
 def test_summarize_matches_a_t_interval_oracle(sweep):
     runs = results.finished(results.load("toy", runs_root=sweep.parent))
-    table = results.summarize(runs, ["batch_size", "lr"], ["test_acc"])
+    table = stats.summarize(runs, ["batch_size", "lr"], ["test_acc"])
     row = table[(table["batch_size"] == 8) & (table["lr"] == 0.1)].iloc[0]
     values = np.array([0.892, 0.902, 0.912])
-    half = stats.t.ppf(0.975, 2) * values.std(ddof=1) / math.sqrt(3)
+    half = scipy.stats.t.ppf(0.975, 2) * values.std(ddof=1) / math.sqrt(3)
     assert row["n"] == 3 and row["test_acc_mean"] == pytest.approx(values.mean())
     assert row["test_acc_std"] == pytest.approx(values.std(ddof=1))
     assert (row["test_acc_low"], row["test_acc_high"]) == pytest.approx((values.mean() - half, values.mean() + half))
@@ -113,12 +113,12 @@ def test_best_lr_averages_over_seeds_and_counts_failures_as_worst():
         # batch 8: 0.2 is best on average; batch 32: 0.4 is fastest for seed 0 but never reached for seed 1
         "steps_to_target": [100, 120, 80, 90, 85, 200, 60, 70, 50, 40, 10, np.nan],
     })
-    best = results.best_lr(runs, "steps_to_target")
+    best = stats.best_lr(runs, "steps_to_target")
     assert list(best["lr"]) == [0.2, 0.2]
     assert list(best["steps_to_target"]) == [85.0, 45.0] and list(best["interior"]) == [True, True]
-    acc = results.best_lr(runs.assign(test_acc=-runs["steps_to_target"]), "test_acc")  # maximised
+    acc = stats.best_lr(runs.assign(test_acc=-runs["steps_to_target"]), "test_acc")  # maximised
     assert list(acc["lr"]) == [0.2, 0.2]
-    edge = results.best_lr(runs[runs["lr"] < 0.4], "steps_to_target")
+    edge = stats.best_lr(runs[runs["lr"] < 0.4], "steps_to_target")
     assert list(edge["interior"]) == [False, False]  # only two lrs: the best cannot be interior
 
 
@@ -156,18 +156,16 @@ def test_generalization_gap_and_captions(sweep):
     assert results.budget_description(caps) == "until train loss <= 0.1 (cap 400-40000 steps)"
 
 
-def test_results_and_plots_do_not_import_torch():
-    code = ("import sys, bsresearch.results, bsresearch.plots, bsresearch.plots.sweeps, bsresearch.report, "
-            "bsresearch.sweep.spec\n"
+def test_analysis_modules_do_not_import_torch():
+    code = ("import sys, bsresearch.results, bsresearch.stats, bsresearch.plots, bsresearch.plots.sweeps, "
+            "bsresearch.report, bsresearch.sweep.spec, bsresearch.sweep.variants, bsresearch.findings.goyal, "
+            "bsresearch.findings.hoffer, bsresearch.findings.smith_le, bsresearch.findings.steps_to_target, "
+            "bsresearch.findings.nqm\n"
             "from bsresearch.results import critical_batch\nimport pandas as pd\n"
             "critical_batch(pd.DataFrame({'batch_size': [8, 16, 32], 'steps_to_target': [30., 20., 15.]}))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-
-
-def test_manifest_name_is_shared_with_the_runner():
-    assert results.MANIFEST == runner.MANIFEST
 
 
 def test_the_variant_of_a_spec_is_a_column(tmp_path):

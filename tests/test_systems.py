@@ -202,14 +202,14 @@ def test_flop_counter_on_a_linear_layer_matches_the_hand_count():
     """Linear(I, O) at batch B: forward 2BIO; backward 2BIO for the weight gradient, and 2BIO more for the
     input gradient when the input requires it. Bias additions are not counted."""
     from torch.utils.flop_counter import FlopCounterMode
-    B, I, O = 5, 7, 3
-    layer = nn.Linear(I, O)
-    x = torch.randn(B, I, requires_grad=True)
+    B, n_in, n_out = 5, 7, 3
+    layer = nn.Linear(n_in, n_out)
+    x = torch.randn(B, n_in, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
         layer(x).sum().backward()
-    assert counter.get_total_flops() == 6 * B * I * O
-    assert count_flops(layer, (I,), O, B) == 4 * B * I * O
-    assert count_flops(layer, (I,), O, B, backward=False) == 2 * B * I * O
+    assert counter.get_total_flops() == 6 * B * n_in * n_out
+    assert count_flops(layer, (n_in,), n_out, B) == 4 * B * n_in * n_out
+    assert count_flops(layer, (n_in,), n_out, B, backward=False) == 2 * B * n_in * n_out
     assert layer.weight.device.type == "cpu"  # the count ran on a meta copy
 
 
@@ -260,3 +260,26 @@ def test_cuda_timing_uses_events():
     df = timing.measure_throughput(model_workload("cnn1d"), [64], "cuda", warmup=1, repeats=2, min_seconds=0.0)
     assert df["timer"].tolist() == ["cuda_events"] and df["status"].tolist() == ["ok"]
     assert df["seconds_per_step"].iloc[0] > 0 and math.isfinite(df["examples_per_second"].iloc[0])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_benchmarked_step_is_the_training_runs_step(optimizer):
+    """systems' training_step on the batches a run samples gives the run's weights bit for bit."""
+    from bsresearch.data import dataset_for
+    from bsresearch.train import new_state, train_step
+    cfg = tiny_config(optimizer=optimizer, lr=0.05)
+    data = dataset_for(cfg, CPU)
+    state = new_state(cfg, data, CPU)
+    parts = build_parts(workload_for(cfg), CPU)
+    parts.model.load_state_dict(state.model.state_dict())
+    for group in parts.optimizer.param_groups:
+        group["lr"] = 0.05
+    for _ in range(3):
+        idx = state.sampler.state_dict()  # the indices the run draws next, drawn again on a twin sampler
+        twin = type(state.sampler)(data.n_train, cfg.batch_size, torch.Generator())
+        twin.load_state_dict(idx)
+        batch = twin.next()
+        train_step(state, cfg, data, lr=0.05)
+        training_step(parts, data.x_train[batch], data.y_train[batch])
+    for a, b in zip(state.model.parameters(), parts.model.parameters()):
+        assert torch.equal(a, b)

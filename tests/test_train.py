@@ -60,7 +60,7 @@ def test_short_mnist1d_run_learns(tmp_path):
 
 def test_run_directory_contents(tmp_path):
     cfg = tiny_config(save_checkpoint=True)
-    result = run(cfg, tmp_path / "r")
+    run(cfg, tmp_path / "r")
     rd = RunDir(tmp_path / "r")
     status, config, metrics = rd.status(), rd.config(), rd.metrics()
     assert status["state"] == "ok" and status["provenance"]["torch"] == torch.__version__
@@ -106,7 +106,7 @@ def test_resume_after_a_kill_continues_exactly(tmp_path):
         import bsresearch.train as T
         original = T.train_step
 
-        def dying_step(state, *args, **kwargs):
+        def dying_step(state, *args, original=original, **kwargs):
             if state.step == 17:
                 raise KeyboardInterrupt
             return original(state, *args, **kwargs)
@@ -193,3 +193,16 @@ def test_cuda_accumulation_equals_large_batch():
     train_step(big, cfg, data, lr=0.0)
     train_step(acc, cfg.replace(micro_batch_size=8), data, lr=0.0)
     assert torch.allclose(flat_grad(big.model), flat_grad(acc.model), rtol=1e-4, atol=1e-6)
+
+
+def test_a_finished_run_directory_returns_the_history_the_run_returned(tmp_path):
+    """The cached path (a rerun on a finished directory) gives the same typed rows as the fresh run."""
+    cfg = tiny_config(noise_scale_every=2, micro_batch_size=8)
+    fresh = run(cfg, tmp_path / "r")
+    cached = run(cfg, tmp_path / "r")
+    assert len(cached.history) == len(fresh.history) > 1
+    for a, b in zip(fresh.history, cached.history):
+        assert list(a) == list(b)
+        for key in a:
+            assert type(a[key]) is type(b[key]), (key, a[key], b[key])
+            assert a[key] == pytest.approx(b[key], rel=1e-15, nan_ok=True), key

@@ -41,7 +41,8 @@ class CriticalBatchFit:
         return self.e_min * (1 + np.asarray(batch_size, dtype=float) / self.b_crit)
 
 
-def _check(batch_sizes: Sequence[float], values: Sequence[float], name: str) -> tuple[np.ndarray, np.ndarray]:
+def _check(batch_sizes: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray,
+           name: str) -> tuple[np.ndarray, np.ndarray]:
     b, v = np.asarray(batch_sizes, dtype=float), np.asarray(values, dtype=float)
     if b.shape != v.shape or b.ndim != 1:
         raise ConfigError(f"batch_sizes and {name} must be two lists of the same length; got {b.shape} and {v.shape}")
@@ -61,7 +62,7 @@ def _exp(x: float) -> float:
         return math.inf
 
 
-def fit_critical_batch(batch_sizes: Sequence[float], steps: Sequence[float],
+def fit_critical_batch(batch_sizes: Sequence[float] | np.ndarray, steps: Sequence[float] | np.ndarray,
                        confidence: float = 0.95) -> CriticalBatchFit:
     """Fit S = S_min (1 + B_crit/B) to steps-to-target `steps` measured at `batch_sizes`."""
     b, s = _check(batch_sizes, steps, "steps")
@@ -98,7 +99,7 @@ def fit_critical_batch(batch_sizes: Sequence[float], steps: Sequence[float],
         confidence=confidence, n_points=n, rms_log_residual=math.sqrt(rss / n))
 
 
-def fit_critical_batch_examples(batch_sizes: Sequence[float], examples: Sequence[float],
+def fit_critical_batch_examples(batch_sizes: Sequence[float] | np.ndarray, examples: Sequence[float] | np.ndarray,
                                 confidence: float = 0.95) -> CriticalBatchFit:
     """Fit E = E_min (1 + B/B_crit) to examples-to-target; the same fit as on steps S = E/B."""
     b, e = _check(batch_sizes, examples, "examples")

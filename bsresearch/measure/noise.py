@@ -1,5 +1,6 @@
 """Gradient noise scale (McCandlish et al. 2018): exact per-example statistics, the two-batch estimator
-(its formula and the training loop's EMA live in bsresearch.noise_tracker), a bootstrap interval, and B_noise with the Hessian.
+(its formula and the training loop's EMA live in bsresearch.noise_tracker), a bootstrap interval, and
+B_noise with the Hessian.
 
 Scaling, everywhere: the loss is the mean cross-entropy over a batch (any mean-reduced loss_fn works);
 g_i is the gradient of example i's loss, G the mean of g_i over the data, Sigma the covariance of

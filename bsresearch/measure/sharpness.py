@@ -38,6 +38,14 @@ class KeskarSharpness:
     bn_mode: str
 
 
+@dataclass
+class _Best:
+    """The highest loss L-BFGS-B has evaluated so far, where, and L at the start (y = 0)."""
+    loss: float
+    y: np.ndarray
+    f0: float | None = None
+
+
 def keskar_sharpness(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float,
                      subspace_dim: int | None = None, generator: torch.Generator | None = None,
                      max_iter: int = 10, chunk_size: int = DEFAULT_CHUNK, loss_fn: LossFn = F.cross_entropy,
@@ -59,7 +67,7 @@ def keskar_sharpness(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: fl
             matrix = normal_like(x0, generator_or_default(generator), (x0.numel(), subspace_dim))
             coords = torch.linalg.pinv(matrix.double()) @ x0.double()
         box = eps * (coords.double().abs().cpu().numpy() + 1.0)
-        best = {"loss": -math.inf, "y": np.zeros_like(box), "f0": None}  # f0: L-BFGS-B starts at y = 0
+        best = _Best(loss=-math.inf, y=np.zeros_like(box))
 
         def negative_loss(yv: np.ndarray) -> tuple[float, np.ndarray]:
             step = torch.tensor(yv, dtype=x0.dtype, device=x0.device)
@@ -67,19 +75,20 @@ def keskar_sharpness(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: fl
             value = float(value)
             if matrix is not None:
                 grad = matrix.T @ grad
-            if best["f0"] is None:
-                best["f0"] = value
-            if value > best["loss"]:
-                best["loss"], best["y"] = value, yv.copy()
+            if best.f0 is None:  # L-BFGS-B evaluates y = 0 first: L(w) itself
+                best.f0 = value
+            if value > best.loss:
+                best.loss, best.y = value, yv.copy()
             return -value, -grad.double().cpu().numpy()
 
         result = optimize.minimize(negative_loss, np.zeros_like(box), jac=True, method="L-BFGS-B",
                                    bounds=optimize.Bounds(-box, box),
                                    # start at a near-stationary point: do not stop on a tiny gradient
                                    options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-15})
-    f0 = best["f0"]
-    phi = (best["loss"] - f0) / (1 + f0) * 100
-    return KeskarSharpness(phi, eps, f0, best["loss"], subspace_dim, best["y"], box, int(result.get("nit", 0)),
+    f0 = best.f0
+    assert f0 is not None
+    phi = (best.loss - f0) / (1 + f0) * 100
+    return KeskarSharpness(phi, eps, f0, best.loss, subspace_dim, best.y, box, int(result.get("nit", 0)),
                            loss.n_gradients, loss.n_examples, bn_mode)
 
 

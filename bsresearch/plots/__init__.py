@@ -1,14 +1,11 @@
 """Figures for reports: functions that draw onto a given matplotlib Axes from a DataFrame.
 
-Modules: sweeps (metrics vs batch size or lr, learning curves, steps to target; re-exported here), systems
-(throughput, memory, recommendation), findings (Keskar, Dinh, the noisy quadratic model), steps (Shallue /
-McCandlish), noise_scale_sgd (Smith & Le), recipes (Hoffer, Goyal).
-
 No torch import: figures are drawn anywhere a results table can be read. `save_figure` writes PNG
 and PDF plus a caption file stating where the numbers came from (sweep, commit, budget kind).
 
-Modules: sweeps (metric vs batch size, learning curves, lr sweeps, steps-to-target and its critical-batch
-fit; from bsresearch.results tables), systems (throughput and memory; from bsresearch.systems).
+Modules: sweeps (metric vs batch size or lr, learning curves, steps to target and its critical-batch fit,
+variant colours and interval error bars; re-exported here) and systems (throughput, memory, recommendation).
+Each finding's own figures live with its analysis in bsresearch.findings.<name>.
 """
 from __future__ import annotations
 

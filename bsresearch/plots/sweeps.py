@@ -23,20 +23,20 @@ LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate
           "steps_to_target": "steps to target", "examples_to_target": "examples to target"}
 
 
-def _label(name: str) -> str:
+def axis_label(name: str) -> str:
     if name.startswith("keskar_phi_eps"):  # measure.registry's names, e.g. keskar_phi_eps1e-3
         return f"Keskar sharpness phi (%), eps {name.removeprefix('keskar_phi_eps')}"
     return LABELS.get(name, name.replace("_", " "))
 
 
-def _plain_numbers(ax: plt.Axes) -> None:
+def plain_numbers(ax: plt.Axes) -> None:
     """No '+1' offset on a linear y axis (accuracies near 1 otherwise read as 0.0000)."""
     formatter = ax.yaxis.get_major_formatter()
     if hasattr(formatter, "set_useOffset"):
         formatter.set_useOffset(False)
 
 
-def _categorical(data: pd.DataFrame, column: str | None) -> tuple[pd.DataFrame, list[str] | None]:
+def categorical(data: pd.DataFrame, column: str | None) -> tuple[pd.DataFrame, list[str] | None]:
     """A numeric hue as ordered text labels (seaborn would otherwise use a continuous colour scale)."""
     if column is None:
         return data, None
@@ -49,14 +49,14 @@ def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: 
                     errorbar: Any = CI, seeds: bool = True, **kwargs: Any) -> plt.Axes:
     """Mean of `y` over seeds against batch size (log2 axis), with a 95% interval; one line per `hue`."""
     import seaborn as sns
-    data, order = _categorical(runs.dropna(subset=[y]), hue)
+    data, order = categorical(runs.dropna(subset=[y]), hue)
     sns.lineplot(data=data, x="batch_size", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
                  err_style="bars", seed=0, ax=ax, **kwargs)
     if seeds:
         ax.scatter(data["batch_size"], data[y], s=10, color="0.3", alpha=0.35, zorder=3, linewidths=0)
     log2_batch_axis(ax, "x", [int(b) for b in runs["batch_size"].unique()])
-    _plain_numbers(ax)
-    ax.set(xlabel=_label("batch_size"), ylabel=_label(y))
+    plain_numbers(ax)
+    ax.set(xlabel=axis_label("batch_size"), ylabel=axis_label(y))
     return ax
 
 
@@ -64,11 +64,11 @@ def metric_vs_lr(ax: plt.Axes, runs: pd.DataFrame, y: str, hue: str | None = "ba
                  errorbar: Any = CI, **kwargs: Any) -> plt.Axes:
     """Mean of `y` over seeds against the learning rate (log axis), one line per `hue` (batch size)."""
     import seaborn as sns
-    data, order = _categorical(runs.dropna(subset=[y]), hue)
+    data, order = categorical(runs.dropna(subset=[y]), hue)
     sns.lineplot(data=data, x="lr", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
                  err_style="bars", seed=0, ax=ax, **kwargs)
     ax.set_xscale("log")
-    ax.set(xlabel=_label("lr"), ylabel=_label(y))
+    ax.set(xlabel=axis_label("lr"), ylabel=axis_label(y))
     return ax
 
 
@@ -79,13 +79,13 @@ def learning_curves(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", 
     interval, one line per `hue`. Step 0 is left out of a log x axis."""
     import seaborn as sns
     data = history[history[x] > 0] if log_x else history
-    data, order = _categorical(data, hue)
+    data, order = categorical(data, hue)
     sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, errorbar=errorbar, seed=0, ax=ax, **kwargs)
     if log_x:
         ax.set_xscale("log")
     if log_y:
         ax.set_yscale("log")
-    ax.set(xlabel=_label(x), ylabel=_label(y))
+    ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
     return ax
 
 
@@ -95,8 +95,8 @@ def run_curves(ax_loss: plt.Axes, ax_acc: plt.Axes, history: pd.DataFrame, x: st
     for split, style in (("train", "-"), ("test", "--")):
         ax_loss.plot(data[x], data[f"{split}_loss"], style, label=split)
         ax_acc.plot(data[x], data[f"{split}_acc"], style, label=split)
-    ax_loss.set(xscale="log", yscale="log", xlabel=_label(x), ylabel="loss (mean cross-entropy)")
-    ax_acc.set(xscale="log", xlabel=_label(x), ylabel="accuracy")
+    ax_loss.set(xscale="log", yscale="log", xlabel=axis_label(x), ylabel="loss (mean cross-entropy)")
+    ax_acc.set(xscale="log", xlabel=axis_label(x), ylabel="accuracy")
     ax_loss.legend()
     ax_acc.legend()
 
@@ -114,7 +114,7 @@ def steps_to_target_plot(ax: plt.Axes, table: pd.DataFrame, steps: str = "steps_
         ax.axvline(fit.b_crit, color="0.6", linestyle=":", linewidth=1)
     log2_batch_axis(ax, "x", [int(v) for v in data["batch_size"].unique()])
     ax.set_yscale("log")
-    ax.set(xlabel=_label("batch_size"), ylabel=_label(steps))
+    ax.set(xlabel=axis_label("batch_size"), ylabel=axis_label(steps))
     ax.legend()
     return ax
 
@@ -134,3 +134,24 @@ def figure_grid(n: int, width: float = 4.0, height: float = 3.2, ncols: int | No
     for unused in axes.flat[n:]:
         unused.remove()
     return fig, list(axes.flat)[:n]
+
+
+def variant_colors(names: Sequence[str]) -> dict[str, tuple]:
+    """A fixed colour per variant (tab10 in the given order), to keep one colour per variant across the
+    figures of a report; also usable as seaborn's `palette`."""
+    palette = plt.get_cmap("tab10")
+    return {name: palette(i % 10) for i, name in enumerate(names)}
+
+
+def present_in_order(values: pd.Series, order: Sequence[str] | None) -> list[str]:
+    present = list(dict.fromkeys(values.dropna()))
+    return [v for v in order if v in present] if order is not None else present
+
+
+def interval_yerr(table: pd.DataFrame, y: str) -> np.ndarray:
+    """Asymmetric error bars from the t-interval columns; 0 where an interval is undefined (one seed)."""
+    mean = table[f"{y}_mean"].to_numpy(float)
+    low = np.nan_to_num(mean - table[f"{y}_low"].to_numpy(float))
+    high = np.nan_to_num(table[f"{y}_high"].to_numpy(float) - mean)
+    return np.vstack([low, high])
+

@@ -91,10 +91,13 @@ def throughput_plot(ax: plt.Axes, table: pd.DataFrame, hue: str = "precision", m
     for value, group in _ok(rows).groupby(hue, sort=False):
         group = group.sort_values("batch_size")
         eps = group["examples_per_second"]
-        lower = eps - group["batch_size"] / group["seconds_q3"] if "seconds_q3" in group else None
-        upper = group["batch_size"] / group["seconds_q1"] - eps if "seconds_q1" in group else None
-        ax.errorbar(group["batch_size"], eps, yerr=None if lower is None else [lower.clip(lower=0), upper.clip(lower=0)],
-                    marker="o", markersize=3, capsize=2, color=colors[value], label=str(value))
+        yerr = None
+        if "seconds_q1" in group and "seconds_q3" in group:  # the interquartile range of the step time
+            lower = eps - group["batch_size"] / group["seconds_q3"]
+            upper = group["batch_size"] / group["seconds_q1"] - eps
+            yerr = [lower.clip(lower=0), upper.clip(lower=0)]
+        ax.errorbar(group["batch_size"], eps, yerr=yerr, marker="o", markersize=3, capsize=2, color=colors[value],
+                    label=str(value))
     mark_oom(ax, table, hue, colors, summary)
     log2_batch_axis(ax, "x", _ticks(table))
     _plain_log_y(ax)

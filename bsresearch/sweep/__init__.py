@@ -24,9 +24,11 @@ from .runner import MANIFEST, PlannedRun, SweepReport, check_data, plan, run_swe
 from .spec import Override, Point, SweepSpec, expand, load_spec, parse_spec
 from .supervise import run_task
 from .task import RunOutcome, RunTask, is_complete, is_locked, run_lock
+from .variants import runs_per_variant, variant_order
 from .worker import execute_task
 
 __all__ = ["CLUSTERS", "EXECUTORS", "InlineExecutor", "default_workers", "job_script", "jobqueue_cluster",
            "make_executor", "visible_gpus", "MANIFEST", "PlannedRun", "SweepReport", "check_data", "plan",
            "run_sweep", "Override", "Point", "SweepSpec", "expand", "load_spec", "parse_spec", "run_task",
-           "RunOutcome", "RunTask", "is_complete", "is_locked", "run_lock", "execute_task"]
+           "RunOutcome", "RunTask", "is_complete", "is_locked", "run_lock", "execute_task", "runs_per_variant",
+           "variant_order"]

@@ -7,6 +7,7 @@ benchmarks/systems_gpu.py are thin wrappers around these two.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -53,8 +54,9 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
     to search_limit; on the CPU only with a memory_budget, through the fit); training throughput (and
     inference throughput with `inference`) over the sizes that fit; FLOPs per step counted on the meta
     device; achieved FLOP/s and its fraction of the GPU's dense peak when the GPU is in flops.GPU_PEAKS.
-    The search's safe batch keeps a 10% margin, rounded down to a multiple of 8. An error other than running out of memory ends that workload's sweep with status 'error' (and its
-    message) instead of losing the rest of the benchmark.
+    The search's safe batch keeps a 10% margin, rounded down to a multiple of 8. An error other than running
+    out of memory ends that workload's sweep with status 'error' (and its message) instead of losing the rest
+    of the benchmark.
     """
     device = torch.device(device)
     say = log or (lambda message: None)
@@ -65,7 +67,7 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
     with torch_threads(threads if device.type == "cpu" else None):
         for w in workloads:
             say(f"{w.label}: memory")
-            memory = _sweep(lambda b: measure_memory(w, [b], device, memory_budget), sizes)
+            memory = _sweep(functools.partial(_memory_at, w, device, memory_budget), sizes)
             fit = None
             if (memory["status"] == "ok").sum() >= 2:
                 fit = fits[w.label] = fit_memory_table(memory)
@@ -84,10 +86,8 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
             fitting = [b for b, s in zip(memory["batch_size"], memory["status"]) if s == "ok"]
             say(f"{w.label}: throughput at {len(fitting)} batch sizes")
             modes = ["train", "inference"] if inference else ["train"]
-            speed = pd.concat([_sweep(lambda b, m=m: measure_throughput(w, [b], device, mode=m, warmup=warmup,
-                                                                        repeats=repeats, min_seconds=min_seconds,
-                                                                        threads=None), fitting)
-                               for m in modes], ignore_index=True)
+            speed = pd.concat([_sweep(functools.partial(_throughput_at, w, device, m, warmup, repeats, min_seconds),
+                                      fitting) for m in modes], ignore_index=True)
             table = _merge(memory, speed, w, device, name, tf32)
             tables.append(table)
             summaries.append({**_summary(w, table, fit, found, memory_budget, name), "search_error": search_error})
@@ -95,6 +95,16 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
                 "memory_budget": memory_budget, "search_limit": search_limit, "batch_sizes": sizes}
     return BenchResult(pd.concat(tables, ignore_index=True), pd.DataFrame(summaries), searches, fits,
                        str(device), name, settings)
+
+
+def _memory_at(workload: Workload, device: torch.device, memory_budget: int | None, batch_size: int) -> pd.DataFrame:
+    return measure_memory(workload, [batch_size], device, memory_budget)
+
+
+def _throughput_at(workload: Workload, device: torch.device, mode: str, warmup: int, repeats: int,
+                   min_seconds: float, batch_size: int) -> pd.DataFrame:
+    return measure_throughput(workload, [batch_size], device, mode=mode, warmup=warmup, repeats=repeats,
+                              min_seconds=min_seconds, threads=None)
 
 
 def _sweep(measure: Callable[[int], pd.DataFrame], sizes: Sequence[int]) -> pd.DataFrame:

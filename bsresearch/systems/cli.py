@@ -1,6 +1,6 @@
 """`bsresearch bench`: throughput and memory vs batch size, the out-of-memory boundary, FLOP/s, a table and a figure.
 
-    bsresearch bench --preset gpu                       # the issue's GPU table (cnn1d, convnet, resnet x fp32, bf16)
+    bsresearch bench --preset gpu                       # the GPU preset (cnn1d, convnet, resnet x fp32, bf16)
     bsresearch bench --models cnn1d --precisions fp32,bf16 --max-batch-size 4096 --memory-budget 256MiB
     bsresearch bench --preset gpu --device cpu --max-batch-size 8 --repeats 2 --warmup 1 --memory-budget 64MiB
 """

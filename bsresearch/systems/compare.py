@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -30,7 +31,7 @@ def compare_precisions(workload: Workload, batch_sizes: Sequence[int], device: t
     measure_throughput (fresh model per measurement, same initial weights).
     """
     device = torch.device(device)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for precision in precisions:
         for optimizer in optimizers:
             w = workload.replace(precision=precision, optimizer=optimizer)

@@ -57,7 +57,8 @@ def accumulation_plan(batch_size: int, max_micro_batch_size: int) -> Accumulatio
                             max_micro_batch_size=max_micro_batch_size)
 
 
-def plan_for_budget(batch_size: int, fit: MemoryFit, memory_budget: int, safety_margin: float = 0.1) -> AccumulationPlan:
+def plan_for_budget(batch_size: int, fit: MemoryFit, memory_budget: int,
+                    safety_margin: float = 0.1) -> AccumulationPlan:
     """accumulation_plan with the largest micro-batch the fitted memory model allows within
     memory_budget bytes less safety_margin (and less the fit's largest residual)."""
     limit = fit.largest_batch(memory_budget, safety_margin)

@@ -16,7 +16,7 @@ class Preset:
 
 
 PRESETS = {
-    # The GPU table: the MNIST-1D CNN, the image convnet and the small ResNet at fp32 and bf16.
+    # The GPU preset: the MNIST-1D CNN, the image convnet and the small ResNet at fp32 and bf16.
     # Sweeps stop at the first out-of-memory; the search goes on to 2^24 examples.
     "gpu": Preset(("cnn1d", "convnet", "resnet"), ("fp32", "bf16"), 16, 2 ** 20, 2 ** 24),
     # A CPU run of the MNIST-1D CNN (about a minute on one core).

@@ -114,6 +114,7 @@ def largest_batch_size(parts: TrainParts, workload: Workload, memory_budget: int
 
     def trial(batch_size: int) -> None:
         if memory_budget is not None and device.type != "cuda":
+            assert fit is not None  # fitted above whenever a CPU budget is given
             predicted = fit.predict(batch_size)
             if predicted > memory_budget:
                 raise torch.OutOfMemoryError(f"batch {batch_size}: predicted peak {predicted:.4g} bytes exceeds "

@@ -1,10 +1,10 @@
 """What a systems measurement runs: one training step of a model on synthetic inputs.
 
 A `Workload` describes the step (the model and optimizer a RunConfig names, an input shape, a precision);
-`build_parts` turns it into live objects (`TrainParts`) on a device; `training_step` is the step itself,
-the same sequence as `bsresearch.train.train_step` (zero_grad, autocast forward, mean cross-entropy,
-backward, optional GradScaler, optimizer step) without the batch sampler. `snapshot` and `restore` put a
-model, its optimizer and scaler back exactly as they were, so a benchmark can run steps on a live model.
+`build_parts` turns it into live objects (`TrainParts`) on a device; `training_step` runs the one training
+step a run executes (bsresearch.step.training_step) on a given batch, without the batch sampler.
+`snapshot` and `restore` put a model, its optimizer and scaler back exactly as they were, so a benchmark
+can run steps on a live model.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from .. import step
 from ..config import ConfigError, RunConfig
 from ..models import build_model
 from ..runtime import autocast, check_precision, make_generator
@@ -24,7 +24,7 @@ from ..runtime import autocast, check_precision, make_generator
 # dataset -> (input shape, classes): the shapes a model sees, known without loading the data (the
 # benchmark uses synthetic inputs, so cifar10 works on a machine without the CIFAR files).
 INPUT_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
-    "mnist1d": ((40,), 10), "synthetic": ((20,), 4), "fashion_mnist": ((1, 28, 28), 10),
+    "mnist1d": ((40,), 10), "mnist1d_large": ((40,), 10), "synthetic": ((20,), 4), "fashion_mnist": ((1, 28, 28), 10),
     "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
     "svhn": ((3, 32, 32), 10),
 }
@@ -89,13 +89,12 @@ def build_parts(workload: Workload, device: torch.device | str) -> TrainParts:
 
     Raises ConfigError for a precision the device cannot run (fp16 on a CPU, bf16 on an old GPU).
     """
-    from ..train import make_optimizer  # train imports measure/; keep systems importable on its own
     device = torch.device(device)
     cfg = workload.cfg
     check_precision(cfg.precision, device)
     model = build_model(cfg, workload.input_shape, workload.num_classes, make_generator(cfg.seed, "init"))
     model = model.to(device).train()
-    optimizer = make_optimizer(cfg, model)
+    optimizer = step.make_optimizer(cfg, model)
     for group in optimizer.param_groups:
         group["lr"] = cfg.lr  # make_optimizer leaves lr 0 for the loop to set; any fixed value times the same
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
@@ -116,23 +115,10 @@ def synthetic_batch(workload: Workload, batch_size: int, device: torch.device | 
 
 
 def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """One optimizer update on (x, y) in the model's current mode; returns the mean loss (a detached tensor).
-
-    Gradients are set to None first and kept after the step, as in the trainer, so a step's memory is
-    the trainer's memory. Nothing is synchronised here: the caller times with device synchronisation.
-    """
-    model, optimizer, scaler = parts.model, parts.optimizer, parts.scaler
-    optimizer.zero_grad(set_to_none=True)
-    with autocast(parts.precision, x.device):
-        loss = F.cross_entropy(model(x), y)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        loss.backward()
-        optimizer.step()
-    return loss.detach()
+    """One optimizer update on (x, y): bsresearch.step.training_step, the step a training run executes,
+    in the model's current mode; returns the mean loss. Nothing is synchronised here: the caller times
+    with device synchronisation."""
+    return step.training_step(parts.model, parts.optimizer, [(x, y)], parts.precision, parts.scaler)
 
 
 def inference_step(parts: TrainParts, x: torch.Tensor) -> torch.Tensor:

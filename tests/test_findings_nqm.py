@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from bsresearch.nqm import (
+from bsresearch.findings.nqm import (
     NQM,
     Optimizer,
     expected_loss,

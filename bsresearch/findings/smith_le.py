@@ -5,7 +5,7 @@ accuracy peaks at a batch size B_opt proportional to lr N. Jastrzebski et al. (2
 lr / B follow the same dynamics (per epoch) until the learning rate gets too large. This module turns a
 results table (bsresearch.results.load) into those numbers:
 
-    noise_scale(lr, n, b, momentum)                 # g = lr N / (B (1 - m))
+    sgd_noise_scale(lr, n, b, momentum)             # g = lr N / (B (1 - m))
     opt = optimum_by_group(runs, "test_acc", x="batch_size", by="lr")   # B_opt per lr, bootstrap interval
     fit = power_law(opt)                            # slope of log B_opt vs log lr (predicted: 1), interval
     power_law_by_seed(runs, "test_acc", by="lr")    # the same slope per seed, with a t interval (a check)
@@ -18,22 +18,30 @@ value is returned with interior=False. Intervals come from a bootstrap over seed
 are resampled independently. That ignores that runs sharing a seed share their initial weights (which
 tends to widen the interval), while with as few as 3 seeds a percentile bootstrap is too narrow:
 power_law_by_seed gives a t interval over per-seed slopes as a check. No torch import.
+Setting and pre-registered test: docs/protocols.md#smith-le.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .config import ConfigError
-from .recipes import welch_interval
-from .results import lower_is_better
+from ..config import ConfigError
+from ..plots import log2_batch_axis
+from ..plots.sweeps import (
+    axis_label,
+    categorical,
+    metric_vs_batch,
+)
+from ..stats import lower_is_better, welch_interval
 
 
-def noise_scale(lr: float | np.ndarray, train_size: float | np.ndarray, batch_size: float | np.ndarray,
+def sgd_noise_scale(lr: float | np.ndarray, train_size: float | np.ndarray, batch_size: float | np.ndarray,
                 momentum: float | np.ndarray = 0.0) -> float | np.ndarray:
     """Smith & Le's SGD noise scale g = lr N / (B (1 - m)) (their eps N / B, with momentum's 1/(1 - m)).
 
@@ -43,7 +51,6 @@ def noise_scale(lr: float | np.ndarray, train_size: float | np.ndarray, batch_si
     return np.asarray(lr) * np.asarray(train_size) / (np.asarray(batch_size) * (1.0 - np.asarray(momentum)))
 
 
-# ----------------------------------------------------------------------------- the peak along a grid
 @dataclass(frozen=True)
 class Peak:
     """The best point of a curve y(x) sampled on a grid."""
@@ -53,7 +60,7 @@ class Peak:
     interior: bool   # x_best has a neighbour on each side; if not, x_peak = x_best and the peak is unresolved
 
 
-def parabola_peak(x: Sequence[float], y: Sequence[float], maximize: bool = True) -> Peak:
+def parabola_peak(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, maximize: bool = True) -> Peak:
     """The peak of y(x) on the grid x (positive, any order; NaN y values are left out).
 
     The vertex of the parabola through the best point and its two neighbours, fitted in log2(x), lies
@@ -81,7 +88,6 @@ def parabola_peak(x: Sequence[float], y: Sequence[float], maximize: bool = True)
     return Peak(float(2 ** u1), float(2 ** vertex), y_best, True)
 
 
-# ----------------------------------------------------------------------------- per group, with a bootstrap
 @dataclass(frozen=True)
 class Optimum:
     """The peak of `metric` along `x` for each value of `by`, with bootstrap replicates over seeds.
@@ -142,7 +148,6 @@ def optimum_by_group(runs: pd.DataFrame, metric: str = "test_acc", x: str = "bat
     return Optimum(metric, x, by, confidence, table, reps)
 
 
-# ----------------------------------------------------------------------------- the scaling of the peak
 @dataclass(frozen=True)
 class PowerLaw:
     """x_opt = a * group^slope, fitted by least squares in log-log space on the groups' point estimates."""
@@ -236,7 +241,6 @@ def power_law_by_seed(runs: pd.DataFrame, metric: str = "test_acc", x: str = "ba
     return SeedSlopes(tuple(slopes), mean, mean - half, mean + half, confidence, censored)
 
 
-# ----------------------------------------------------------------------------- equal lr/B: where it breaks
 def agreement(runs: pd.DataFrame, metric: str = "test_acc", by: str = "batch_size", reference: float | None = None,
               confidence: float = 0.95) -> pd.DataFrame:
     """Each group's final `metric` against the reference group's (default: the smallest `by` value).
@@ -310,3 +314,111 @@ def curve_gaps(history: pd.DataFrame, y: str = "test_acc", by: str = "batch_size
         rows.append({by: g, "max_gap": float(gap.max()), "mean_gap": float(gap.mean()), "seed_spread": spread,
                      "n": len(stack)})
     return pd.DataFrame(rows)
+
+
+
+
+# ----------------------------------------------------------------------------- figures
+def _group_label(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float, np.number)) else str(value)
+
+
+def mark_optima(ax: plt.Axes, optimum: Optimum, y_offset: float = 0.0) -> plt.Axes:
+    """On a metric-vs-batch plot: each group's B_opt (diamond at the best seed mean, shifted by y_offset)
+    with its bootstrap interval as a horizontal bar; open diamonds where the peak is at the grid's edge.
+
+    Colours follow the order of the groups, as metric_vs_batch's hue does (matplotlib's colour cycle).
+    """
+    for i, row in enumerate(optimum.table.sort_values(optimum.by).itertuples(index=False)):
+        row = row._asdict()
+        color = f"C{i % 10}"
+        err = [[row["x_opt"] - row["x_opt_low"]], [row["x_opt_high"] - row["x_opt"]]]
+        ax.errorbar([row["x_opt"]], [row["y_best"] + y_offset], xerr=err, fmt="D", color=color, capsize=3,
+                    markersize=6, markerfacecolor=color if row["interior"] else "white", zorder=5)
+    return ax
+
+
+def metric_vs_batch_optima(ax: plt.Axes, runs: pd.DataFrame, optimum: Optimum, y: str = "test_acc",
+                           **kwargs: Any) -> plt.Axes:
+    """`y` against batch size, one line per group of `optimum` (e.g. lr: mean and 95% interval over seeds),
+    with each group's B_opt and its interval marked (mark_optima)."""
+    metric_vs_batch(ax, runs, y, hue=optimum.by, **kwargs)
+    mark_optima(ax, optimum)
+    legend = ax.get_legend()
+    if legend is not None:
+        legend.set_title(axis_label(optimum.by))
+    return ax
+
+
+def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None, predicted_slope: float = 1.0
+                    ) -> plt.Axes:
+    """B_opt against the group value (lr or N) on log-log axes, with bootstrap intervals; the fitted power
+    law with its slope interval, and a line of the predicted slope through the points' geometric mean.
+    Open markers: peaks at the grid's edge (censored, left out of the fit)."""
+    table = optimum.table.sort_values(optimum.by)
+    x = table[optimum.by].to_numpy(float)
+    b = table["x_opt"].to_numpy(float)
+    err = np.vstack([b - table["x_opt_low"].to_numpy(float), table["x_opt_high"].to_numpy(float) - b])
+    interior = table["interior"].to_numpy(bool)
+    ax.errorbar(x[interior], b[interior], yerr=err[:, interior], fmt="o", color="C0", capsize=3,
+                label=f"B_opt, {optimum.confidence:.0%} bootstrap interval")
+    if (~interior).any():
+        ax.errorbar(x[~interior], b[~interior], yerr=err[:, ~interior], fmt="o", color="C0", capsize=3,
+                    markerfacecolor="white", label="peak at the grid's edge (censored)")
+    span = np.geomspace(x.min() / 1.3, x.max() * 1.3, 50)
+    if fit is not None and np.isfinite(fit.slope):
+        ax.plot(span, fit.predict(span), "-", color="C1",
+                label=f"fit: slope {fit.slope:.2f} [{fit.slope_low:.2f}, {fit.slope_high:.2f}]")
+    use = interior if interior.any() else np.ones_like(interior)
+    anchor_x, anchor_b = np.exp(np.log(x[use]).mean()), np.exp(np.log(b[use]).mean())
+    ax.plot(span, anchor_b * (span / anchor_x) ** predicted_slope, "--", color="0.5",
+            label=f"predicted: slope {predicted_slope:g}")
+    ax.set_xscale("log")
+    ax.set_xticks(x, [_group_label(v) for v in x])
+    ax.minorticks_off()
+    log2_batch_axis(ax, "y")
+    ax.set(xlabel=axis_label(optimum.by), ylabel="best batch size B_opt")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def metric_vs_noise_scale(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: str = "lr",
+                          errorbar: Any = ("ci", 95), **kwargs: Any) -> plt.Axes:
+    """`y` against Smith & Le's noise scale g = lr N / (B (1 - m)) (log axis), mean and 95% interval over
+    seeds, one line per `hue`: if g alone sets the outcome, the lines fall on one curve.
+
+    Uses the runs' effective_lr (after any batch-size scaling), n_train, batch_size and momentum columns.
+    """
+    import seaborn as sns
+    data = runs.dropna(subset=[y]).assign(
+        noise_scale=lambda d: sgd_noise_scale(d["effective_lr"].astype(float), d["n_train"].astype(float),
+                                          d["batch_size"].astype(float), d["momentum"].astype(float)))
+    data, order = categorical(data, hue)
+    sns.lineplot(data=data, x="noise_scale", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
+                 err_style="bars", seed=0, ax=ax, **kwargs)
+    ax.set_xscale("log")
+    ax.set(xlabel="noise scale g = lr N / (B (1 - m))", ylabel=axis_label(y))
+    legend = ax.get_legend()
+    if legend is not None:
+        legend.set_title(axis_label(hue))
+    return ax
+
+
+def agreement_plot(ax: plt.Axes, table: pd.DataFrame, by: str = "batch_size", label: str | None = None,
+                   color: str | None = None) -> plt.Axes:
+    """An `agreement` table: each group's mean minus the reference's, with the Welch
+    interval, against `by` (log2 axis); groups with a diverged run are marked with a red x at the bottom."""
+    x = table[by].to_numpy(float)
+    diff = table["diff"].to_numpy(float)
+    err = np.vstack([diff - table["diff_low"].to_numpy(float), table["diff_high"].to_numpy(float) - diff])
+    ax.errorbar(x, diff, yerr=np.nan_to_num(err), fmt="o-", capsize=3, label=label, color=color)
+    ax.axhline(0.0, color="0.5", linewidth=1, linestyle=":")
+    diverged = table["n_diverged"].to_numpy(int) > 0
+    if diverged.any():
+        bottom = np.nanmin(np.concatenate([diff, table["diff_low"].to_numpy(float)]))
+        ax.plot(x[diverged], np.full(diverged.sum(), bottom), "x", color="red", markersize=9,
+                label="a run diverged" if label is None else f"{label}: a run diverged")
+    log2_batch_axis(ax, "x", [int(v) for v in x])
+    ax.set(xlabel=axis_label(by), ylabel="difference from the smallest batch")
+    ax.legend(fontsize="small")
+    return ax

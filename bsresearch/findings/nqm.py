@@ -9,14 +9,20 @@ Heavy-ball SGD with preconditioner P = H^-p updates every coordinate independent
 The expected loss is exact, not simulated: the second moments m = (E theta^2, E theta v, E v^2) of each
 coordinate follow a linear recurrence m' = T m + u, so m_t = m_inf + T^t (m_0 - m_inf). Steps to a target
 loss are found by binary lifting on powers of T, so a whole (batch size x lr x momentum) grid runs in
-seconds. NumPy only.
+seconds. NumPy only (matplotlib for the figure).
+Setting and pre-registered test: docs/protocols.md#nqm.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
+
+from ..plots import log2_batch_axis
 
 
 @dataclass(frozen=True)
@@ -191,3 +197,22 @@ def steps_vs_batch_size(nqm: NQM, batch_sizes: Iterable[float], target: float,
                          "momentum": best.momentum, "precondition": p, "lr_at_grid_edge": edge})
     return rows
 
+# ----------------------------------------------------------------------------- figures
+def steps_by_optimizer(ax: plt.Axes, table: pd.DataFrame, fits: dict[str, Any] | None = None,
+                       steps: str = "steps", hue: str = "optimizer") -> plt.Axes:
+    """Steps to the target against batch size (log-log), one line per `hue` value, with the perfect-scaling
+    slope from each line's smallest batch (dotted) and, given CriticalBatchFits, each B_crit marked."""
+    for i, (name, group) in enumerate(table.groupby(hue, sort=False)):
+        group = group.sort_values("batch_size")
+        color = f"C{i}"
+        label = name if not fits or name not in fits else f"{name} (B_crit {fits[name].b_crit:.3g})"
+        ax.plot(group["batch_size"], group[steps], "o-", color=color, markersize=3, label=label)
+        b0, s0 = group["batch_size"].iloc[0], group[steps].iloc[0]
+        ax.plot(group["batch_size"], s0 * b0 / group["batch_size"], ":", color=color, linewidth=0.8)
+        if fits and name in fits:
+            ax.axvline(fits[name].b_crit, color=color, linestyle="--", linewidth=0.8, alpha=0.7)
+    log2_batch_axis(ax, "x", [int(b) for b in table["batch_size"].unique()][::2])
+    ax.set_yscale("log")
+    ax.set(xlabel="batch size", ylabel="steps to target")
+    ax.legend(fontsize=8)
+    return ax

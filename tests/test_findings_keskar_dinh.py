@@ -3,8 +3,10 @@ import torch
 from conftest import tiny_config
 
 from bsresearch import results
-from bsresearch.analysis import interpolate_runs, measure_runs, relu_rescale
 from bsresearch.config import ConfigError, RunConfig
+from bsresearch.findings.dinh import relu_rescale
+from bsresearch.findings.keskar import interpolate_runs
+from bsresearch.findings.runs import measure_runs
 from bsresearch.models import build_model
 from bsresearch.runtime import make_generator
 from bsresearch.train import run

@@ -1,4 +1,4 @@
-"""Smith & Le / Jastrzebski analysis (bsresearch.optimum) and figures (plots.noise_scale_sgd), on known answers.
+"""Smith & Le / Jastrzebski analysis and figures (bsresearch.findings.smith_le), on known answers.
 
 Oracles: a parabola in log2(B) has its vertex where it was put; a peak that moves like lr^k gives slope k;
 Welch's interval equals scipy's; curves that are copies have zero gap. No training here.
@@ -14,31 +14,29 @@ import pytest
 from scipy import stats
 
 from bsresearch.config import ConfigError
-from bsresearch.optimum import (
+from bsresearch.findings.smith_le import (
     Peak,
     agreement,
+    agreement_plot,
     breaking_point,
     curve_gaps,
-    noise_scale,
+    metric_vs_batch_optima,
+    metric_vs_noise_scale,
     optimum_by_group,
+    optimum_scaling,
     parabola_peak,
     power_law,
     power_law_by_seed,
-)
-from bsresearch.plots.noise_scale_sgd import (
-    agreement_plot,
-    metric_vs_batch_optima,
-    metric_vs_noise_scale,
-    optimum_scaling,
+    sgd_noise_scale,
 )
 
 GRID = [16, 32, 64, 128, 256, 512, 1024]
 
 
 def test_noise_scale_is_lr_n_over_b_with_momentum():
-    assert noise_scale(0.1, 1000, 10, 0.9) == pytest.approx(100.0)
-    assert noise_scale(0.1, 1000, 10) == pytest.approx(10.0)
-    g = noise_scale(np.array([0.01, 0.02]), 4000, np.array([16, 32]), 0.9)
+    assert sgd_noise_scale(0.1, 1000, 10, 0.9) == pytest.approx(100.0)
+    assert sgd_noise_scale(0.1, 1000, 10) == pytest.approx(10.0)
+    g = sgd_noise_scale(np.array([0.01, 0.02]), 4000, np.array([16, 32]), 0.9)
     assert np.allclose(g, [25.0, 25.0])  # equal lr/B, equal noise scale
 
 
@@ -186,7 +184,8 @@ def history_rows(run_id, batch_size, epochs, values):
 
 def test_curve_gaps_interpolates_in_log_epochs_and_measures_the_gap():
     e1, e2 = np.geomspace(0.1, 60, 25), np.geomspace(0.3, 60, 9)   # different evaluation points
-    f = lambda e: 0.1 + 0.8 * np.log(e / 0.1) / np.log(600)       # linear in log(epoch): exact interpolation
+    def f(e):  # linear in log(epoch): exact interpolation
+        return 0.1 + 0.8 * np.log(e / 0.1) / np.log(600)
     history = pd.concat([history_rows("a", 16, e1, f(e1)), history_rows("b", 16, e1, f(e1) + 0.02),
                          history_rows("c", 64, e2, f(e2) + 0.01), history_rows("d", 64, e2, f(e2) + 0.01),
                          history_rows("e", 256, e2, f(e2) - 0.09), history_rows("f", 256, e2, f(e2) - 0.11)])
@@ -219,7 +218,7 @@ def test_optimum_figures_draw_the_estimates():
     xs = np.concatenate([np.asarray(line.get_xdata(), float) for line in axes[2].get_lines()
                          if len(line.get_xdata()) == len(GRID) and line.get_label() != "_nolegend_"])
     assert len(xs) == 4 * len(GRID)  # one mean line per lr
-    expected = np.unique(noise_scale(runs["lr"], 4000, runs["batch_size"], 0.9))
+    expected = np.unique(sgd_noise_scale(runs["lr"], 4000, runs["batch_size"], 0.9))
     assert set(np.round(xs, 9)) <= set(np.round(expected, 9))
     plt.close(fig)
 
@@ -304,11 +303,3 @@ def test_the_notebook_parameters_parse_and_it_has_no_outputs():
     assert names[:4] == ["sweep", "runs_dir", "out_dir", "spec_path"]  # what `bsresearch report` passes
     assert len(names) == len([line for line in cells[0].source.splitlines() if ": " in line and " = " in line])
     assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
-
-
-def test_the_analysis_modules_do_not_import_torch():
-    import subprocess
-    import sys
-    code = ("import sys, bsresearch.optimum, bsresearch.plots.noise_scale_sgd; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)

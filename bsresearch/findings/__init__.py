@@ -1,0 +1,16 @@
+"""The published findings bsresearch reproduces, one module each; a finding has one name everywhere:
+bsresearch/findings/<name>.py (its analysis and figures), tests/test_findings_<name>.py,
+notebooks/2x_<name>.py (the analysis notebook), experiments/<name>*.yaml (its sweeps) and reports/<name>*/.
+
+    keskar           Keskar et al. 2017: large batches find sharper minima and generalize worse
+    dinh             Dinh et al. 2017: sharpness is not reparameterisation-invariant
+    hoffer           Hoffer et al. 2017: train longer (regime adaptation, ghost BN, sqrt scaling)
+    goyal            Goyal et al. 2017: linear lr scaling with warmup, and where it breaks
+    steps_to_target  Shallue et al. 2019 / McCandlish et al. 2018: steps to a target vs batch size, B_crit
+    smith_le         Smith & Le 2018 / Jastrzebski et al. 2017: the optimal batch size follows lr N
+    nqm              Zhang et al. 2019: the noisy quadratic model's critical batch
+
+`runs` holds what several findings share: a measurement applied to every finished run's weights.
+Settings and pre-registered tests: docs/protocols.md. keskar, dinh and runs import torch (they load
+trained weights); the others are torch-free.
+"""

@@ -1,0 +1,68 @@
+"""One optimizer update: the step that training runs and that the systems benchmarks time.
+
+`training_step` is the only place a training step is written. bsresearch.train calls it with a batch
+sampled from the training set (split into micro-batches for gradient accumulation) and feeds the in-loop
+noise-scale estimator through its hooks; bsresearch.systems calls it on synthetic batches to measure
+time and memory, so a benchmark times exactly what a run executes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import RunConfig
+from .runtime import autocast
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer cfg names, with lr 0: the caller sets every step's lr (the loop from `config.lr_at`)."""
+    params = model.parameters()
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=0.0, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                               weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=0.0, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=0.0, weight_decay=cfg.weight_decay)
+
+
+def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+                  batches: Sequence[tuple[torch.Tensor, torch.Tensor]], precision: str = "fp32",
+                  scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
+                  after_backward: Callable[[int], None] | None = None,
+                  before_update: Callable[[], None] | None = None) -> torch.Tensor:
+    """One optimizer update on the examples of `batches`; returns the batch's mean loss (a detached float32
+    0-d tensor, not synchronised).
+
+    `batches` are the micro-batches of one batch (a single (x, y) without accumulation). Each micro-batch's
+    mean loss is weighted by its share of the batch, so the accumulated gradient equals the whole batch's
+    mean-loss gradient (BatchNorm aside: its statistics then come from micro-batches). The model stays in
+    its current mode. Gradients are set to None first and kept after the update, so a step's memory is
+    the trainer's. `after_backward(i)` runs after micro-batch i's backward pass, `before_update()` after
+    the last one, before the optimizer (and GradScaler, for fp16) update: the in-loop noise-scale
+    estimator reads gradient norms there.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    n_examples = sum(len(y) for _, y in batches)
+    total_loss = torch.zeros((), device=batches[0][0].device)
+    for i, (x, y) in enumerate(batches):
+        with autocast(precision, x.device):
+            loss = loss_fn(model(x), y)
+        if len(batches) > 1:
+            loss = loss * (len(y) / n_examples)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if after_backward is not None:
+            after_backward(i)
+        total_loss += loss.detach().float()
+    if before_update is not None:
+        before_update()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    return total_loss
