@@ -71,7 +71,7 @@ $(LAB_STAMP): $(STAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name bsresearch --display-name "bsresearch (.venv)" >/dev/null
 	@touch $@
 lab: $(LAB_STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir=. --ServerApp.preferred_dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+	$(BIN)/jupyter lab --ServerApp.root_dir=. --FileContentsManager.preferred_dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # A real browser runs notebooks/01_train.ipynb in JupyterLab (tests/browser); Debian's chromium, apt where root
 test-browser: $(LAB_STAMP)
