@@ -87,8 +87,8 @@ test-browser: $(LAB_STAMP)
 clean-notebooks: install
 	$(BIN)/jupytext --sync notebooks/[0-9]*.py
 	$(BIN)/jupyter nbconvert --clear-output --inplace --log-level=WARN --ClearMetadataPreprocessor.enabled=True \
-	  --ClearMetadataPreprocessor.clear_notebook_metadata=False --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags \
-	  notebooks/[0-9]*.ipynb
+	  --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags --ClearMetadataPreprocessor.preserve_nb_metadata_mask=kernelspec \
+	  --ClearMetadataPreprocessor.preserve_nb_metadata_mask=jupytext notebooks/[0-9]*.ipynb
 
 # CPU benchmarks; results (CSV, figures) in benchmarks/results/, named with the machine.
 bench: install
