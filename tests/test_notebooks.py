@@ -61,7 +61,7 @@ def test_pair_is_in_sync(stem):
     nbformat.validate(nb)
     assert cells(nb) == cells(from_py), f"{ipynb.name} differs from {py.name}; {FIX}"
     assert nb.metadata.kernelspec.name == from_py.metadata.kernelspec.name == KERNEL, \
-        f"{stem}: use the kernel {KERNEL!r} (the .py header's kernelspec)"
+        f"{stem}: the kernel must be {KERNEL!r}: start {stem}.py with the kernelspec header of 01_train.py, then {FIX}"
 
 
 @pytest.mark.parametrize("stem", STEMS)
