@@ -42,6 +42,8 @@ _LAZY = {
     # systems
     "measure_throughput": "systems", "measure_memory": "systems", "largest_batch_size": "systems",
     "accumulation_plan": "systems", "recommend_batch_size": "systems", "model_workload": "systems",
+    # a user's own training loop (`from bsresearch.advise import advise` for the advice: the name is its package's)
+    "NoiseScaleTracker": "noise_tracker",
     # sweeps and results
     "run_sweep": "sweep", "load_spec": "sweep", "SweepSpec": "sweep",
 }

@@ -23,12 +23,13 @@ MODELS = ("mlp", "cnn1d", "convnet", "resnet")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALINGS = ("none", "linear", "sqrt")
 SCHEDULES = ("constant", "cosine", "step")
+BATCH_SCHEDULES = ("constant", "step")
 BUDGETS = ("epochs", "steps", "examples", "target")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SAMPLINGS = ("shuffle", "replacement")
 EVAL_SCHEDULES = ("every", "log")
 # Measurements a run can take after training; each name has an entry in bsresearch/measure/registry.py.
-MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "sharpness")
+MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "sharpness", "m_sharpness")
 
 # Fields that change how a run executes but not what it computes: left out of the run id, so a rerun
 # with more threads or another checkpoint interval finds the finished result.
@@ -70,6 +71,8 @@ class RunConfig:
     warmup_epochs: float = 0.0          # linear warmup to the scaled lr (Goyal et al. use 5 epochs)
     lr_decay_factor: float = 0.1        # step schedule: multiply the lr by this at each milestone
     lr_decay_at: tuple[float, ...] = (0.5, 0.75)  # step schedule: milestones as fractions of total steps
+    batch_schedule: str = "constant"    # constant | step: the batch grows at the lr_decay_at milestones instead
+    batch_growth: float = 1.0           # batch_schedule=step: batch_size multiplies by this at each milestone
     # --- duration
     budget: str = "epochs"              # epochs | steps | examples | target (full-train loss <= target_loss)
     budget_amount: float = 20.0         # number of epochs/steps/examples (unused for budget=target)
@@ -167,16 +170,58 @@ def bn_statistics_batch(cfg: RunConfig) -> int | None:
 
 
 def steps_per_epoch(cfg: RunConfig, n_train: int) -> int:
-    """Optimizer updates per pass over the training set; the last partial batch is dropped."""
+    """Optimizer updates per pass over the training set at the (initial) batch size; the last partial
+    batch is dropped."""
     check_batch_fits(cfg, n_train)
     return n_train // cfg.batch_size
+
+
+def batch_phases(cfg: RunConfig, n_train: int) -> list[tuple[int, int]]:
+    """(first step, batch size) of each phase of the batch schedule; one phase for a constant batch.
+
+    batch_schedule=step (Smith, Kindermans, Ying & Le 2018: increase the batch instead of decaying the lr):
+    at each milestone of lr_decay_at, a fraction of the budget in epochs, the batch size multiplies by
+    batch_growth. A phase runs until the epochs done (each step of batch B counting 1/(n_train // B) of an
+    epoch, as with a constant batch) reach its milestone, rounded up to whole steps.
+    """
+    return [(start, size) for start, size, _ in _phase_steps(cfg, n_train)]
+
+
+def _phase_steps(cfg: RunConfig, n_train: int) -> list[tuple[int, int, int]]:
+    """(first step, batch size, steps) of each phase of the batch schedule."""
+    if cfg.batch_schedule == "constant":
+        return [(0, cfg.batch_size, 0)]
+    check_batch_fits(cfg, n_train)
+    bounds = [*cfg.lr_decay_at, 1.0]
+    phases, start, epochs_done = [], 0, 0.0
+    for k, bound in enumerate(bounds):
+        size = phase_batch_size(cfg, k)
+        per_epoch = n_train // size
+        steps = max(0, math.ceil(round((bound * cfg.budget_amount - epochs_done) * per_epoch, 9)))
+        phases.append((start, size, steps))
+        start, epochs_done = start + steps, epochs_done + steps / per_epoch
+    return phases
+
+
+def phase_batch_size(cfg: RunConfig, phase: int) -> int:
+    """The batch size after `phase` milestones of the batch schedule (validated to be an integer)."""
+    return round(cfg.batch_size * cfg.batch_growth ** phase)
+
+
+def batch_size_at(cfg: RunConfig, step: int, n_train: int) -> int:
+    """Examples in the update that follows `step` completed updates (the batch schedule's phase)."""
+    return next(size for start, size in reversed(batch_phases(cfg, n_train)) if step >= start)
 
 
 def total_steps(cfg: RunConfig, n_train: int) -> int:
     """The step budget: the one place where epochs, examples or a target become a number of steps.
 
     For budget=target this is the cap (max_steps); the run stops earlier when the target is reached.
+    With a batch schedule (budget in epochs) it is the sum of the phases' steps.
     """
+    if cfg.batch_schedule != "constant":
+        start, _, steps = _phase_steps(cfg, n_train)[-1]
+        return start + steps
     if cfg.budget == "target":
         return cfg.max_steps
     if cfg.budget == "steps":
@@ -231,6 +276,7 @@ def derived(cfg: RunConfig, n_train: int) -> dict[str, Any]:
         "warmup_steps": warmup_steps(cfg, n_train),
         "accumulation_steps": accumulation_steps(cfg),
         "bn_statistics_batch": bn_statistics_batch(cfg),
+        "batch_phases": [list(p) for p in batch_phases(cfg, n_train)],
         "run_id": run_id(cfg),
     }
 
@@ -239,6 +285,12 @@ def check_batch_fits(cfg: RunConfig, n_train: int) -> None:
     if cfg.batch_size > n_train:
         raise ConfigError(f"batch_size {cfg.batch_size} exceeds the training set size {n_train} "
                           f"(dataset {cfg.dataset!r}, train_size {cfg.train_size})")
+    if cfg.batch_schedule != "constant":
+        largest = phase_batch_size(cfg, len(cfg.lr_decay_at))
+        if largest > n_train:
+            raise ConfigError(f"batch_schedule: the batch grows to {largest} (batch_size {cfg.batch_size} x "
+                              f"batch_growth {cfg.batch_growth:g}^{len(cfg.lr_decay_at)}), more than the training "
+                              f"set size {n_train}")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -257,11 +309,35 @@ def _positive(cfg: RunConfig, name: str, allow_none: bool = False, allow_zero: b
         raise ConfigError(f"{name} must be {kind} number{' or null' if allow_none else ''}; got {value!r}")
 
 
+def _validate_batch_schedule(cfg: RunConfig) -> None:
+    if cfg.batch_schedule == "constant":
+        if cfg.batch_growth != 1.0:
+            raise ConfigError(f"batch_growth {cfg.batch_growth:g} needs batch_schedule: step")
+        return
+    if cfg.budget != "epochs":
+        raise ConfigError(f"batch_schedule step needs budget: epochs (its milestones are fractions of the epochs); "
+                          f"got budget {cfg.budget!r}")
+    if cfg.schedule != "constant":
+        raise ConfigError(f"batch_schedule step replaces the lr decay: use schedule constant; got {cfg.schedule!r}")
+    if not cfg.batch_growth > 1 or not math.isfinite(cfg.batch_growth):
+        raise ConfigError(f"batch_growth must be a number > 1 with batch_schedule step; got {cfg.batch_growth!r}")
+    if not cfg.lr_decay_at:
+        raise ConfigError("batch_schedule step needs milestones in lr_decay_at (fractions of the run in (0, 1))")
+    for k in range(1, len(cfg.lr_decay_at) + 1):
+        size = cfg.batch_size * cfg.batch_growth ** k
+        if abs(size - round(size)) > 1e-9:
+            raise ConfigError(f"batch_growth {cfg.batch_growth:g} makes batch_size {cfg.batch_size} a fraction "
+                              f"({size:g}) after {k} milestone(s): choose sizes whose products are integers")
+        if cfg.micro_batch_size and round(size) % cfg.micro_batch_size:
+            raise ConfigError(f"micro_batch_size {cfg.micro_batch_size} must divide every batch size of the "
+                              f"schedule; {round(size)} is not a multiple")
+
+
 def _validate(cfg: RunConfig) -> None:
     for name, accepted in [("dataset", DATASETS), ("model", MODELS), ("optimizer", OPTIMIZERS),
                            ("lr_scaling", LR_SCALINGS), ("schedule", SCHEDULES), ("budget", BUDGETS),
                            ("precision", PRECISIONS), ("sampling", SAMPLINGS),
-                           ("eval_schedule", EVAL_SCHEDULES)]:
+                           ("eval_schedule", EVAL_SCHEDULES), ("batch_schedule", BATCH_SCHEDULES)]:
         _choice(cfg, name, accepted)
     for name in ("train_size", "width", "depth", "ghost_batch_size", "micro_batch_size", "eval_train_size"):
         _positive(cfg, name, allow_none=True)
@@ -285,6 +361,7 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(f"lr_decay_factor must be in (0, 1]; got {cfg.lr_decay_factor!r}")
     if list(cfg.lr_decay_at) != sorted(set(cfg.lr_decay_at)) or any(not 0 < m < 1 for m in cfg.lr_decay_at):
         raise ConfigError(f"lr_decay_at must be increasing fractions of the run in (0, 1); got {list(cfg.lr_decay_at)}")
+    _validate_batch_schedule(cfg)
     if cfg.ghost_batch_size is not None and not cfg.batchnorm:
         raise ConfigError("ghost_batch_size needs batchnorm: true")
     if cfg.micro_batch_size is not None:

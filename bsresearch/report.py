@@ -2,7 +2,8 @@
 
 The notebook gets four parameters (sweep, runs_dir, out_dir, spec_path) and the spec's
 `analysis_parameters`, runs with out_dir as its working directory and writes its figures (PNG, PDF and
-a caption file each) and tables there. The executed notebook is kept next to them as <notebook>.ipynb
+a caption file each) and tables there. A report is drawn from a committed source tree only (the captions
+name the commit), unless allow_dirty. The executed notebook is kept next to them as <notebook>.ipynb
 and <notebook>.html.
 No torch import here; the notebook's kernel imports what it needs.
 """
@@ -15,14 +16,20 @@ from pathlib import Path
 
 from .config import ConfigError
 from .rundir import MANIFEST
+from .source import git_commit, is_dirty
 from .sweep.spec import SweepSpec, load_spec
 
 
 def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", reports_root: str | Path = "reports",
-               timeout: float = 1800.0, kernel: str = "python3", html: bool = True) -> Path:
+               timeout: float = 1800.0, kernel: str = "python3", html: bool = True, allow_dirty: bool = False) -> Path:
     """Execute the analysis notebook of `spec`; returns the report folder. Raises ConfigError when the spec
-    has no analysis notebook or the sweep has no runs, RuntimeError when a notebook cell fails (the
-    executed notebook, with the error in it, is kept)."""
+    has no analysis notebook, the sweep has no runs, or the source tree has uncommitted changes (unless
+    allow_dirty: the captions then say so), RuntimeError when a notebook cell fails (the executed
+    notebook, with the error in it, is kept)."""
+    commit = git_commit()
+    if is_dirty(commit) and not allow_dirty:
+        raise ConfigError(f"the source tree has uncommitted changes (commit {commit}): a report must trace to a "
+                          f"commit; commit (or stash) them first, or pass --allow-dirty and the captions say so")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     if spec.analysis is None:
         raise ConfigError(f"analysis: spec {spec.name!r} names no analysis notebook; add "
@@ -90,12 +97,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reports", default="reports", help="root folder of reports [reports]")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per notebook cell [1800]")
     p.add_argument("--no-html", action="store_true", help="do not export the executed notebook to HTML")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="draw from a source tree with uncommitted changes (the captions say so)")
     p.set_defaults(handler=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     try:
-        out_dir = run_report(args.spec, args.runs, args.reports, args.timeout, html=not args.no_html)
+        out_dir = run_report(args.spec, args.runs, args.reports, args.timeout, html=not args.no_html,
+                             allow_dirty=args.allow_dirty)
     except RuntimeError as exc:
         print(f"bsresearch: report failed: {exc}", file=sys.stderr)
         return 1

@@ -10,13 +10,13 @@ import hashlib
 import os
 import platform
 import socket
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .config import ConfigError
+from .source import git_commit
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 
@@ -104,20 +104,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return platform.processor() or platform.machine() or "cpu"
-
-
-def git_commit(path: Path = PACKAGE_ROOT) -> str | None:
-    """The commit of the checkout holding the package, with '-dirty' when it has changes; None if not a checkout."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=path, capture_output=True,
-                                text=True, timeout=5).stdout.strip()
-        if not commit:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def provenance(device: torch.device) -> dict[str, object]:

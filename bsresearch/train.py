@@ -86,14 +86,16 @@ def new_state(cfg: RunConfig, data: Dataset, device: torch.device) -> TrainState
 
 
 def train_step(state: TrainState, cfg: RunConfig, data: Dataset, lr: float) -> torch.Tensor:
-    """One optimizer update (step.training_step) on the next cfg.batch_size examples; returns the batch's
-    mean loss (a tensor).
+    """One optimizer update (step.training_step) on the next batch (cfg.batch_size examples, or the batch
+    schedule's size at this step); returns the batch's mean loss (a tensor).
 
     With micro_batch_size, the batch is split and gradients accumulate (step.training_step weights each
     micro-batch's loss by its share). Every cfg.noise_scale_every steps, |G_small|^2 (the first
     micro-batch's gradient alone) and |G_big|^2 (the whole batch's) feed the two-batch noise-scale EMA:
     both at the same parameters, no drift.
     """
+    if cfg.batch_schedule != "constant":  # the batch grows at its milestones; the epoch's permutation goes on
+        state.sampler.batch_size = C.batch_size_at(cfg, state.step, data.n_train)
     idx = state.sampler.next()
     for group in state.optimizer.param_groups:
         group["lr"] = lr
@@ -158,6 +160,8 @@ def evaluation_row(state: TrainState, cfg: RunConfig, data: Dataset, n_train: in
     distance, norm = weight_stats(state)
     return {"step": state.step, "epoch": state.examples_seen / n_train, "examples": state.examples_seen,
             "lr": C.lr_at(cfg, max(state.step - 1, 0), n_train),
+            **({"current_batch_size": C.batch_size_at(cfg, max(state.step - 1, 0), n_train)}
+               if cfg.batch_schedule != "constant" else {}),
             "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
             "distance_from_init": distance, "weight_norm": norm,
             "train_seconds": state.train_seconds, "wall_seconds": wall_s,

@@ -46,6 +46,8 @@ schedule: str = "constant"              # constant | cosine | step, applied afte
 warmup_epochs: float = 0.0              # linear warmup to the scaled lr (Goyal et al. use 5 epochs)
 lr_decay_factor: float = 0.1            # step schedule: multiply the lr by this at each milestone
 lr_decay_at: list[float] = [0.5, 0.75]  # step schedule: milestones as fractions of total steps
+batch_schedule: str = "constant"        # constant or step: the batch grows at the lr_decay_at milestones instead
+batch_growth: float = 1.0               # batch_schedule step: batch_size multiplies by this at each milestone
 # --- duration
 budget: str = "epochs"                  # epochs | steps | examples | target (full-train loss down to target_loss)
 budget_amount: float = 20.0             # number of epochs/steps/examples (unused for budget target)
@@ -91,7 +93,8 @@ cfg = RunConfig(
     batchnorm=batchnorm, ghost_batch_size=ghost_batch_size, optimizer=optimizer, lr=lr, momentum=momentum,
     nesterov=nesterov, weight_decay=weight_decay, batch_size=batch_size, base_batch_size=base_batch_size,
     lr_scaling=lr_scaling, schedule=schedule, warmup_epochs=warmup_epochs, lr_decay_factor=lr_decay_factor,
-    lr_decay_at=lr_decay_at, budget=budget, budget_amount=budget_amount, target_loss=target_loss,
+    lr_decay_at=lr_decay_at, batch_schedule=batch_schedule, batch_growth=batch_growth, budget=budget,
+    budget_amount=budget_amount, target_loss=target_loss,
     max_steps=max_steps, micro_batch_size=micro_batch_size, precision=precision, sampling=sampling,
     eval_schedule=eval_schedule, eval_every=eval_every, eval_per_decade=eval_per_decade,
     eval_train_size=eval_train_size, divergence_ratio=divergence_ratio, measure=measure,

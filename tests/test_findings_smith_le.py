@@ -276,7 +276,8 @@ def test_the_analysis_notebook_runs_on_fake_sweeps_of_the_real_specs(tmp_path):
     rng = np.random.default_rng(0)
     for name in ("smith_le", "smith_le_edge", "smith_le_n", "smith_le_diag"):
         fake_sweep(tmp_path / "runs", root / "experiments" / f"{name}.yaml", rng)
-    out = run_report(root / "experiments" / "smith_le.yaml", tmp_path / "runs", tmp_path / "reports", html=False)
+    out = run_report(root / "experiments" / "smith_le.yaml", tmp_path / "runs", tmp_path / "reports", html=False,
+                     allow_dirty=True)
     names = {p.name for p in out.iterdir()}
     for stem in ("optimum_vs_lr", "optimum_vs_n", "accuracy_vs_noise_scale", "diagonal_curves", "diagonal_final"):
         assert {f"{stem}.png", f"{stem}.pdf", f"{stem}.txt"} <= names

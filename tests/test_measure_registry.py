@@ -16,7 +16,8 @@ ALL = tuple(C.MEASUREMENTS)
 
 
 def test_registry_names_equal_the_config_names():
-    assert tuple(MEASUREMENTS) == C.MEASUREMENTS == ("noise_scale", "hessian", "keskar_sharpness", "sharpness")
+    assert tuple(MEASUREMENTS) == C.MEASUREMENTS == ("noise_scale", "hessian", "keskar_sharpness", "sharpness",
+                                                     "m_sharpness")
 
 
 def test_every_measurement_lands_in_metrics_json(tmp_path):
@@ -27,12 +28,13 @@ def test_every_measurement_lands_in_metrics_json(tmp_path):
                 "hessian_top_eigenvalue", "hessian_trace", "hessian_trace_std_error", "hessian_products",
                 "keskar_phi_eps1e-3", "keskar_phi_eps5e-4", "keskar_loss", "keskar_loss_at_max_eps1e-3",
                 "sharpness_worst_rho0.05", "sharpness_average_sigma0.01", "sharpness_adaptive_worst_rho0.5",
-                "sharpness_adaptive_average_sigma0.05"]
+                "sharpness_adaptive_average_sigma0.05", "m_sharpness_m128_rho0.05", "m_sharpness_adaptive_m128_rho0.5"]
     for key in expected:
         assert isinstance(metrics[key], (int, float)) and math.isfinite(metrics[key]), key
     assert metrics["keskar_phi_eps1e-3"] > metrics["keskar_phi_eps5e-4"] > 0
     assert metrics["keskar_loss"] == pytest.approx(metrics["train_loss"], rel=1e-5)
     assert metrics["noise_n_examples"] == 256
+    assert metrics["m_sharpness_m128_rho0.05"] > 0   # 256 examples: two batches of 128, each a worst case
     # the number in metrics.json is the library's exact B_simple of the saved model
     model, _ = load_trained_model(tmp_path / "r")
     from bsresearch.data import load_dataset

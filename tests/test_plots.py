@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bsresearch import source
 from bsresearch.measure.critical import fit_critical_batch
 from bsresearch.plots import (
     figure_grid,
@@ -120,8 +121,9 @@ def test_save_figure_writes_png_pdf_and_a_caption_with_provenance(runs, tmp_path
     assert caption.startswith("Test accuracy against batch size.")
     assert "Sweep toy" in caption and "commit c0ffee" in caption
     assert "until train loss <= 0.01 (cap 9000 steps)" in caption
+    assert caption.rstrip().splitlines()[-1] == source.drawn_at()   # the source the figure was drawn at
     plain = save_figure(fig, tmp_path / "plain", "Just a caption.")
-    assert plain[2].read_text() == "Just a caption.\n"
+    assert plain[2].read_text() == f"Just a caption.\n{source.drawn_at()}\n"
     plt.close(fig)
 
 

@@ -160,7 +160,8 @@ def test_analysis_modules_do_not_import_torch():
     code = ("import sys, bsresearch.results, bsresearch.stats, bsresearch.plots, bsresearch.plots.sweeps, "
             "bsresearch.report, bsresearch.sweep.spec, bsresearch.sweep.variants, bsresearch.findings.goyal, "
             "bsresearch.findings.hoffer, bsresearch.findings.smith_le, bsresearch.findings.steps_to_target, "
-            "bsresearch.findings.nqm\n"
+            "bsresearch.findings.nqm, bsresearch.findings.masters_luschi, "
+            "bsresearch.findings.sharpness_generalization\n"
             "from bsresearch.results import critical_batch\nimport pandas as pd\n"
             "critical_batch(pd.DataFrame({'batch_size': [8, 16, 32], 'steps_to_target': [30., 20., 15.]}))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'")

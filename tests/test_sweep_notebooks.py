@@ -58,7 +58,7 @@ def test_report_executes_the_analysis_notebook_into_the_reports_folder(tmp_path,
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     assert run_sweep(SMOKE, runs_root=runs, executor="inline", progress=False).all_finished
     capfd.readouterr()
-    out = run_report(SMOKE, runs, reports)
+    out = run_report(SMOKE, runs, reports, allow_dirty=True)
     assert "without encryption" not in capfd.readouterr().err     # the kernel's log stays quiet
     assert out == reports.resolve() / "smoke"
     names = {p.name for p in out.iterdir()}
@@ -77,7 +77,7 @@ def test_report_passes_the_specs_analysis_parameters_to_the_notebook(tmp_path):
     spec = tmp_path / "tiny_nqm.yaml"
     spec.write_text(f"name: tiny_nqm\nanalysis: {ROOT / 'notebooks' / '25_nqm.ipynb'}\n"
                     "analysis_parameters: {dim: 50, max_batch_exponent: 4, lr_grid: [-4.0, 1.0, 21]}\n")
-    out = run_report(spec, tmp_path / "runs", tmp_path / "reports", html=False)
+    out = run_report(spec, tmp_path / "runs", tmp_path / "reports", html=False, allow_dirty=True)
     steps = pd.read_csv(out / "nqm_steps.csv")
     assert sorted(steps["batch_size"].unique()) == [1, 2, 4, 8, 16]      # 2^0 .. 2^4, not the default 2^17
     assert {"nqm_steps.png", "nqm_steps.pdf", "nqm_critical_batch.csv"} <= {p.name for p in out.iterdir()}
@@ -99,7 +99,7 @@ seeds: [0, 1]
 """)
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     assert run_sweep(spec, runs_root=runs, executor="inline", progress=False).all_finished
-    out = run_report(spec, runs, reports, html=False)
+    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
     names = {p.name for p in out.iterdir()}
     assert {"noise_scale.png", "steps_to_target.png", "critical_batch_fit.csv", "b_simple_at_target.csv"} <= names
     assert "noise_scale_checkpoints.csv" not in names          # no noise sweep was read
@@ -121,18 +121,18 @@ def test_a_report_cell_past_the_timeout_is_one_clear_error_and_keeps_the_noteboo
     spec = tmp_path / "slow.yaml"
     spec.write_text(f"name: slow\nanalysis: {tmp_path / 'slow.ipynb'}\n")
     with pytest.raises(RuntimeError, match="a cell ran past the 3 s timeout") as err:
-        run_report(spec, tmp_path / "runs", tmp_path / "reports", timeout=3, html=False)
+        run_report(spec, tmp_path / "runs", tmp_path / "reports", timeout=3, html=False, allow_dirty=True)
     assert (tmp_path / "reports" / "slow" / "slow.ipynb").exists() and "slow.ipynb" in str(err.value)
 
 
 def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):
     from bsresearch.config import ConfigError
     with pytest.raises(ConfigError, match="run `bsresearch sweep"):
-        run_report(SMOKE, tmp_path / "runs", tmp_path / "reports")
+        run_report(SMOKE, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
     spec = tmp_path / "s.yaml"
     spec.write_text("name: s\nbase: {dataset: synthetic}\n")
     with pytest.raises(ConfigError, match="analysis: spec 's' names no analysis notebook"):
-        run_report(spec, tmp_path / "runs", tmp_path / "reports")
+        run_report(spec, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
 
 
 @pytest.mark.parametrize("n, width, shape", [(3, 4.6, (1, 3)), (4, 3.6, (2, 2)), (2, 5.2, (1, 2)), (7, 4.0, (3, 3))])

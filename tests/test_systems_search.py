@@ -87,8 +87,8 @@ def test_live_search_restores_model_and_optimizer_bit_identically_after_a_mid_st
     before = snapshot(parts)
     real = search_module.training_step
 
-    def oom_after_the_update(p, x, y):
-        real(p, x, y)
+    def oom_after_the_update(p, x, y, *loss_fn):
+        real(p, x, y, *loss_fn)
         if len(x) > 12:
             raise torch.OutOfMemoryError("simulated, after the weights changed")
 

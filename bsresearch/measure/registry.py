@@ -26,6 +26,10 @@ KESKAR_EPS = (1e-3, 5e-4)          # Keskar et al.'s two box sizes, full space, 
 WORST_RHO, AVERAGE_SIGMA = 0.05, 0.01                    # L2 ball radius (SAM's default) and Gaussian std
 ADAPTIVE_WORST_RHO, ADAPTIVE_AVERAGE_SIGMA = 0.5, 0.05   # the same for perturbations scaled by |w|
 SHARPNESS_SAMPLES = 10
+# m-sharpness: worst case per batch of M examples, averaged over M_BATCHES disjoint random batches (2048
+# examples: its cost is then that of a few full-data ascents). Small m is the variant Andriushchenko et al.
+# (2023) found to track generalization best, especially adaptive.
+M_SHARPNESS_M, M_BATCHES = 128, 16
 
 
 def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
@@ -78,6 +82,16 @@ def measure_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator
             f"sharpness_adaptive_average_sigma{ADAPTIVE_AVERAGE_SIGMA:g}_std_error": a_average.std_error}
 
 
+def measure_m_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+    """m-sharpness (worst case per batch of m, averaged), plain and adaptive, on the training loss."""
+    x, y = data.x_train, data.y_train
+    plain = sharpness.m_sharpness(model, x, y, WORST_RHO, M_SHARPNESS_M, M_BATCHES, generator=generator)
+    adaptive = sharpness.m_sharpness(model, x, y, ADAPTIVE_WORST_RHO, M_SHARPNESS_M, M_BATCHES, adaptive=True,
+                                     generator=generator)
+    return {f"m_sharpness_m{M_SHARPNESS_M}_rho{WORST_RHO:g}": plain.sharpness,
+            f"m_sharpness_adaptive_m{M_SHARPNESS_M}_rho{ADAPTIVE_WORST_RHO:g}": adaptive.sharpness}
+
+
 # name -> function(model, data, cfg, generator) -> dict of JSON-able numbers, merged into metrics.json.
 # The names must equal config.MEASUREMENTS (a test checks).
 MEASUREMENTS: dict[str, Callable[[nn.Module, Dataset, RunConfig, torch.Generator], dict[str, Any]]] = {
@@ -85,6 +99,7 @@ MEASUREMENTS: dict[str, Callable[[nn.Module, Dataset, RunConfig, torch.Generator
     "hessian": measure_hessian,
     "keskar_sharpness": measure_keskar_sharpness,
     "sharpness": measure_sharpness,
+    "m_sharpness": measure_m_sharpness,
 }
 
 

@@ -50,11 +50,14 @@ def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: pd.DataFr
     return the paths.
 
     The caption should say which sweep, which commit and which budget kind the figure shows; given the
-    `runs` table the figure was drawn from (bsresearch.results.load), that line is appended for you.
+    `runs` table the figure was drawn from (bsresearch.results.load), that line is appended for you. A last
+    line names the source commit the figure was drawn at (flagged when the tree had uncommitted changes).
     """
+    from ..source import drawn_at
     if runs is not None:
         from ..results import provenance_caption
         caption = f"{caption.rstrip()}\n{provenance_caption(runs)}"
+    caption = f"{caption.rstrip()}\n{drawn_at()}"
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf"), stem.with_suffix(".txt")]

@@ -132,7 +132,7 @@ def check_data(points: list[Point]) -> None:
 
 def write_manifest(spec: SweepSpec, sweep_dir: Path, points: list[Point]) -> None:
     """RUNS/<name>/sweep.json: the spec as written and the points, so results.load knows the sweep."""
-    from ..runtime import git_commit
+    from ..source import git_commit
     atomic_write_json(sweep_dir / MANIFEST, {
         "name": spec.name, "description": spec.description, "spec_file": str(spec.path) if spec.path else None,
         "spec": spec.raw, "updated": now(), "git_commit": git_commit(),

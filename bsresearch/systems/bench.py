@@ -20,7 +20,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..runtime import device_name, git_commit
+from ..runtime import device_name
+from ..source import git_commit
 from .fit import MemoryFit, fit_memory_table
 from .flops import count_flops, peak_dtype, peak_flops, tf32_enabled
 from .memory import measure_memory

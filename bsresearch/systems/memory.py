@@ -18,11 +18,12 @@ exactly linear in the batch size for these models, which is what the fitted memo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from ..runtime import synchronize
 from .workload import TrainParts, Workload, build_parts, free_memory, restore, snapshot, synthetic_batch, training_step
@@ -86,8 +87,10 @@ def count_saved_bytes(exclude: set) -> Iterator[list[int]]:
         yield out
 
 
-def step_memory(parts: TrainParts, x: torch.Tensor, y: torch.Tensor) -> StepMemory:
-    """Memory of one training step on (x, y) after one warm-up step (so optimizer state exists).
+def step_memory(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> StepMemory:
+    """Memory of one training step on (x, y) after one warm-up step (so optimizer state exists); loss_fn is
+    the step's mean-reduced loss (default cross-entropy).
 
     The parts are restored exactly afterwards (this measurement changes nothing). May raise
     torch.OutOfMemoryError; the parts are restored then too.
@@ -95,7 +98,7 @@ def step_memory(parts: TrainParts, x: torch.Tensor, y: torch.Tensor) -> StepMemo
     device = x.device
     snap = snapshot(parts)
     try:
-        training_step(parts, x, y)  # steady state: optimizer state allocated, as in every later step
+        training_step(parts, x, y, loss_fn)  # steady state: optimizer state allocated, as in every later step
         parts.optimizer.zero_grad(set_to_none=True)
         params = list(parts.model.parameters())
         param_keys = {_storage_key(p) for p in params}
@@ -108,7 +111,7 @@ def step_memory(parts: TrainParts, x: torch.Tensor, y: torch.Tensor) -> StepMemo
             resident = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         with count_saved_bytes(param_keys | input_keys) as saved:
-            training_step(parts, x, y)
+            training_step(parts, x, y, loss_fn)
         grad_bytes = tensor_bytes([p.grad for p in params if p.grad is not None])
         if device.type == "cuda":
             synchronize(device)

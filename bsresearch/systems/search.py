@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .fit import MemoryFit, fit_memory
 from .memory import memory_cap, step_memory
@@ -93,10 +94,15 @@ def search_batch_size(trial: Callable[[int], object], start: int = 1, limit: int
                        limit=limit, safety_margin=safety_margin)
 
 
-def largest_batch_size(parts: TrainParts, workload: Workload, memory_budget: int | None = None, start: int = 1,
+def largest_batch_size(parts: TrainParts, workload: Workload | None, memory_budget: int | None = None, start: int = 1,
                        limit: int = 2 ** 20, safety_margin: float = 0.1, multiple_of: int = 1,
-                       fit: MemoryFit | None = None, fit_sizes: Sequence[int] | None = None) -> BatchSearch:
+                       fit: MemoryFit | None = None, fit_sizes: Sequence[int] | None = None,
+                       batch_fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+                       loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> BatchSearch:
     """The largest training batch of `workload` that fits, by real training steps on `parts`.
+
+    The batches are `batch_fn(batch_size)` (an (x, y) pair on the parts' device) when given, else synthetic
+    batches of `workload`; loss_fn is the step's mean-reduced loss (default cross-entropy).
 
     Each trial is one training step on a synthetic batch; model, gradients, optimizer and scaler are
     restored exactly after every trial (and so after the search). On CUDA the allocator is capped at
@@ -106,10 +112,14 @@ def largest_batch_size(parts: TrainParts, workload: Workload, memory_budget: int
     up to `limit`, so keep the limit modest there.
     """
     device = parts.device
+    if batch_fn is None:
+        if workload is None:
+            raise ValueError("largest_batch_size needs a workload or a batch_fn")
+        def batch_fn(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return synthetic_batch(workload, batch_size, device)
     if memory_budget is not None and device.type != "cuda" and fit is None:
         sizes = fit_sizes or [start * k for k in (1, 2, 4, 8)]
-        fit = fit_memory(sizes, [step_memory(parts, *synthetic_batch(workload, b, device)).peak_bytes
-                                 for b in sizes])
+        fit = fit_memory(sizes, [step_memory(parts, *batch_fn(b), loss_fn).peak_bytes for b in sizes])
     snap = snapshot(parts)
 
     def trial(batch_size: int) -> None:
@@ -121,7 +131,7 @@ def largest_batch_size(parts: TrainParts, workload: Workload, memory_budget: int
                                              f"the memory budget {memory_budget} bytes (fitted CPU memory model)")
         failure = None
         try:
-            training_step(parts, *synthetic_batch(workload, batch_size, device))
+            training_step(parts, *batch_fn(batch_size), loss_fn)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # an asynchronous failure must surface inside this trial
         except torch.OutOfMemoryError as exc:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .. import step
 from ..config import ConfigError, RunConfig
@@ -114,11 +115,13 @@ def synthetic_batch(workload: Workload, batch_size: int, device: torch.device | 
     return x, y
 
 
-def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
+                  loss_fn: step.LossFn = F.cross_entropy) -> torch.Tensor:
     """One optimizer update on (x, y): bsresearch.step.training_step, the step a training run executes,
-    in the model's current mode; returns the mean loss. Nothing is synchronised here: the caller times
-    with device synchronisation."""
-    return step.training_step(parts.model, parts.optimizer, [(x, y)], parts.precision, parts.scaler)
+    in the model's current mode; loss_fn(model(x), y) is a mean-reduced scalar loss (default: cross-entropy,
+    as the trainer). Returns the mean loss. Nothing is synchronised here: the caller times with device
+    synchronisation."""
+    return step.training_step(parts.model, parts.optimizer, [(x, y)], parts.precision, parts.scaler, loss_fn)
 
 
 def inference_step(parts: TrainParts, x: torch.Tensor) -> torch.Tensor:

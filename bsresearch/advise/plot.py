@@ -1,0 +1,34 @@
+"""The advice figure: examples/s, statistical efficiency, their product, and peak memory with the
+out-of-memory line, the recommended batch size marked on each (plots.systems draws the panels)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ..plots.systems import memory_plot, recommendation_plots
+from .api import Advice
+
+
+def advice_figure(advice: Advice) -> plt.Figure:
+    """Four panels side by side from advice.table; batch sizes on a log-2 axis."""
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+    ok = advice.table[advice.table["status"] == "ok"]
+    recommendation_plots(axes[:3], ok.assign(b_noise=advice.b_simple), advice.batch_size)
+    table = advice.table.assign(config="peak memory")
+    summary = pd.DataFrame([{"config": "peak memory", "largest_batch": advice.largest_batch_size,
+                             "search_reached_limit": advice.search.reached_limit}])
+    memory_plot(axes[3], table, hue="config", memory_budget=advice.memory_budget, summary=summary)
+    memory = axes[3]
+    if not advice.search.reached_limit:
+        memory.annotate(f"largest that fits: {advice.largest_batch_size}", (advice.largest_batch_size, 0.5),
+                        xycoords=memory.get_xaxis_transform(), ha="right", va="center", rotation=90, fontsize=7)
+    accumulated = advice.table[advice.table["accumulation_steps"] > 1]
+    if len(accumulated):
+        memory.text(0.98, 0.03, "beyond the dashed line:\nthe accumulation micro-batch",
+                    transform=memory.transAxes, fontsize=7, ha="right", va="bottom")
+    memory.axvline(advice.batch_size, color="tab:red", linestyle="--", linewidth=1)
+    plan = "" if advice.accumulation_steps == 1 else f" = {advice.accumulation_steps} x {advice.micro_batch_size}"
+    fig.suptitle(f"recommended batch {advice.batch_size}{plan}, lr {advice.lr:.3g} ({advice.lr_rule}); "
+                 f"B_simple {advice.b_simple:.3g} ({advice.noise_method}); {advice.device}", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,129 @@
+"""Sharpness against generalization (Keskar et al. 2017; Dinh et al. 2017; Jiang et al. 2020;
+Andriushchenko et al. 2023): over runs that differ in batch size and learning rate, which measures rank
+the runs by their generalization gap? Analysis and figure; no torch import.
+
+    table = rank_correlations(ok, "gap_loss", MEASURES, axes=("batch_size", "lr"))
+    correlation_plot(ax, table)
+
+Kendall's tau between each measure and the gap, over all runs ("all") and, as Jiang et al.'s granulated
+coefficient, within slices where only one axis varies ("fixed lr": the runs sharing an lr and a seed,
+ranked by batch size; the mean of tau over those slices). Intervals: percentile bootstrap over seeds (a
+seed keeps all its runs, which share their initial weights). The predicted sign is positive for every
+sharpness measure (sharper, larger gap); distance from initialisation and B_simple carry no prediction.
+Setting and pre-registered test: docs/protocols.md#sharpness-generalization.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from ..config import ConfigError
+
+# The measures the toolkit records per run (metrics.json keys of the after-training registry, and the
+# final history's distance from initialisation), with the sign predicted for their relation to the gap.
+MEASURES: dict[str, int] = {
+    "keskar_phi_eps1e-3": +1, "hessian_top_eigenvalue": +1, "hessian_trace": +1,
+    "sharpness_worst_rho0.05": +1, "sharpness_average_sigma0.01": +1,
+    "sharpness_adaptive_worst_rho0.5": +1, "sharpness_adaptive_average_sigma0.05": +1,
+    "m_sharpness_m128_rho0.05": +1, "m_sharpness_adaptive_m128_rho0.5": +1,
+    "noise_b_simple": 0, "distance_from_init": 0,
+}
+
+
+def _tau(x: np.ndarray, y: np.ndarray) -> float:
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3 or np.ptp(x[keep]) == 0 or np.ptp(y[keep]) == 0:
+        return math.nan
+    return float(scipy_stats.kendalltau(x[keep], y[keep]).statistic)
+
+
+def _scores(runs: pd.DataFrame, gap: str, measures: Sequence[str], axes: Sequence[str],
+            seed_column: str) -> dict[tuple[str, str], float]:
+    """(measure, scope) -> tau on this table: scope 'all', and 'fixed <axis>' for each axis held fixed
+    (the others and the seed too), averaged over the slices that vary."""
+    out = {}
+    g = pd.to_numeric(runs[gap], errors="coerce").to_numpy(float)
+    for m in measures:
+        values = pd.to_numeric(runs[m], errors="coerce").to_numpy(float)
+        out[(m, "all")] = _tau(values, g)
+        for axis in axes:
+            fixed = [a for a in axes if a != axis] + [seed_column]
+            taus = [_tau(values[idx], g[idx]) for idx in runs.groupby(fixed, sort=False).indices.values()]
+            taus = [t for t in taus if math.isfinite(t)]
+            out[(m, f"varying {axis}")] = float(np.mean(taus)) if taus else math.nan
+    return out
+
+
+def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Sequence[str] | None = None,
+                      axes: Sequence[str] = ("batch_size", "lr"), seed_column: str = "seed", n_boot: int = 2000,
+                      confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Kendall tau between each measure and `gap` over finished runs, overall and within slices.
+
+    Scopes: "all" (every run), and "varying <axis>" for each of `axes`: tau within each group of runs that
+    share every other axis and the seed (so only <axis> varies), averaged over the groups (Jiang et al.'s
+    granulated coefficient). Columns: measure, scope, tau, low, high (percentile bootstrap over seeds),
+    predicted (+1, or 0 for no prediction), holds ("yes" when the interval excludes 0 on the predicted side,
+    "opposite" when it excludes 0 on the other, "no" when it contains 0; for no prediction, "positive",
+    "negative" or "no"), n_runs. Measures missing from `runs` are left out.
+    """
+    measures = [m for m in (MEASURES if measures is None else measures) if m in runs]
+    if not measures:
+        raise ConfigError(f"rank_correlations: none of the measures is a column; known: {', '.join(MEASURES)}")
+    for column in (gap, seed_column, *axes):
+        if column not in runs:
+            raise ConfigError(f"rank_correlations: the runs table has no column {column!r}")
+    seeds = np.array(sorted(runs[seed_column].dropna().unique()))
+    if len(seeds) < 2:
+        raise ConfigError(f"rank_correlations needs runs of 2 or more seeds for its intervals; got {len(seeds)}")
+    point = _scores(runs, gap, measures, axes, seed_column)
+    by_seed = {s: runs[runs[seed_column] == s] for s in seeds}
+    rng = np.random.default_rng(seed)
+    boots: dict[tuple[str, str], list[float]] = {k: [] for k in point}
+    for _ in range(n_boot):
+        pick = rng.choice(seeds, size=len(seeds), replace=True)
+        # relabel the resampled seeds so a seed drawn twice forms two slices, not one merged slice
+        sample = pd.concat([by_seed[s].assign(**{seed_column: i}) for i, s in enumerate(pick)], ignore_index=True)
+        for k, v in _scores(sample, gap, measures, axes, seed_column).items():
+            boots[k].append(v)
+    tail = (1 - confidence) / 2
+    rows = []
+    for (m, scope), tau in point.items():
+        values = np.array([v for v in boots[(m, scope)] if math.isfinite(v)])
+        low, high = np.quantile(values, [tail, 1 - tail]) if len(values) else (math.nan, math.nan)
+        predicted = MEASURES.get(m, 0)
+        rows.append({"measure": m, "scope": scope, "tau": tau, "low": float(low), "high": float(high),
+                     "predicted": predicted, "holds": _verdict(float(low), float(high), predicted),
+                     "n_runs": int(runs[m].notna().sum())})
+    return pd.DataFrame(rows)
+
+
+def _verdict(low: float, high: float, predicted: int) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "no"
+    sign = 1 if low > 0 else -1 if high < 0 else 0
+    if predicted == 0:
+        return {1: "positive", -1: "negative", 0: "no"}[sign]
+    return "yes" if sign == predicted else "opposite" if sign == -predicted else "no"
+
+
+# ----------------------------------------------------------------------------- figure
+def correlation_plot(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
+    """Kendall tau with its bootstrap interval per measure (rows), one marker per scope; 0 marked."""
+    measures = list(dict.fromkeys(table["measure"]))
+    scopes = list(dict.fromkeys(table["scope"]))
+    for j, scope in enumerate(scopes):
+        part = table[table["scope"] == scope].set_index("measure").reindex(measures)
+        y = np.arange(len(measures)) + (j - (len(scopes) - 1) / 2) * 0.22
+        err = np.vstack([part["tau"] - part["low"], part["high"] - part["tau"]])
+        ax.errorbar(part["tau"], y, xerr=np.nan_to_num(err), fmt="o", ms=4, capsize=2, label=scope)
+    ax.axvline(0, color="0.5", lw=0.8)
+    ax.set_yticks(np.arange(len(measures)), measures)
+    ax.invert_yaxis()
+    ax.set(xlabel="Kendall tau with the generalization gap", xlim=(-1, 1))
+    ax.legend(fontsize="small")
+    return ax

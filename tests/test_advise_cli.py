@@ -1,0 +1,92 @@
+"""`bsresearch advise`: the shipped transformer end to end, and every user mistake as one line, exit 2,
+before any work (no output folder)."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bsresearch.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+LM = EXAMPLES / "tiny_transformer.py"
+QUICK = ["--device", "cpu", "--batch-sizes", "4,8", "--noise-examples", "16", "--repeats", "1"]
+
+
+def test_transformer_end_to_end(tmp_path, capsys):
+    out = tmp_path / "advice"
+    rc = main(["advise", "--model", f"{LM}:make_model", "--data", f"{LM}:make_data", "--loss", f"{LM}:loss_fn",
+               "--optimizer", "adam", "--lr", "0.001", "--base-batch-size", "4", "--out", str(out), *QUICK])
+    assert rc == 0
+    assert {p.name for p in out.iterdir()} == {"advice.json", "advice.csv", "advice.png", "advice.pdf"}
+    record = json.loads((out / "advice.json").read_text())
+    table = pd.read_csv(out / "advice.csv")
+    rec = record["recommendation"]
+    assert table["batch_size"].tolist() == [4, 8]
+    assert rec["batch_size"] == table.loc[table["effective_examples_per_second"].idxmax(), "batch_size"]
+    assert rec["lr_rule"] == "sqrt" and rec["lr"] == pytest.approx(0.001 * (rec["batch_size"] / 4) ** 0.5)
+    assert record["noise_scale"]["method"] == "exact_per_example" and record["noise_scale"]["b_simple"] > 0
+    assert record["memory"]["sizes_tried"] == [4, 8] and record["memory"]["search_reached_limit"]
+    assert record["arguments"]["optimizer"] == "adam" and len(record["table"]) == 2
+    printed = capsys.readouterr().out
+    assert f"recommended batch size {rec['batch_size']}" in printed and "advice.json" in printed
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing_file", "model file 'nowhere/model.py' does not exist"),
+    ("missing_factory", "has no 'build'; it defines"),
+    ("no_colon", "must be FILE_OR_MODULE:NAME"),
+    ("bad_module", "module 'no_such_module_for_advise' cannot be imported"),
+    ("model_wrong_kind", "must return a torch.nn.Module; it returned a int"),
+    ("data_wrong_kind", "data must be a torch Dataset, a DataLoader or a pair of tensors"),
+    ("loss_not_scalar", "loss_fn must return a scalar"),
+    ("loss_unknown", "loss must be one of cross_entropy, mse"),
+    ("bad_optimizer", "--optimizer must be one of sgd, adam, adamw"),
+    ("bad_budget", "--memory-budget must be a size"),
+    ("bad_sizes", "--batch-sizes must be a comma-separated list of positive integers"),
+    ("bad_lr", "--lr must be a positive number"),
+])
+def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, case, expected):
+    factories = _write(tmp_path, "factories.py", "import torch\n"
+                       "def number():\n    return 3\n"
+                       "def text():\n    return 'not data'\n"
+                       "def per_example_loss(out, y):\n"
+                       "    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), "
+                       "y.reshape(-1), reduction='none')\n")
+    model, data, extra = f"{LM}:make_model", f"{LM}:make_data", []
+    if case == "missing_file":
+        model = "nowhere/model.py:make_model"
+    elif case == "missing_factory":
+        model = f"{LM}:build"
+    elif case == "no_colon":
+        model = str(LM)
+    elif case == "bad_module":
+        model = "no_such_module_for_advise:make_model"
+    elif case == "model_wrong_kind":
+        model = f"{factories}:number"
+    elif case == "data_wrong_kind":
+        data = f"{factories}:text"
+    elif case == "loss_not_scalar":
+        extra = ["--loss", f"{factories}:per_example_loss"]
+    elif case == "loss_unknown":
+        extra = ["--loss", "hinge"]
+    elif case == "bad_optimizer":
+        extra = ["--optimizer", "lion"]
+    elif case == "bad_budget":
+        extra = ["--memory-budget", "lots"]
+    elif case == "bad_sizes":
+        extra = ["--batch-sizes", "8,x"]
+    elif case == "bad_lr":
+        extra = ["--lr", "-1"]
+    out = tmp_path / "advice"
+    rc = main(["advise", "--model", model, "--data", data, "--out", str(out), *QUICK, *extra])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("bsresearch: error: ") and expected in err, err
+    assert "Traceback" not in err and not out.exists()

@@ -1,0 +1,74 @@
+"""Sharpness against generalization: Kendall tau overall and within slices, on made-up runs."""
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from bsresearch.config import ConfigError
+from bsresearch.findings.sharpness_generalization import correlation_plot, rank_correlations
+
+
+def runs_table(seeds=range(5)):
+    """The gap grows with batch size and falls with lr; 'tracks' is the gap plus noise; 'lr_only' follows
+    only the lr (so within a fixed lr it carries no information); 'anti' is minus the gap."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in seeds:
+        for b in (16, 64, 256, 1024):
+            for lr in (0.01, 0.03, 0.1):
+                gap = 0.1 * math.log2(b) - 0.5 * math.log10(lr) + 0.05 * rng.standard_normal()
+                rows.append({"seed": s, "batch_size": b, "lr": lr, "gap_loss": gap,
+                             "tracks": gap + 0.05 * rng.standard_normal(), "lr_only": -math.log(lr) + 0.0 * b,
+                             "anti": -gap, "noise_b_simple": rng.standard_normal()})
+    return pd.DataFrame(rows)
+
+
+def test_overall_tau_equals_scipys_and_slices_average_within_groups():
+    runs = runs_table()
+    table = rank_correlations(runs, "gap_loss", ["tracks", "lr_only"], n_boot=50).set_index(["measure", "scope"])
+    expected = scipy_stats.kendalltau(runs["tracks"], runs["gap_loss"]).statistic
+    assert table.loc[("tracks", "all"), "tau"] == pytest.approx(expected)
+    # within a fixed lr and seed only the batch size varies: lr_only is constant there, tau undefined
+    assert math.isnan(table.loc[("lr_only", "varying batch_size"), "tau"])
+    one = runs[(runs["lr"] == 0.03) & (runs["seed"] == 2)]
+    slices = [scipy_stats.kendalltau(g["tracks"], g["gap_loss"]).statistic
+              for _, g in runs.groupby(["lr", "seed"])]
+    assert table.loc[("tracks", "varying batch_size"), "tau"] == pytest.approx(np.mean(slices))
+    assert len(one) == 4 and table.loc[("tracks", "all"), "n_runs"] == 60
+
+
+def test_verdicts_follow_the_interval_and_the_predicted_sign():
+    runs = runs_table()
+    table = rank_correlations(runs, "gap_loss", ["tracks", "anti", "noise_b_simple"], n_boot=200)
+    table = table.set_index(["measure", "scope"])
+    for scope in ("all", "varying batch_size", "varying lr"):
+        assert table.loc[("noise_b_simple", scope), "predicted"] == 0
+        assert table.loc[("noise_b_simple", scope), "holds"] == "no"   # pure noise: interval contains 0
+        assert table.loc[("noise_b_simple", scope), "low"] < 0 < table.loc[("noise_b_simple", scope), "high"]
+    # unknown measures get no prediction: a strong positive relation reads "positive", a negative one "negative"
+    assert table.loc[("tracks", "all"), "holds"] == "positive" and table.loc[("tracks", "all"), "low"] > 0.5
+    assert table.loc[("anti", "all"), "holds"] == "negative"
+
+
+def test_a_predicted_measure_that_goes_the_other_way_is_opposite():
+    runs = runs_table().assign(**{"keskar_phi_eps1e-3": lambda r: -r["gap_loss"]})
+    table = rank_correlations(runs, "gap_loss", ["keskar_phi_eps1e-3"], n_boot=100).set_index("scope")
+    assert table.loc["all", "predicted"] == 1 and table.loc["all", "holds"] == "opposite"
+
+
+def test_bad_tables_are_one_clear_error():
+    with pytest.raises(ConfigError, match="none of the measures"):
+        rank_correlations(runs_table(), "gap_loss", ["nope"])
+    with pytest.raises(ConfigError, match="2 or more seeds"):
+        rank_correlations(runs_table(seeds=[0]), "gap_loss", ["tracks"])
+
+
+def test_plot_has_a_row_per_measure():
+    fig, ax = plt.subplots()
+    table = rank_correlations(runs_table(), "gap_loss", ["tracks", "anti"], n_boot=20)
+    assert correlation_plot(ax, table) is ax
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["tracks", "anti"]
+    plt.close(fig)
