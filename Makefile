@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install data test test-fast lint typecheck demo lab bench bench-gpu reproduce reproduce-gpu clean
+.PHONY: install data test test-fast lint typecheck demo lab test-browser clean-notebooks bench bench-gpu reproduce reproduce-gpu clean
 
 install: $(STAMP)
 
@@ -62,6 +62,33 @@ demo: install
 	$(BIN)/bsresearch sweep experiments/demo.yaml && \
 	$(BIN)/bsresearch report experiments/demo.yaml && \
 	echo "demo: $$(( $$(date +%s) - start )) s; figures and tables in reports/demo/"
+
+# JupyterLab on notebooks/ with the project's kernel "bsresearch (.venv)"; a notebook saves with its .py (jupytext reads
+# jupytext.toml from the server's root: the project)
+LAB_STAMP := $(VENV)/.lab-installed
+$(LAB_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e ".[dev,lab]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -m ipykernel install --sys-prefix --name bsresearch --display-name "bsresearch (.venv)" >/dev/null
+	@touch $@
+lab: $(LAB_STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir=. --FileContentsManager.preferred_dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+
+# A real browser runs notebooks/01_train.ipynb in JupyterLab (tests/browser); Debian's chromium, apt where root
+test-browser: $(LAB_STAMP)
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null 2>&1 || \
+	    echo "note: could not install chromium; the browser test will skip"; \
+	  else echo "note: chromium not found and not root; the browser test will skip (as root: apt-get install chromium)"; fi; fi
+	$(BIN)/pip install -q -e ".[dev,lab,browser]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -m pytest -q -rs tests/browser
+
+# Each notebooks/*.ipynb rewritten from its .py, or the .py from the .ipynb, whichever is newer; outputs removed
+clean-notebooks: install
+	$(BIN)/jupytext --sync notebooks/[0-9]*.py
+	$(BIN)/jupyter nbconvert --clear-output --inplace --log-level=WARN --ClearMetadataPreprocessor.enabled=True \
+	  --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags --ClearMetadataPreprocessor.preserve_nb_metadata_mask=kernelspec \
+	  --ClearMetadataPreprocessor.preserve_nb_metadata_mask=jupytext notebooks/[0-9]*.ipynb
 
 # CPU benchmarks; results (CSV, figures) in benchmarks/results/, named with the machine.
 bench: install

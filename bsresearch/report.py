@@ -56,7 +56,10 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     try:
         pm.execute_notebook(str(spec.analysis), str(in_progress), parameters=parameters, kernel_name=kernel,
                             cwd=str(out_dir), progress_bar=False, execution_timeout=timeout,
-                            coalesce_streams=True, shutdown_kernel="immediate")
+                            coalesce_streams=True, shutdown_kernel="immediate",
+                            # the kernel's own log: its "running over TCP without encryption" warning is
+                            # noise for a local report (the kernel listens on 127.0.0.1 only)
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except pm.PapermillExecutionError as exc:
         raise RuntimeError(f"{spec.analysis.name} cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(the executed notebook is {output})") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import os
 import re
 import sys
 import time
@@ -272,9 +273,12 @@ def load_trained_model(run_dir: str | Path, device: torch.device | str = "cpu") 
 
 
 def _progress_bar(total: int, enabled: bool | None):
+    """A step bar; by default on a terminal, and in a notebook that JupyterLab runs (a widget there: the
+    Jupyter server names its kernels' sessions in JPY_SESSION_NAME), off under papermill and in logs."""
     from tqdm.auto import tqdm
-    return tqdm(total=total, unit="step", disable=not (sys.stderr.isatty() if enabled is None else enabled),
-                leave=False, dynamic_ncols=True)
+    if enabled is None:
+        enabled = sys.stderr.isatty() or ("ipykernel" in sys.modules and bool(os.environ.get("JPY_SESSION_NAME")))
+    return tqdm(total=total, unit="step", disable=not enabled, leave=False, dynamic_ncols=True)
 
 
 def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None = None,

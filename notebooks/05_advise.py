@@ -1,11 +1,9 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: bsresearch (.venv)
 #     language: python
-#     name: python3
+#     name: bsresearch
 # ---
 
 # %% [markdown]
@@ -46,17 +44,17 @@ mlp_memory_budget: Optional[str] = "160KiB"              # small on purpose: the
 out_dir: Optional[str] = None                            # where to save the figures (None: show only)
 
 # %%
-# ruff: noqa: E402, UP045 (imports after the parameters cell, whose Optional papermill can read)
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
 from bsresearch.advise import advise, load_factory, optimizer_factory, resolve_loss
 from bsresearch.advise.plot import advice_figure
+from bsresearch.paths import project_path
 from bsresearch.runtime import resolve_device, set_threads
 
 set_threads(1)
-ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples").is_dir())
+ROOT = project_path()   # examples/ and out_dir are relative to the project, whatever the working directory
 
 
 def reference(spec: str) -> str:
@@ -81,8 +79,9 @@ print(advice.summary())
 # %%
 fig = advice_figure(advice)
 if out_dir:
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    fig.savefig(Path(out_dir) / "advice_model.png", dpi=150, bbox_inches="tight")
+    out_dir = project_path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_dir / "advice_model.png", dpi=150, bbox_inches="tight")
 plt.show()
 advice.table[["batch_size", "micro_batch_size", "accumulation_steps", "examples_per_second", "peak_bytes",
               "statistical_efficiency", "effective_examples_per_second", "lr", "beyond_critical"]]
@@ -115,5 +114,5 @@ if mlp_model:
     print(mlp_advice.summary())
     fig = advice_figure(mlp_advice)
     if out_dir:
-        fig.savefig(Path(out_dir) / "advice_mlp.png", dpi=150, bbox_inches="tight")
+        fig.savefig(out_dir / "advice_mlp.png", dpi=150, bbox_inches="tight")
     plt.show()

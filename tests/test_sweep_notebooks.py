@@ -1,5 +1,5 @@
-"""The notebooks: the run template's parameters cell holds every RunConfig field; run by hand (nbclient,
-as JupyterLab does) or by papermill it gives the same run; `bsresearch report` executes the analysis one."""
+"""The notebooks: run by hand (nbclient, as JupyterLab does) or by papermill the template gives the same run;
+`bsresearch report` executes the analysis one."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,16 +7,14 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-from papermill.translators import PythonTranslator
 
-from bsresearch.config import FIELD_NAMES, RunConfig, run_id
+from bsresearch.config import run_id
 from bsresearch.report import run_report
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import RunTask, execute_task, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "notebooks" / "01_train.ipynb"
-REPORT = ROOT / "notebooks" / "10_sweep_report.ipynb"
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
 
@@ -25,31 +23,6 @@ def parameters_cell(nb) -> nbformat.NotebookNode:
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1
     return cells[0]
-
-
-def test_notebooks_are_committed_without_outputs():
-    for path in (TEMPLATE, REPORT):
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-        assert nb.metadata.kernelspec.name == "python3"
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                assert cell.outputs == [] and cell.execution_count is None, path
-
-
-def test_template_parameters_are_every_runconfig_field_with_its_default_and_a_comment():
-    nb = nbformat.read(TEMPLATE, as_version=4)
-    cell = parameters_cell(nb)
-    namespace: dict = {}
-    exec(cell.source, namespace)
-    assert RunConfig(**{name: namespace[name] for name in FIELD_NAMES}) == RunConfig()
-    params = PythonTranslator.inspect(cell)  # what papermill sees: it must parse every line
-    assert [p.name for p in params] == [*FIELD_NAMES, "runs_dir", "sweep", "run_dir"], \
-        "regenerate the template: .venv/bin/python notebooks/build_notebooks.py"
-    assert all(p.help and p.inferred_type_name != "None" for p in params), [p.name for p in params if not p.help]
-    config_cell = next(c for c in nb.cells if "RunConfig(" in c.source and c is not cell)
-    for name in FIELD_NAMES:
-        assert f"{name}={name}" in config_cell.source, name
 
 
 def hand_edited(tmp_path: Path, values: dict) -> nbformat.NotebookNode:
@@ -64,8 +37,8 @@ def hand_edited(tmp_path: Path, values: dict) -> nbformat.NotebookNode:
 def test_by_hand_and_by_papermill_give_the_same_run(tmp_path, tiny):
     from nbclient import NotebookClient
     cfg = tiny(budget_amount=25)
-    values = {k: v for k, v in cfg.to_dict().items() if v != getattr(RunConfig(), k)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    # every field, so that values a user saved in the template do not change the run
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.to_dict().items()}
     nb = hand_edited(tmp_path, {**values, "runs_dir": str(tmp_path / "hand")})
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}},
                    shutdown_kernel="immediate").execute()
@@ -81,10 +54,12 @@ def test_by_hand_and_by_papermill_give_the_same_run(tmp_path, tiny):
 
 
 @pytest.mark.slow
-def test_report_executes_the_analysis_notebook_into_the_reports_folder(tmp_path):
+def test_report_executes_the_analysis_notebook_into_the_reports_folder(tmp_path, capfd):
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     assert run_sweep(SMOKE, runs_root=runs, executor="inline", progress=False).all_finished
+    capfd.readouterr()
     out = run_report(SMOKE, runs, reports, allow_dirty=True)
+    assert "without encryption" not in capfd.readouterr().err     # the kernel's log stays quiet
     assert out == reports.resolve() / "smoke"
     names = {p.name for p in out.iterdir()}
     for stem in ("metrics_vs_batch", "learning_curves"):
@@ -158,3 +133,24 @@ def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):
     spec.write_text("name: s\nbase: {dataset: synthetic}\n")
     with pytest.raises(ConfigError, match="analysis: spec 's' names no analysis notebook"):
         run_report(spec, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
+
+
+@pytest.mark.parametrize("n, width, shape", [(3, 4.6, (1, 3)), (4, 3.6, (2, 2)), (2, 5.2, (1, 2)), (7, 4.0, (3, 3))])
+def test_report_figures_fit_a_page_and_open_whole(tmp_path, n, width, shape):
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots import PNG_MAX_WIDTH, figure_grid, save_figure
+    from bsresearch.plots.sweeps import PAGE_WIDTH
+    fig, axes = figure_grid(n, width=width, height=3.6)
+    assert len(axes) == len(fig.axes) == n and fig.get_figwidth() <= PAGE_WIDTH + 1e-9
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in axes} == {shape}
+    for ax in axes:
+        ax.plot([1, 2], [3, 4])
+        ax.set_title("a title as long as the reports use")
+    png = save_figure(fig, tmp_path / "f", "caption")[0]
+    assert 0.5 * PNG_MAX_WIDTH < matplotlib.image.imread(png).shape[1] <= PNG_MAX_WIDTH
+    plt.close(fig)
+    wide, _ = plt.subplots(figsize=(16, 4))   # a notebook's own figure, wider than a page
+    assert matplotlib.image.imread(save_figure(wide, tmp_path / "w", "caption")[0]).shape[1] <= PNG_MAX_WIDTH
+    plt.close(wide)

@@ -41,8 +41,13 @@ def log2_batch_axis(ax: plt.Axes, axis: str = "x", values: list[int] | None = No
         ax.tick_params(axis="x", labelrotation=90)
 
 
+PNG_DPI = 200          # the resolution of a saved PNG ...
+PNG_MAX_WIDTH = 1600   # ... lowered for a wide figure, so that the PNG opens whole in a viewer (pixels)
+
+
 def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: pd.DataFrame | None = None) -> list[Path]:
-    """Write `stem`.png (200 dpi) and `stem`.pdf, and `stem`.txt holding the caption; return the paths.
+    """Write `stem`.png (200 dpi, at most 1600 px wide) and `stem`.pdf, and `stem`.txt holding the caption;
+    return the paths.
 
     The caption should say which sweep, which commit and which budget kind the figure shows; given the
     `runs` table the figure was drawn from (bsresearch.results.load), that line is appended for you. A last
@@ -56,7 +61,9 @@ def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: pd.DataFr
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf"), stem.with_suffix(".txt")]
-    fig.savefig(paths[0], dpi=200, bbox_inches="tight")
+    fig.canvas.draw()   # lays the figure out, so that the tight box below is the one savefig crops to
+    width = fig.get_tightbbox().width + 2 * plt.rcParams["savefig.pad_inches"]   # inches
+    fig.savefig(paths[0], dpi=min(PNG_DPI, PNG_MAX_WIDTH / width), bbox_inches="tight")
     fig.savefig(paths[1], bbox_inches="tight")
     paths[2].write_text(caption.rstrip() + "\n")
     return paths

@@ -119,13 +119,20 @@ def steps_to_target_plot(ax: plt.Axes, table: pd.DataFrame, steps: str = "steps_
     return ax
 
 
+PAGE_WIDTH = 10.0   # inches: the widest figure_grid, about a notebook cell at 100 dpi and a landscape page
+
+
 def figure_grid(n: int, width: float = 4.0, height: float = 3.2, ncols: int | None = None
                 ) -> tuple[plt.Figure, Sequence[plt.Axes]]:
-    """A row (or grid) of n Axes sized for a report, with a tight layout."""
-    ncols = ncols or n
+    """n Axes of `width` x `height` inches each, in rows of `ncols` (default: up to 3; four as 2 x 2), scaled
+    down together so that the figure is at most PAGE_WIDTH wide; constrained layout."""
+    ncols = ncols or (n if n <= 3 else 2 if n == 4 else 3)
     nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), layout="constrained",
-                             squeeze=False)
+    scale = min(1.0, PAGE_WIDTH / (width * ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols * scale, height * nrows * scale),
+                             layout="constrained", squeeze=False)
+    for unused in axes.flat[n:]:
+        unused.remove()
     return fig, list(axes.flat)[:n]
 
 
