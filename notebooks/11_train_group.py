@@ -1,9 +1,5 @@
 # ---
 # jupyter:
-#   jupytext:
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -22,11 +18,12 @@
 # out of memory is split in two and retried (`bsresearch.fused.grouping.train_splitting_on_oom`).
 
 # %% tags=["parameters"]
-# The members: a JSON list of RunConfig dicts (fields not given take their defaults), one per run.
-configs_json: str = ('[{"dataset": "mnist1d", "budget": "steps", "budget_amount": 300, "seed": 0},'
-                     ' {"dataset": "mnist1d", "budget": "steps", "budget_amount": 300, "seed": 1}]')
-run_dirs: list | None = None     # one run directory per member (None: train without writing any)
-group_id: str | None = None      # recorded in each member's status.json
+from typing import Optional
+
+# The members: a JSON list of RunConfig dicts, one per run; fields not given take their defaults.
+configs_json: str = '[{"seed": 0, "budget_amount": 2}, {"seed": 1, "budget_amount": 2}]'  # two seeds, 2 epochs
+run_dirs: Optional[list] = None  # one run directory per member (None: train without writing any)
+group_id: Optional[str] = None   # recorded in each member's status.json
 progress: bool = False           # a progress bar per chunk
 
 # %%

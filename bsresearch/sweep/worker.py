@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 from ..config import RunConfig
-from ..rundir import RunDir
+from ..rundir import RunDir, atomic_write_bytes
 from .task import (
     BUSY,
     PARTIAL_NOTEBOOK,
@@ -175,6 +175,8 @@ def _run_group_papermill(task: GroupTask, members: list[RunTask]) -> None:
             os.replace(partial, group_dir / GROUP_NOTEBOOK)
     for m in members:
         rd = RunDir(m.run_dir)
+        if (group_dir / GROUP_NOTEBOOK).exists():  # each run directory keeps the notebook that ran it
+            atomic_write_bytes(rd.notebook_path, (group_dir / GROUP_NOTEBOOK).read_bytes())
         if rd.state() == "running":
             state, error = forced or ("failed", problem or "the group notebook ended before the run finished")
             rd.write_status(state, error=error, notebook_error=problem)
