@@ -239,7 +239,7 @@ def test_fused_group_through_papermill_on_local_workers(tmp_path, fused):
 
 @pytest.mark.slow
 def test_kill_9_during_a_fused_group_keeps_finished_members_and_redoes_the_rest(tmp_path, fused):
-    spec = write_spec(tmp_path, "killg", {"lr": [0.05]}, seeds=(0, 1, 2, 3), budget_amount=3000, eval_every=500)
+    spec = write_spec(tmp_path, "killg", {"lr": [0.05]}, seeds=(0, 1, 2), budget_amount=800, eval_every=200)
     sweep_dir = tmp_path / "runs" / "killg"
     points = expand(load_spec(spec))
     proc = subprocess.Popen([sys.executable, "-m", "bsresearch", "sweep", str(spec), "--runs", str(tmp_path / "runs"),
@@ -277,3 +277,14 @@ def test_kill_9_during_a_fused_group_keeps_finished_members_and_redoes_the_rest(
         assert status["state"] == "ok" and status["runner"]["attempt"] == 2
         assert (status["group"] != first_group) or len(redone) == 1  # a new group of the unfinished ones
         assert metrics_of(sweep_dir, p.run_id) == {k: run(p.config, None, progress=False).metrics[k] for k in COMPARED}
+
+
+@pytest.mark.slow
+def test_a_fused_group_is_one_dask_task(tmp_path, fused):
+    pytest.importorskip("distributed")
+    spec = write_spec(tmp_path, "dk", {"lr": [0.05, 0.2]}, seeds=(0, 1))
+    report = run_sweep(spec, runs_root=tmp_path, executor="dask", workers=1, engine="library", progress=False)
+    assert report.all_finished and sorted(n for _, n in calls(fused)) == [4]
+    (gid, members), = report.groups.items()
+    assert {RunDir(tmp_path / "dk" / r).status()["group"] for r in members} == {gid}
+    assert (tmp_path / "dk" / "groups" / gid / "runner.log").exists()
