@@ -1,4 +1,5 @@
-"""Fused runs: many runs of one shape trained at once (vmap over seeds and hyperparameters).
+"""Fused runs: many runs of one shape trained at once (stacked parameters, one batched step)."""
+from .compat import fusion_blocker, unsupported_reason
+from .trainer import train_group
 
-grouping (bsresearch.fused.grouping): which pending runs of a sweep train together, and how many at once.
-"""
+__all__ = ["fusion_blocker", "train_group", "unsupported_reason"]
