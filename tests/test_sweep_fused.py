@@ -101,6 +101,20 @@ def test_without_the_fused_trainer_nothing_is_fused_and_the_plan_says_so(tiny, m
     assert g.groups == () and set(g.alone.values()) == {grouping.NO_FUSED_TRAINER}
 
 
+def test_the_fused_trainers_blocker_in_a_sweep_plan(tmp_path):
+    """With bsresearch.fused.compat (no stand-in): seeds and learning rates fuse, batch sizes do not, and a
+    feature fused training lacks (checkpoint_every) keeps a run alone with the trainer's reason."""
+    pytest.importorskip("bsresearch.fused.compat")
+    spec = write_spec(tmp_path, "real", {"batch_size": [16, 64], "lr": [0.05, 0.2]}, seeds=(0, 1))
+    report = run_sweep(spec, runs_root=tmp_path, dry_run=True, workers=1)
+    assert sorted(len(m) for m in report.groups.values()) == [4, 4]
+    for members in report.groups.values():
+        assert len({p.point.config.batch_size for p in report.planned if p.point.run_id in members}) == 1
+    alone = run_sweep(write_spec(tmp_path, "ckpt", {"lr": [0.05, 0.2]}, checkpoint_every=10), runs_root=tmp_path,
+                      dry_run=True)
+    assert alone.groups == {} and all("checkpoint_every" in p.fusion for p in alone.planned)
+
+
 def test_oom_splits_the_group_until_it_fits_and_a_lone_oom_stands(tiny, tmp_path):
     """Simulated OOM: more than 2 members at once runs out of memory; a member with batch 64 always does."""
     sizes = []

@@ -91,7 +91,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(report.plan_table())
         todo = sum(p.action == "run" for p in report.planned)
-        fused = f" in {len(report.groups)} fused group(s) and alone" if report.groups else ""
+        grouped = sum(len(m) for m in report.groups.values())
+        fused = f" ({grouped} in {len(report.groups)} fused group(s), {todo - grouped} alone)" if report.groups else ""
         print(f"{len(report.planned)} runs in {report.sweep_dir}: {todo} to run{fused} "
               f"({report.executor}/{report.engine}, {report.workers} worker(s)); nothing was run (--dry-run)")
         return 0
