@@ -302,3 +302,40 @@ def test_a_fused_group_is_one_dask_task(tmp_path, fused):
     (gid, members), = report.groups.items()
     assert {RunDir(tmp_path / "dk" / r).status()["group"] for r in members} == {gid}
     assert (tmp_path / "dk" / "groups" / gid / "runner.log").exists()
+
+
+@pytest.mark.slow
+def test_a_group_that_times_out_or_whose_worker_dies_leaves_its_members_judged(tmp_path, tiny, monkeypatch):
+    """The supervisor's verdict per member, as for a run: timeout past the group's deadline, died when the
+    worker is killed; a member finished before stays finished."""
+    import nbformat
+
+    from bsresearch.sweep import supervise
+    from bsresearch.sweep.executors import local_executor
+    from bsresearch.sweep.task import GroupTask, RunTask
+    monkeypatch.setattr(supervise, "STARTUP_GRACE", 0.0)
+
+    def template(name: str, code: str) -> str:
+        nb = nbformat.v4.new_notebook()
+        params = nbformat.v4.new_code_cell("configs_json = '[]'\nrun_dirs = []\ngroup_id = None")
+        params.metadata["tags"] = ["parameters"]
+        nb.cells = [params, nbformat.v4.new_code_cell(code)]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / name)
+        return str(tmp_path / name)
+
+    first = ("import json\nfrom bsresearch.config import RunConfig\nfrom bsresearch.train import run\n"
+             "run(RunConfig.from_dict(json.loads(configs_json)[0]), run_dirs[0])\n")
+    notebooks = {"slow": template("slow.ipynb", first + "import time\ntime.sleep(60)"),
+                 "killed": template("killed.ipynb", first + "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                                                            "import time\ntime.sleep(30)")}
+    tasks = [GroupTask(group_id=f"g-{name}", group_dir=str(tmp_path / name / "group"), notebook=nb, timeout=20.0,
+                       members=tuple(RunTask(run_dir=str(tmp_path / name / str(s)), config=tiny(seed=s).to_dict(),
+                                             label=f"{name} {s}") for s in range(2)))
+             for name, nb in notebooks.items()]
+    with local_executor(2) as pool:
+        outcomes = {o.label: o for out in pool.map(supervise.run_any, tasks) for o in out}
+    assert outcomes["slow 0"].state == "ok" and outcomes["killed 0"].state == "ok"
+    assert outcomes["slow 1"].state == "timeout" and "timeout of its fused group g-slow" in outcomes["slow 1"].error
+    assert outcomes["killed 1"].state == "died" and "killed by SIGKILL" in outcomes["killed 1"].error
+    assert RunDir(tmp_path / "slow" / "1").status()["group"] == "g-slow"

@@ -239,7 +239,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
         todo = [p for p in planned if p.action == "run"]
     per_run = float(timeout or spec.timeout)
     tasks = make_tasks(todo, sweep_dir, engine, str(spec.notebook) if spec.notebook else None, per_run, gpus)
-    if executor != "dask":
+    if executor != "dask" and len(tasks) < len(todo):  # fused: fewer tasks than runs, no idle slots
         workers = max(1, min(workers, len(tasks)))
     start = time.monotonic()
     if not dry_run:

@@ -111,7 +111,7 @@ def run_group_task(task: GroupTask) -> list[RunOutcome]:
             outcomes.append(RunOutcome(member.run_id, member.label, BUSY, "another live process is running it",
                                        seconds))
             continue
-        _judge(member, code, timed_out, pid, task.timeout)
+        _judge(member, code, timed_out, pid, task.timeout, f"of its fused group {task.group_id}")
         outcomes.append(outcome_from_status(member, seconds))
     return outcomes
 
@@ -150,7 +150,7 @@ def _spawn(task: RunTask | GroupTask, folder: Path) -> tuple[int, bool, int]:
     return code, timed_out, proc.pid
 
 
-def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: float) -> None:
+def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: float, per: str = "per run") -> None:
     """Record the supervisor's verdict on a run its worker left unjudged (killed, timed out, crashed)."""
     rd = RunDir(task.run_dir)
     leftover = recorded_pid(rd.path)  # a kernel outliving its worker exits within a second or two
@@ -159,10 +159,10 @@ def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: 
     with run_lock(rd.path) as held:  # not held: another sweep has taken the run over since; leave it be
         state = rd.state()
         if held and timed_out and state not in FINISHED_STATES:
-            rd.write_status("timeout", error=f"killed after the {timeout:g} s timeout per run")
+            rd.write_status("timeout", error=f"killed after the {timeout:g} s timeout {per}")
         elif held and timed_out:  # trained, killed while its notebook was still plotting: redone next time
             rd.write_status(str(state), notebook_error=f"the notebook was killed after the {timeout:g} s timeout "
-                                                  "per run; the next sweep executes it again")
+                                                       f"{per}; the next sweep executes it again")
         elif held and state in (None, "running"):
             rd.write_status("died", error=f"the worker process ended without a verdict ({describe_exit(code)}); "
                                           f"see {RUNNER_LOG}")
