@@ -339,3 +339,20 @@ def test_a_group_that_times_out_or_whose_worker_dies_leaves_its_members_judged(t
     assert outcomes["slow 1"].state == "timeout" and "timeout of its fused group g-slow" in outcomes["slow 1"].error
     assert outcomes["killed 1"].state == "died" and "killed by SIGKILL" in outcomes["killed 1"].error
     assert RunDir(tmp_path / "slow" / "1").status()["group"] == "g-slow"
+
+
+def test_the_real_fused_trainer_in_a_sweep_agrees_with_fuse_off(tmp_path):
+    """No stand-in: bsresearch.fused.train_group through the inline executor, against --fuse off; the
+    fused trainer states agreement to float32 rounding (batched kernels sum in another order)."""
+    auto = run_sweep(SMOKE, runs_root=tmp_path / "auto", executor="inline", progress=False)
+    off = run_sweep(SMOKE, runs_root=tmp_path / "off", executor="inline", progress=False, fuse="off")
+    assert auto.all_finished and off.all_finished and len(auto.groups) == 2
+    for p in auto.planned:
+        a = RunDir(tmp_path / "auto" / "smoke" / p.point.run_id).metrics()
+        b = RunDir(tmp_path / "off" / "smoke" / p.point.run_id).metrics()
+        assert a["steps"] == b["steps"]
+        for k in ("train_loss", "test_loss"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4), (p.point.label, k)
+        for k in ("train_acc", "test_acc"):
+            assert a[k] == pytest.approx(b[k], abs=2 / 256), (p.point.label, k)  # a borderline example may flip
+        assert RunDir(tmp_path / "auto" / "smoke" / p.point.run_id).status()["group"] == p.group
