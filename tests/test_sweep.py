@@ -31,7 +31,7 @@ def reference_metrics(cfg: RunConfig) -> dict:
 @pytest.mark.slow
 def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, capsys):
     start = time.monotonic()
-    assert main(["sweep", str(SMOKE), "--workers", "2", "--runs", str(tmp_path), "--quiet"]) == 0
+    assert main(["sweep", str(SMOKE), "--workers", "2", "--runs", str(tmp_path), "--quiet", "--fuse", "off"]) == 0
     elapsed = time.monotonic() - start
     out = capsys.readouterr().out
     assert "ok 4" in out, out
@@ -53,7 +53,7 @@ def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, cap
     assert elapsed < 60
 
     ended = {p.run_id: RunDir(tmp_path / "smoke" / p.run_id).status()["ended"] for p in points}
-    report = run_sweep(SMOKE, runs_root=tmp_path, workers=2, progress=False)
+    report = run_sweep(SMOKE, runs_root=tmp_path, workers=2, progress=False)  # --fuse auto: nothing to do either
     assert report.outcomes == () and report.all_finished
     assert ended == {p.run_id: RunDir(tmp_path / "smoke" / p.run_id).status()["ended"] for p in points}
 
@@ -67,8 +67,8 @@ def test_inline_sweep_calls_the_library_and_a_failing_run_does_not_stop_it(tmp_p
             raise RuntimeError("simulated crash at setup")
         return real_run(cfg, run_dir, **kw)
 
-    monkeypatch.setattr(train, "run", flaky_run)
-    report = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False)
+    monkeypatch.setattr(train, "run", flaky_run)  # each run alone: fused groups do not call train.run
+    report = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, fuse="off")
     states = {o.label: o.state for o in report.outcomes}
     assert states == {"batch_size=16 lr=0.05 seed=0": "ok", "batch_size=16 lr=0.2 seed=0": "failed",
                       "batch_size=64 lr=0.05 seed=0": "ok", "batch_size=64 lr=0.2 seed=0": "ok"}
@@ -78,10 +78,10 @@ def test_inline_sweep_calls_the_library_and_a_failing_run_does_not_stop_it(tmp_p
     metrics = RunDir(tmp_path / "smoke" / point.run_id).metrics()
     assert {k: metrics[k] for k in COMPARED} == {k: reference_metrics(point.config)[k] for k in COMPARED}
 
-    again = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False)
+    again = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, fuse="off")
     assert again.outcomes == ()  # failed runs are kept ...
     monkeypatch.setattr(train, "run", real_run)
-    retried = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, retry_failed=True)
+    retried = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, retry_failed=True, fuse="off")
     assert [(o.label, o.state) for o in retried.outcomes] == [("batch_size=16 lr=0.2 seed=0", "ok")]  # ... until asked
     assert RunDir(failed_dir := tmp_path / "smoke" / failed.run_id).status()["runner"]["attempt"] == 2, failed_dir
 

@@ -80,7 +80,7 @@ def test_kill_9_during_a_papermill_sweep_then_resume(tmp_path):
     spec = write_spec(tmp_path, "killme")
     sweep_dir = tmp_path / "runs" / "killme"
     points = expand(load_spec(spec))
-    proc = start_sweep(spec, tmp_path / "runs", "--workers", "2")
+    proc = start_sweep(spec, tmp_path / "runs", "--workers", "2", "--fuse", "off")  # fused groups: test_sweep_fused
 
     def some_done_some_running() -> bool:
         states = [RunDir(sweep_dir / p.run_id).state() for p in points]
@@ -103,7 +103,7 @@ def test_kill_9_during_a_papermill_sweep_then_resume(tmp_path):
     assert 1 <= len(kept) < len(points)
     complete = {p.run_id for p in points if is_complete(sweep_dir / p.run_id)}
 
-    report = run_sweep(spec, runs_root=tmp_path / "runs", workers=2, progress=False)
+    report = run_sweep(spec, runs_root=tmp_path / "runs", workers=2, progress=False, fuse="off")
     assert {o.run_id for o in report.outcomes} == {p.run_id for p in points} - complete
     assert report.all_finished and all(o.state == "ok" for o in report.outcomes)
     assert {d.name for d in sweep_dir.iterdir() if d.is_dir()} == {p.run_id for p in points}  # no duplicates
@@ -143,7 +143,8 @@ def test_kill_9_at_many_moments_then_resume_from_checkpoints(tmp_path):
         started = time.time()
         proc = start_sweep(spec, tmp_path / "runs", "--executor", "inline")
         try:
-            wait_until(lambda: proc.poll() is not None or mid_training(started), 120, "a run mid-training")
+            wait_until(lambda proc=proc, started=started: proc.poll() is not None or mid_training(started), 120,
+                       "a run mid-training")
             time.sleep(0.25 * attempt)
         finally:
             proc.send_signal(signal.SIGKILL)

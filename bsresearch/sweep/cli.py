@@ -66,6 +66,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retry-failed", action="store_true", help="also redo runs that failed, ran out of memory, "
                                                                "timed out or died")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--fuse", choices=("auto", "off"), default="auto",
+                   help="auto: train pending runs that differ only in seed and shape-free hyperparameters "
+                        "together, as fused groups; off: every run alone [auto]")
+    p.add_argument("--fuse-max", type=int, metavar="K", help="at most K runs per fused group [32 on a CPU; "
+                                                              "on CUDA what the memory model says fits]")
     p.set_defaults(handler=_cmd_sweep)
 
 
@@ -89,11 +94,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     report = run_sweep(spec, runs_root=args.runs, executor=executor, workers=args.workers,
                        scheduler=args.scheduler, cluster=args.cluster, cluster_options=options, engine=args.engine,
                        retry_failed=args.retry_failed, dry_run=args.dry_run, timeout=args.timeout,
-                       progress=False if args.quiet else None)
+                       progress=False if args.quiet else None, fuse=args.fuse, fuse_max=args.fuse_max)
     if args.dry_run:
         print(report.plan_table())
         todo = sum(p.action == "run" for p in report.planned)
-        print(f"{len(report.planned)} runs in {report.sweep_dir}: {todo} to run "
+        grouped = sum(len(m) for m in report.groups.values())
+        fused = f" ({grouped} in {len(report.groups)} fused group(s), {todo - grouped} alone)" if report.groups else ""
+        print(f"{len(report.planned)} runs in {report.sweep_dir}: {todo} to run{fused} "
               f"({report.executor}/{report.engine}, {report.workers} worker(s)); nothing was run (--dry-run)")
         return 0
     print(report.summary())

@@ -14,6 +14,12 @@ results.load reads). What happens to a run directory found on disk:
 - finished, but a result file damaged (unreadable history.csv, metrics.json or config.json): "damaged",
   named with the file in the summary, skipped; deleting the run directory gets it redone.
 A failing run never stops the sweep; only a bad spec does, before anything runs.
+
+Fused runs (--fuse auto, the default): pending runs that can train together (bsresearch.fused.grouping)
+are executed as one task per group, through the group template notebook (papermill) or train_group
+(library). Their run directories are the same as unfused runs' (status.json adds the group id); the
+group's notebook and log are in RUNS/<name>/groups/<group_id>/. Runs left alone are ordinary runs, and the
+plan says why each was not fused.
 """
 from __future__ import annotations
 
@@ -23,19 +29,26 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, check_batch_fits
 from ..rundir import FINISHED_STATES, MANIFEST, RunDir, atomic_write_json, now
 from . import supervise
 from .executors import check_dask, default_workers, make_executor, visible_gpus
 from .spec import Point, SweepSpec, expand, load_spec
-from .task import BUSY, RunOutcome, RunTask, is_complete, is_locked
-from .worker import execute_task
+from .task import BUSY, GroupTask, RunOutcome, RunTask, is_complete, is_locked
+from .worker import execute
+
+if TYPE_CHECKING:
+    from ..fused.grouping import Blocker
 
 RETRYABLE_STATES = ("failed", "oom", "timeout", "died")
+FUSE_MODES = ("auto", "off")
+RUN_TEMPLATE = "01_train.ipynb"     # the run template whose work the group template does for many runs
+GROUP_TEMPLATE = Path(__file__).resolve().parents[2] / "notebooks" / "11_train_group.ipynb"
+GROUPS_DIR = "groups"               # RUNS/<name>/groups/<group_id>/: a fused group's notebook and log
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,8 @@ class PlannedRun:
                   # short), damaged (finished, a result file unreadable), or the state on disk
     action: str   # run | skip | busy
     problem: str = ""  # found damaged: which file and what is wrong with it
+    group: str | None = None   # the fused group it runs in (None: alone, or not run)
+    fusion: str | None = None  # --fuse auto, a run left alone: why it was not fused
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,7 @@ class SweepReport:
     seconds: float
     dry_run: bool = False
     waited: tuple[RunOutcome, ...] = ()  # runs another live process held: what it recorded when done
+    fuse: str = "off"
 
     def final_states(self) -> dict[str, str]:
         """run_id -> state after the sweep (executed runs: their outcome; runs another process held: what
@@ -77,15 +93,31 @@ class SweepReport:
 
     def plan_table(self) -> str:
         width = max([len(p.point.label) for p in self.planned] + [5])
-        lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  action"]
-        lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action}" for p in self.planned]
+        if self.fuse == "off":
+            lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  action"]
+            lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action}"
+                      for p in self.planned]
+            return "\n".join(lines)
+        lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  {'action':<6}  {'group':<10}  why not fused"]
+        lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action:<6}  "
+                  f"{p.group or '-':<10}  {p.fusion or ''}".rstrip() for p in self.planned]
         return "\n".join(lines)
+
+    @property
+    def groups(self) -> dict[str, list[str]]:
+        """group id -> run ids of its members, for the runs planned in a fused group."""
+        out: dict[str, list[str]] = {}
+        for p in self.planned:
+            if p.group:
+                out.setdefault(p.group, []).append(p.point.run_id)
+        return out
 
     def summary(self) -> str:
         counts = Counter(self.final_states().values())
         ran = sum(o.state != BUSY for o in self.outcomes)  # a busy run was executed by another process
+        fused = f", {len(self.groups)} fused group(s)" if self.groups else ""
         lines = [f"sweep {self.spec.name}: {len(self.planned)} runs in {self.sweep_dir} "
-                 f"({ran} executed with {self.executor}/{self.engine}, {self.workers} worker(s), "
+                 f"({ran} executed with {self.executor}/{self.engine}, {self.workers} worker(s){fused}, "
                  f"{self.seconds:.1f} s)",
                  "  " + ", ".join(f"{state} {n}" for state, n in sorted(counts.items()))]
         for p in self.planned:
@@ -146,6 +178,35 @@ def unfinished_summary(planned: list[PlannedRun]) -> str | None:
     return f"{pending + running} of {len(planned)} runs not finished ({', '.join(parts)})"
 
 
+def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None = None,
+                  engine: str = "library", notebook: Path | None = None, gpus: tuple[str, ...] = (),
+                  blocker: Blocker | None = None) -> list[PlannedRun]:
+    """The plan with the runs to execute put in fused groups (bsresearch.fused.grouping), and for each run
+    left alone why. fuse_max: the most runs per group (default: by device, grouping.default_fuse_max)."""
+    from ..fused.grouping import default_fuse_max, group_configs, group_id
+    todo = [k for k, p in enumerate(planned) if p.action == "run"]
+    excluded = {}
+    for n, k in enumerate(todo):
+        if planned[k].found == "unfinished":
+            excluded[n] = "trained already; only its notebook is executed again"
+        elif engine == "papermill" and notebook is not None and notebook.name != RUN_TEMPLATE:
+            excluded[n] = (f"the spec's notebook {notebook.name} is not the run template {RUN_TEMPLATE}: "
+                           "its runs are executed one by one")
+    cfgs = [planned[k].point.config for k in todo]
+    if fuse_max is None:
+        device = cfgs[0].device if cfgs else "cpu"
+        fuse_max = default_fuse_max("cuda" if device.startswith("cuda") or (device == "auto" and gpus) else "cpu")
+    grouping = group_configs(cfgs, fuse_max, workers, blocker, excluded)
+    out = list(planned)
+    for members in grouping.groups:
+        gid = group_id([planned[todo[n]].point.run_id for n in members])
+        for n in members:
+            out[todo[n]] = replace(planned[todo[n]], group=gid)
+    for n, reason in grouping.alone.items():
+        out[todo[n]] = replace(planned[todo[n]], fusion=reason)
+    return out
+
+
 def check_data(points: list[Point]) -> None:
     """Load each dataset the points use once (on the CPU) and check every batch fits, and that each device
     asked for exists here: a missing dataset, a batch larger than the training set or `device: cuda` on a
@@ -183,12 +244,14 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
               workers: int | None = None, scheduler: str | None = None, cluster: str | None = None,
               cluster_options: dict[str, Any] | None = None, engine: str | None = None,
               retry_failed: bool = False, dry_run: bool = False, timeout: float | None = None,
-              progress: bool | None = None) -> SweepReport:
+              progress: bool | None = None, fuse: str = "auto", fuse_max: int | None = None) -> SweepReport:
     """Plan and execute a sweep; returns its report. Bad input raises ConfigError before any run starts.
 
     engine: "papermill" (default for local and dask: executes the spec's notebook per run) or "library"
     (calls train.run; the only engine of the inline executor). timeout overrides the spec's per-run timeout
     (not enforced by the inline executor, which runs in this process).
+    fuse: "auto" trains pending runs that can fuse in groups of at most fuse_max (default: 32 on a CPU, and
+    on CUDA what the memory model says fits); "off" runs each alone, as before fused runs existed.
     """
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     if not spec.has_runs:
@@ -196,6 +259,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
                           f"use `bsresearch report {spec.path or spec.name}`")
     engine = engine or ("library" if executor == "inline" else "papermill")
     _check_options(spec, executor, engine, workers, timeout)
+    _check_fuse(fuse, fuse_max, engine)
     if cluster and workers is None:
         raise ConfigError(f"--cluster {cluster} needs --workers N: the number of batch jobs to submit")
     if executor == "dask":
@@ -209,27 +273,32 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     todo = [p for p in planned if p.action == "run"]
     gpus = () if remote else visible_gpus()
     workers = workers or default_workers(len(todo), gpus)
+    if fuse == "auto":
+        planned = assign_groups(planned, workers, fuse_max, engine, spec.notebook, gpus)
+        todo = [p for p in planned if p.action == "run"]
+    per_run = float(timeout or spec.timeout)
+    tasks = make_tasks(todo, sweep_dir, engine, str(spec.notebook) if spec.notebook else None, per_run, gpus)
+    if executor != "dask" and len(tasks) < len(todo):  # fused: fewer tasks than runs, no idle slots
+        workers = max(1, min(workers, len(tasks)))
     start = time.monotonic()
     if not dry_run:
         write_manifest(spec, sweep_dir, points)
     if dry_run or not todo:
         waited = () if dry_run else wait_for_others([p for p in planned if p.action == BUSY], progress)
-        return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run, waited)
-    tasks = [RunTask(run_dir=str(p.run_dir), config=p.point.config.to_dict(), label=p.point.label, engine=engine,
-                     notebook=str(spec.notebook) if spec.notebook else None,
-                     timeout=float(timeout or spec.timeout), gpus=gpus)
-             for p in todo]
-    fn = execute_task if executor == "inline" else supervise.run_task
+        return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run, waited,
+                           fuse)
+    fn = execute if executor == "inline" else supervise.run_any
     window = {"inline": 1, "local": workers}.get(executor, len(tasks))
     outcomes: list[RunOutcome] = []
-    bar = _progress_bar(len(tasks), progress, spec.name)
+    bar = _progress_bar(len(todo), progress, spec.name)
     supervise.start_accepting()
     try:
         with make_executor(executor, workers, scheduler, cluster, cluster_options) as pool:
             try:
                 for task, future in _completed(pool, fn, tasks, window):
-                    outcomes.append(_outcome(task, future))
-                    bar.update(1)
+                    done = _outcomes(task, future)
+                    outcomes.extend(done)
+                    bar.update(len(done))
                     bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in
                                                  sorted(Counter(o.state for o in outcomes).items())))
             except KeyboardInterrupt:  # stop the workers before the executor waits for them; their runs
@@ -240,7 +309,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     busy = {o.run_id for o in outcomes if o.state == BUSY}
     waited = wait_for_others([p for p in planned if p.action == BUSY or p.point.run_id in busy], progress)
     return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), tuple(outcomes),
-                       time.monotonic() - start, waited=waited)
+                       time.monotonic() - start, waited=waited, fuse=fuse)
 
 
 def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
@@ -263,6 +332,44 @@ def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
     return tuple(out)
 
 
+
+
+def make_tasks(todo: list[PlannedRun], sweep_dir: Path, engine: str, notebook: str | None, timeout: float,
+               gpus: tuple[str, ...]) -> list[RunTask | GroupTask]:
+    """One RunTask per run left alone, one GroupTask per fused group (in the order of its first member).
+
+    A group's timeout is the per-run timeout times its members: together they may take as long as they
+    would have one after another, never less than one of them alone."""
+    def run_task(p: PlannedRun) -> RunTask:
+        return RunTask(run_dir=str(p.run_dir), config=p.point.config.to_dict(), label=p.point.label, engine=engine,
+                       notebook=notebook, timeout=timeout, gpus=gpus)
+
+    tasks: list[RunTask | GroupTask] = []
+    members: dict[str, list[RunTask]] = {}
+    for p in todo:
+        if p.group is None:
+            tasks.append(run_task(p))
+        elif p.group not in members:
+            members[p.group] = [run_task(p)]
+            tasks.append(GroupTask(group_id=p.group, group_dir="", members=()))  # filled in below
+        else:
+            members[p.group].append(run_task(p))
+    return [GroupTask(group_id=t.group_id, group_dir=str(sweep_dir / GROUPS_DIR / t.group_id),
+                      members=tuple(members[t.group_id]), engine=engine, notebook=str(GROUP_TEMPLATE),
+                      timeout=timeout * len(members[t.group_id]), gpus=gpus)
+            if isinstance(t, GroupTask) else t for t in tasks]
+
+
+def _check_fuse(fuse: str, fuse_max: int | None, engine: str) -> None:
+    if fuse not in FUSE_MODES:
+        raise ConfigError(f"fuse must be one of {', '.join(FUSE_MODES)}; got {fuse!r}")
+    if fuse_max is not None and (isinstance(fuse_max, bool) or not isinstance(fuse_max, int) or fuse_max < 1):
+        raise ConfigError(f"fuse_max must be a positive integer (1: no run is fused); got {fuse_max!r}")
+    if fuse == "auto" and engine == "papermill" and not GROUP_TEMPLATE.exists():
+        raise ConfigError(f"--fuse auto with papermill needs the group template {GROUP_TEMPLATE}, which is "
+                          "missing; use --fuse off or --engine library")
+
+
 def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | None, timeout: float | None) -> None:
     if engine not in ("papermill", "library"):
         raise ConfigError(f"engine must be papermill or library; got {engine!r}")
@@ -280,11 +387,11 @@ def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | N
         raise ConfigError(f"timeout must be a positive number of seconds; got {timeout}")
 
 
-def _completed(pool: Executor, fn: Callable[[RunTask], RunOutcome], tasks: list[RunTask],
-               window: int) -> Iterator[tuple[RunTask, Future]]:
+def _completed(pool: Executor, fn: Callable[[Any], list[RunOutcome]], tasks: list[RunTask | GroupTask],
+               window: int) -> Iterator[tuple[RunTask | GroupTask, Future]]:
     """Submit tasks keeping at most `window` in flight; yield each (task, future) as it completes."""
     queue = iter(tasks)
-    pending: dict[Future, RunTask] = {}
+    pending: dict[Future, RunTask | GroupTask] = {}
 
     def fill() -> None:
         while len(pending) < window:
@@ -301,17 +408,20 @@ def _completed(pool: Executor, fn: Callable[[RunTask], RunOutcome], tasks: list[
         fill()
 
 
-def _outcome(task: RunTask, future: Future) -> RunOutcome:
-    """The future's outcome; an exception (a bug, or Dask giving up on a killed worker) is recorded as
-    "died" in the run's status when nobody holds the run."""
+def _outcomes(task: RunTask | GroupTask, future: Future) -> list[RunOutcome]:
+    """The future's outcomes (one per run); an exception (a bug, or Dask giving up on a killed worker) is
+    recorded as "died" in the status of each run nobody holds."""
     try:
-        return future.result()
-    except Exception as exc:  # noqa: BLE001 - one run's problem, the sweep goes on
+        return list(future.result())
+    except Exception as exc:  # noqa: BLE001 - one task's problem, the sweep goes on
         error = f"{type(exc).__name__}: {exc}"
-        rd = RunDir(task.run_dir)
-        if not is_locked(rd.path) and rd.state() not in FINISHED_STATES:
-            rd.write_status("died", error=error)
-        return RunOutcome(task.run_id, task.label, "died", error)
+        out = []
+        for run in task.members if isinstance(task, GroupTask) else (task,):
+            rd = RunDir(run.run_dir)
+            if not is_locked(rd.path) and rd.state() not in FINISHED_STATES:
+                rd.write_status("died", error=error)
+            out.append(RunOutcome(run.run_id, run.label, "died", error))
+        return out
 
 
 def _progress_bar(total: int, enabled: bool | None, name: str):

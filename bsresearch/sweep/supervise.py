@@ -21,7 +21,18 @@ import time
 from pathlib import Path
 
 from ..rundir import FINISHED_STATES, RunDir
-from .task import BUSY, RUNNER_LOG, RunOutcome, RunTask, outcome_from_status, recorded_pid, run_lock, wait_for_exit
+from .task import (
+    BUSY,
+    RUNNER_LOG,
+    GroupTask,
+    RunOutcome,
+    RunTask,
+    is_locked,
+    outcome_from_status,
+    recorded_pid,
+    run_lock,
+    wait_for_exit,
+)
 from .worker import EXIT_BUSY, PREVIOUS_OWNER_WAIT
 
 STARTUP_GRACE = 30.0  # seconds added to the run's timeout for starting the worker and its kernel
@@ -53,7 +64,7 @@ def current_slot() -> int | None:
     return int(name) if name.isdigit() else None
 
 
-def worker_env(task: RunTask, slot: int | None) -> dict[str, str]:
+def worker_env(task: RunTask | GroupTask, slot: int | None) -> dict[str, str]:
     """The worker's environment: thread counts, one GPU per slot when GPUs were handed out, our pid."""
     env = dict(os.environ)
     threads = int(task.config.get("threads") or 0)
@@ -77,16 +88,53 @@ def run_task(task: RunTask) -> RunOutcome:
     """Execute `task` in a fresh worker process; never raises for a failing run."""
     start = time.monotonic()
     rd = RunDir(task.run_dir)
-    rd.path.mkdir(parents=True, exist_ok=True)
-    with open(rd.path / RUNNER_LOG, "ab") as log:
+    code, timed_out, pid = _spawn(task, rd.path)
+    seconds = time.monotonic() - start
+    if _stopping.is_set():  # the sweep is being stopped: the run is left to be redone, not judged
+        return RunOutcome(task.run_id, task.label, "interrupted", "the sweep was stopped", seconds)
+    if code == EXIT_BUSY:
+        return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it", seconds)
+    _judge(task, code, timed_out, pid, task.timeout)
+    return outcome_from_status(task, seconds)
+
+
+def run_group_task(task: GroupTask) -> list[RunOutcome]:
+    """Execute a fused group in a fresh worker process; one outcome per member, as `run_task` gives."""
+    start = time.monotonic()
+    code, timed_out, pid = _spawn(task, Path(task.group_dir))
+    seconds = time.monotonic() - start
+    if _stopping.is_set():
+        return [RunOutcome(m.run_id, m.label, "interrupted", "the sweep was stopped", seconds) for m in task.members]
+    outcomes = []
+    for member in task.members:
+        if code == EXIT_BUSY or is_locked(member.run_dir):  # another live process holds it
+            outcomes.append(RunOutcome(member.run_id, member.label, BUSY, "another live process is running it",
+                                       seconds))
+            continue
+        _judge(member, code, timed_out, pid, task.timeout, f"of its fused group {task.group_id}")
+        outcomes.append(outcome_from_status(member, seconds))
+    return outcomes
+
+
+def run_any(task: RunTask | GroupTask) -> list[RunOutcome]:
+    """What the local and Dask executors call: a run or a fused group; one outcome per run."""
+    return run_group_task(task) if isinstance(task, GroupTask) else [run_task(task)]
+
+
+def _spawn(task: RunTask | GroupTask, folder: Path) -> tuple[int, bool, int]:
+    """Start the worker process in `folder` (its log appended to folder/runner.log), feed it the task and
+    wait; past the timeout stop it. Returns (exit status, timed out, worker pid)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / RUNNER_LOG, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "bsresearch.sweep"], stdin=subprocess.PIPE,
-                                stdout=log, stderr=subprocess.STDOUT, cwd=rd.path,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=folder,
                                 env=worker_env(task, current_slot()), start_new_session=True)
         with _live_lock:
             _live.add(proc)
         timed_out = False
         try:
             try:
+                assert proc.stdin is not None
                 proc.stdin.write(task.to_json().encode())
                 proc.stdin.close()
             except BrokenPipeError:  # the worker is already gone; its exit status says why
@@ -99,25 +147,25 @@ def run_task(task: RunTask) -> RunOutcome:
         finally:
             with _live_lock:
                 _live.discard(proc)
-    seconds = time.monotonic() - start
-    if _stopping.is_set():  # the sweep is being stopped: the run is left to be redone, not judged
-        return RunOutcome(task.run_id, task.label, "interrupted", "the sweep was stopped", seconds)
-    if code == EXIT_BUSY:
-        return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it", seconds)
+    return code, timed_out, proc.pid
+
+
+def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: float, per: str = "per run") -> None:
+    """Record the supervisor's verdict on a run its worker left unjudged (killed, timed out, crashed)."""
+    rd = RunDir(task.run_dir)
     leftover = recorded_pid(rd.path)  # a kernel outliving its worker exits within a second or two
-    if leftover and leftover != proc.pid:
+    if leftover and leftover != worker_pid:
         wait_for_exit(leftover, PREVIOUS_OWNER_WAIT)
     with run_lock(rd.path) as held:  # not held: another sweep has taken the run over since; leave it be
         state = rd.state()
         if held and timed_out and state not in FINISHED_STATES:
-            rd.write_status("timeout", error=f"killed after the {task.timeout:g} s timeout per run")
+            rd.write_status("timeout", error=f"killed after the {timeout:g} s timeout {per}")
         elif held and timed_out:  # trained, killed while its notebook was still plotting: redone next time
-            rd.write_status(state, notebook_error=f"the notebook was killed after the {task.timeout:g} s timeout "
-                                                  "per run; the next sweep executes it again")
+            rd.write_status(str(state), notebook_error=f"the notebook was killed after the {timeout:g} s timeout "
+                                                       f"{per}; the next sweep executes it again")
         elif held and state in (None, "running"):
             rd.write_status("died", error=f"the worker process ended without a verdict ({describe_exit(code)}); "
                                           f"see {RUNNER_LOG}")
-    return outcome_from_status(task, seconds)
 
 
 def stop(proc: subprocess.Popen) -> int:

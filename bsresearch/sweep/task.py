@@ -27,7 +27,7 @@ from ..rundir import RunDir
 try:
     import fcntl
 except ImportError:  # Windows: no locking (runs there are not protected against a concurrent sweep)
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 ENGINES = ("papermill", "library")
 LOCK_NAME = ".lock"
@@ -60,6 +60,52 @@ class RunTask:
     @property
     def run_id(self) -> str:
         return Path(self.run_dir).name
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """Runs trained together as one fused group (bsresearch.fused): one task for every executor.
+
+    The worker locks every member's run directory; members finished (or held by another process) are
+    left alone. The group's executed notebook and its runner log live in `group_dir`
+    (RUNS/<sweep>/groups/<group_id>/); each member's results stay in its own run directory.
+    """
+    group_id: str
+    group_dir: str                    # absolute path
+    members: tuple[RunTask, ...]
+    engine: str = "papermill"         # papermill: execute the group template; library: call train_group
+    notebook: str | None = None       # the group template (absolute path), for the papermill engine
+    timeout: float = 3600.0           # seconds for the whole group
+    gpus: tuple[str, ...] = ()
+    kernel: str = "python3"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupTask:
+        d = json.loads(text)
+        d["members"] = tuple(RunTask(**{**m, "gpus": tuple(m.get("gpus", ()))}) for m in d["members"])
+        d["gpus"] = tuple(d.get("gpus", ()))
+        return cls(**d)
+
+    @property
+    def run_id(self) -> str:
+        return self.group_id
+
+    @property
+    def label(self) -> str:
+        return f"group {self.group_id} ({len(self.members)} runs)"
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The first member's config: threads and device, which every member shares."""
+        return self.members[0].config
+
+
+def task_from_json(text: str) -> RunTask | GroupTask:
+    """A RunTask or a GroupTask (it has members) from its JSON."""
+    return GroupTask.from_json(text) if "members" in json.loads(text) else RunTask.from_json(text)
 
 
 @dataclass(frozen=True)
@@ -181,7 +227,7 @@ def recorded_pid(run_dir: str | Path) -> int | None:
 
 def child_pids(pid: int) -> list[int]:
     """Direct children of `pid` (Linux /proc; empty elsewhere)."""
-    out = []
+    out: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:

@@ -16,6 +16,7 @@ taken from the run's status.json (written by train.run), corrected with what the
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,10 +29,11 @@ import traceback
 from pathlib import Path
 
 from ..config import RunConfig
-from ..rundir import RunDir
+from ..rundir import RunDir, atomic_write_bytes
 from .task import (
     BUSY,
     PARTIAL_NOTEBOOK,
+    GroupTask,
     RunOutcome,
     RunTask,
     clear_partial_files,
@@ -41,6 +43,7 @@ from .task import (
     outcome_from_status,
     recorded_pid,
     run_lock,
+    task_from_json,
     wait_for_exit,
 )
 
@@ -67,7 +70,7 @@ def execute_task(task: RunTask) -> RunOutcome:
         runner = {"engine": task.engine, "host": socket.gethostname(), "pid": os.getpid(),
                   "attempt": int(previous.get("attempt", 0)) + 1, "timeout_s": task.timeout}
         if trained:
-            rd.write_status(rd.state(), notebook_error=None, runner=runner)
+            rd.write_status(str(rd.state()), notebook_error=None, runner=runner)
         else:
             rd.write_status("running", error=None, traceback=None, notebook_error=None, runner=runner,
                             provenance=None)  # train.run records this attempt's process in it
@@ -76,6 +79,109 @@ def execute_task(task: RunTask) -> RunOutcome:
         elif not trained:
             _run_library(task, rd)
     return outcome_from_status(task, time.monotonic() - start)
+
+
+def execute(task: RunTask | GroupTask) -> list[RunOutcome]:
+    """Execute a run or a fused group in this process; one outcome per run."""
+    return execute_group(task) if isinstance(task, GroupTask) else [execute_task(task)]
+
+
+def execute_group(task: GroupTask) -> list[RunOutcome]:
+    """Train the group's members together, holding every member's lock; members finished or held by
+    another process are left alone. Each member's verdict is in its status.json, as for a single run."""
+    start = time.monotonic()
+    outcomes: dict[str, RunOutcome] = {}
+    todo: list[RunTask] = []
+    with contextlib.ExitStack() as locks:
+        for member in task.members:
+            rd = RunDir(member.run_dir)
+            if not locks.enter_context(run_lock(rd.path)):
+                outcomes[member.run_id] = RunOutcome(member.run_id, member.label, BUSY,
+                                                     "another live process is running it")
+            elif rd.is_finished():  # finished by someone else since the sweep was planned
+                outcomes[member.run_id] = outcome_from_status(member, 0.0)
+            else:
+                leftover = recorded_pid(rd.path)
+                if leftover and not wait_for_exit(leftover, PREVIOUS_OWNER_WAIT):
+                    outcomes[member.run_id] = RunOutcome(member.run_id, member.label, BUSY,
+                                                         f"process {leftover} from an earlier attempt is still running")
+                    continue
+                clear_partial_files(rd.path)
+                previous = (rd.status() or {}).get("runner") or {}
+                rd.write_status("running", error=None, traceback=None, notebook_error=None, provenance=None,
+                                group=task.group_id, group_dir=task.group_dir,
+                                runner={"engine": task.engine, "host": socket.gethostname(), "pid": os.getpid(),
+                                        "attempt": int(previous.get("attempt", 0)) + 1, "timeout_s": task.timeout})
+                todo.append(member)
+        if todo:
+            Path(task.group_dir).mkdir(parents=True, exist_ok=True)
+            if task.engine == "papermill":
+                _run_group_papermill(task, todo)
+            else:
+                _run_group_library(task, todo)
+        for member in todo:
+            outcomes[member.run_id] = outcome_from_status(member, time.monotonic() - start)
+    return [outcomes[m.run_id] for m in task.members]
+
+
+def _run_group_library(task: GroupTask, members: list[RunTask]) -> None:
+    from ..fused.grouping import train_splitting_on_oom
+    try:
+        train_splitting_on_oom([RunConfig.from_dict(m.config) for m in members], [m.run_dir for m in members],
+                               group_id=task.group_id, progress=False)
+    except Exception as exc:  # noqa: BLE001 - e.g. ConfigError at setup: the members fail, the sweep goes on
+        error, trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        for m in members:
+            if RunDir(m.run_dir).state() == "running":
+                RunDir(m.run_dir).write_status("failed", error=error, traceback=trace)
+    for m in members:
+        if RunDir(m.run_dir).state() == "running":
+            RunDir(m.run_dir).write_status("failed", error="train_group returned without finishing the run")
+
+
+GROUP_NOTEBOOK = "group.ipynb"                 # the executed group template, in the group's directory
+PARTIAL_GROUP_NOTEBOOK = ".group.partial.ipynb"
+
+
+def group_parameters(task: GroupTask, members: list[RunTask]) -> dict[str, object]:
+    """What papermill injects into the group template's parameters cell."""
+    return {"configs_json": json.dumps([m.config for m in members]), "run_dirs": [m.run_dir for m in members],
+            "group_id": task.group_id}
+
+
+def _run_group_papermill(task: GroupTask, members: list[RunTask]) -> None:
+    import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    group_dir = Path(task.group_dir)
+    partial = group_dir / PARTIAL_GROUP_NOTEBOOK
+    forced: tuple[str, str] | None = None
+    problem: str | None = None
+    try:
+        pm.execute_notebook(str(task.notebook), str(partial), parameters=group_parameters(task, members),
+                            kernel_name=task.kernel, cwd=str(group_dir), progress_bar=False, log_output=True,
+                            execution_timeout=task.timeout, coalesce_streams=True, shutdown_kernel="immediate")
+        problem = unfinished_cells(partial)
+    except CellTimeoutError:
+        forced = ("timeout", f"a notebook cell ran past the {task.timeout:g} s timeout of the group")
+    except DeadKernelError:
+        forced = ("died", "the group notebook's kernel died (killed, or out of memory)")
+    except pm.PapermillExecutionError as exc:
+        problem = f"group notebook cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
+    except Exception as exc:  # noqa: BLE001 - papermill could not run the notebook at all
+        problem = f"papermill: {type(exc).__name__}: {exc}"
+    finally:
+        if partial.exists():
+            os.replace(partial, group_dir / GROUP_NOTEBOOK)
+    for m in members:
+        rd = RunDir(m.run_dir)
+        if (group_dir / GROUP_NOTEBOOK).exists():  # each run directory keeps the notebook that ran it
+            atomic_write_bytes(rd.notebook_path, (group_dir / GROUP_NOTEBOOK).read_bytes())
+        if rd.state() == "running":
+            state, error = forced or ("failed", problem or "the group notebook ended before the run finished")
+            rd.write_status(state, error=error, notebook_error=problem)
+        elif note := problem or (forced[1] if forced else None):  # trained; the notebook failed afterwards
+            rd.write_status(str(rd.state()), notebook_error=note)
 
 
 def _run_library(task: RunTask, rd: RunDir) -> None:
@@ -119,8 +225,8 @@ def _run_papermill(task: RunTask, rd: RunDir) -> None:
         state, error = forced or ("failed", problem or "the notebook ended before the run finished "
                                   "(a cell called sys.exit, or the notebook does not call train.run)")
         rd.write_status(state, error=error, notebook_error=problem)
-    elif forced or problem:      # training finished; the notebook failed afterwards
-        rd.write_status(rd.state(), notebook_error=problem or forced[1])
+    elif note := problem or (forced[1] if forced else None):  # training finished; the notebook failed afterwards
+        rd.write_status(str(rd.state()), notebook_error=note)
 
 
 def unfinished_cells(notebook: Path) -> str | None:
@@ -153,9 +259,10 @@ def main() -> int:
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stdout)
-    task = RunTask.from_json(sys.stdin.read())
-    _stop_on_sigterm(Path(task.run_dir))
+    task = task_from_json(sys.stdin.read())
+    _stop_on_sigterm(Path(task.group_dir if isinstance(task, GroupTask) else task.run_dir))
     logging.info("worker pid %d on %s: %s (%s)", os.getpid(), socket.gethostname(), task.label, task.engine)
-    outcome = execute_task(task)  # every failure of the run itself is recorded in its status.json
-    logging.info("verdict: %s%s", outcome.state, f": {outcome.error}" if outcome.error else "")
-    return EXIT_BUSY if outcome.state == BUSY else 0
+    outcomes = execute(task)  # every failure of the run itself is recorded in its status.json
+    for outcome in outcomes:
+        logging.info("verdict %s: %s%s", outcome.run_id, outcome.state, f": {outcome.error}" if outcome.error else "")
+    return EXIT_BUSY if all(o.state == BUSY for o in outcomes) else 0

@@ -1,0 +1,54 @@
+"""Which RunConfigs may train together in one fused group, and why not when they may not.
+
+A fused group stacks K members' parameters and runs them as one batched program, so the members
+must share every tensor shape and the data pipeline. What may differ per member: the seed and the
+optimisation hyperparameters that only scale an update (lr, momentum, nesterov, weight_decay,
+lr_scaling, base_batch_size, schedule and its parameters, warmup), the duration (budget, target,
+max_steps), the evaluation schedule, divergence_ratio, measurements and save_checkpoint.
+"""
+from __future__ import annotations
+
+from ..config import RunConfig
+
+# Fields that must be equal, and why (the reason is part of the message the runner shows).
+SHAPE_FIELDS = ("model", "width", "depth", "batchnorm", "ghost_batch_size", "batch_size", "micro_batch_size")
+DATA_FIELDS = ("dataset", "data_dir", "train_size", "sampling", "eval_train_size")
+EXECUTION_FIELDS = ("precision", "device", "threads")
+UPDATE_RULE_FIELDS = ("optimizer",)
+MUST_MATCH: dict[str, str] = {
+    **{f: "tensor shapes" for f in SHAPE_FIELDS},
+    **{f: "data pipeline" for f in DATA_FIELDS},
+    **{f: "execution" for f in EXECUTION_FIELDS},
+    **{f: "update rule" for f in UPDATE_RULE_FIELDS},
+}
+FUSED_MODELS = ("mlp", "cnn1d")  # the batched layers in fused/layers.py cover these
+
+
+def unsupported_reason(cfg: RunConfig) -> str | None:
+    """Why `cfg` cannot be in any fused group (a feature fused training does not implement), or None."""
+    if cfg.model not in FUSED_MODELS:
+        return f"model {cfg.model!r} is not supported in a fused group (only {', '.join(FUSED_MODELS)})"
+    if cfg.precision != "fp32":
+        return f"precision {cfg.precision!r} is not supported in a fused group (fp32 only)"
+    if cfg.noise_scale_every > 0:
+        return f"noise_scale_every {cfg.noise_scale_every} is not supported in a fused group (0 only)"
+    if cfg.checkpoint_every > 0:
+        return f"checkpoint_every {cfg.checkpoint_every} is not supported in a fused group (0 only: no resume)"
+    return None
+
+
+def fusion_blocker(a: RunConfig, b: RunConfig) -> str | None:
+    """None when `a` and `b` may train in one fused group; else a one-line reason naming the field.
+
+    e.g. "batch_size differs (32 vs 64): tensor shapes". Symmetric; fusion_blocker(a, a) is None
+    unless `a` uses a feature fused training does not support.
+    """
+    for cfg in (a, b):
+        reason = unsupported_reason(cfg)
+        if reason:
+            return reason
+    for name, why in MUST_MATCH.items():
+        va, vb = getattr(a, name), getattr(b, name)
+        if va != vb:
+            return f"{name} differs ({va!r} vs {vb!r}): {why}"
+    return None

@@ -1,0 +1,188 @@
+"""Which runs train together, how many at once, and training a group that splits itself on OOM.
+
+No torch import at module level: the sweep runner plans groups without it.
+
+Two runs can share a fused group when `compat.fusion_blocker(a, b)` says nothing blocks it (they differ
+only in seed and in fields that change neither tensor shapes nor the data pipeline). Runs are grouped
+greedily in the sweep's order: a run joins the first open group whose first member it can fuse with,
+otherwise it starts a group. A group is then cut into near-equal groups of at most `fuse_max` runs, and
+into more of them while there are fewer groups than workers (an idle core is worth more than a bigger
+group). A group of one is an ordinary run, and the plan says why it was left alone.
+
+Group size:
+- CPU: at most CPU_FUSE_MAX runs (see its comment);
+- CUDA: the runner plans up to GPU_FUSE_MAX; the worker, which sees the GPU, trains them in chunks of the
+  size the systems memory model predicts fits (`cuda_group_size`), and a chunk that still runs out of
+  memory is split in two and retried (`train_splitting_on_oom`), down to single runs, which record "oom".
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig
+from ..rundir import RunDir
+
+Blocker = Callable[[RunConfig, RunConfig], "str | None"]
+
+# Why 32 on one CPU thread: a small model's step is dominated by per-step overhead (Python, kernel
+# launches, optimizer bookkeeping), which fusing pays once per group; past a few tens of members the
+# fused step is compute-bound, so a bigger group no longer saves time but makes a killed group lose more.
+CPU_FUSE_MAX = 32
+# On CUDA this is only the planning bound: the worker cuts a group to what the memory model says fits.
+GPU_FUSE_MAX = 128
+MEMORY_MARGIN = 0.2   # fraction of the free GPU memory left unplanned (allocator rounding, the dataset, cuDNN)
+NO_FUSED_TRAINER = "the fused trainer (bsresearch.fused.compat) is not installed"
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Groups of indices into the configs given (each group in the given order), and for every run left
+    alone, why (one line)."""
+    groups: tuple[tuple[int, ...], ...]
+    alone: dict[int, str]
+
+
+def default_blocker() -> Blocker:
+    """compat.fusion_blocker, or (without the fused trainer) a blocker that fuses nothing and says so."""
+    try:
+        from .compat import fusion_blocker
+    except ImportError:
+        return lambda a, b: NO_FUSED_TRAINER
+    return fusion_blocker
+
+
+def group_configs(cfgs: Sequence[RunConfig], fuse_max: int, workers: int = 1,
+                  blocker: Blocker | None = None, excluded: dict[int, str] | None = None) -> Grouping:
+    """Group `cfgs` for fused training: at most `fuse_max` per group, at least `workers` groups when
+    there are enough runs. `excluded` (index -> reason) are runs that must run alone whatever they are."""
+    blocker = blocker or default_blocker()
+    alone: dict[int, str] = dict(excluded or {})
+    classes: list[list[int]] = []  # runs that can all train together, in the sweep's order
+    for i, cfg in enumerate(cfgs):
+        if i in alone:
+            continue
+        own = blocker(cfg, cfg)  # a config the fused trainer cannot train at all
+        if own is not None:
+            alone[i] = own
+            continue
+        home = next((members for members in classes if blocker(cfgs[members[0]], cfg) is None), None)
+        if home is None:
+            classes.append([i])
+        else:
+            home.append(i)
+    groups: list[tuple[int, ...]] = []
+    for members, n_groups in zip(classes, _groups_per_class([len(c) for c in classes], fuse_max, workers)):
+        for part in _split(members, n_groups):
+            if len(part) > 1:
+                groups.append(tuple(part))
+            elif len(members) > 1:
+                alone[part[0]] = "split off so that every worker has a run"
+            else:  # why not with the others: what blocks fusing it with the first run of another class
+                other = next((c[0] for c in classes if c is not members), None)
+                alone[part[0]] = ("no other pending run of the sweep" if other is None
+                                  else blocker(cfgs[other], cfgs[part[0]]) or "no other pending run of its shape")
+    return Grouping(tuple(sorted(groups)), alone)
+
+
+def _groups_per_class(sizes: list[int], fuse_max: int, workers: int) -> list[int]:
+    """How many groups each class of fusable runs is cut into: enough for fuse_max, then more (splitting
+    the class with the largest groups) until every worker has one."""
+    counts = [math.ceil(n / fuse_max) for n in sizes]
+    while sum(counts) < workers:
+        largest = max(range(len(sizes)), key=lambda k: (sizes[k] / counts[k], -k), default=None)
+        if largest is None or counts[largest] >= sizes[largest]:
+            break
+        counts[largest] += 1
+    return counts
+
+
+def _split(items: list[int], n: int) -> list[list[int]]:
+    """`items` in order, cut into n parts whose sizes differ by at most one."""
+    size, extra = divmod(len(items), n)
+    out, start = [], 0
+    for k in range(n):
+        end = start + size + (k < extra)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def group_id(run_ids: Sequence[str]) -> str:
+    """A stable id for the group of these runs: g-<8 hex digits of a hash of their sorted run ids>."""
+    return "g-" + hashlib.sha1(",".join(sorted(run_ids)).encode()).hexdigest()[:8]
+
+
+def default_fuse_max(device: str) -> int:
+    """The planning bound on a group's size for a config's device ('cpu', 'cuda', 'cuda:N')."""
+    return CPU_FUSE_MAX if device == "cpu" else GPU_FUSE_MAX
+
+
+# ----------------------------------------------------------------------------- executing a group
+def members_that_fit(free_bytes: float, member_bytes: float, margin: float = MEMORY_MARGIN) -> int:
+    """How many members fit in `free_bytes` when each needs `member_bytes` (at least one: a member too
+    big on its own is tried and records "oom")."""
+    if member_bytes <= 0:
+        return GPU_FUSE_MAX
+    return max(1, int(free_bytes * (1.0 - margin) // member_bytes))
+
+
+def cuda_group_size(cfg: RunConfig, device: Any) -> int:
+    """Members of `cfg`'s shape that fit on CUDA `device` at once, from the systems memory model: the peak
+    bytes of one member's training step (parameters, gradients, optimizer state, activations), fitted
+    at two batch sizes, against the device's free memory. A member's step is what fusing multiplies."""
+    import torch
+
+    from ..systems import fit_memory_table, measure_memory, workload_for
+    batch = cfg.micro_batch_size or cfg.batch_size
+    table = measure_memory(workload_for(cfg), [batch, 2 * batch], device)
+    if (table["status"] != "ok").any():
+        return 1
+    member_bytes = fit_memory_table(table).predict(batch)
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return members_that_fit(free_bytes, member_bytes)
+
+
+def train_splitting_on_oom(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path] | None = None,
+                           group_id: str | None = None, progress: bool | None = False,
+                           train_group: Callable | None = None, chunk_size: int | None = None) -> list[Any]:
+    """Train a group with fused.train_group; a chunk that runs out of memory (a member's state "oom", or
+    torch.OutOfMemoryError raised) is split in two and each half retried, down to single runs, whose
+    "oom" then stands. chunk_size: members at once (default: all on CPU, the memory model's on CUDA).
+    run_dirs: one per member, or None to write nothing. Returns one RunResult per member, in order."""
+    import torch
+
+    from ..runtime import resolve_device
+    from ..train import RunResult
+    train = train_group or importlib.import_module(__package__ or "bsresearch.fused").train_group
+    cfgs = list(cfgs)
+    device = resolve_device(cfgs[0].device)
+    if chunk_size is None:
+        chunk_size = cuda_group_size(cfgs[0], device) if device.type == "cuda" else len(cfgs)
+    results: list[Any] = [None] * len(cfgs)
+    queue = [list(range(k, min(k + chunk_size, len(cfgs)))) for k in range(0, len(cfgs), chunk_size)]
+    while queue:
+        chunk = queue.pop(0)
+        dirs = None if run_dirs is None else [run_dirs[k] for k in chunk]
+        try:
+            out = train([cfgs[k] for k in chunk], dirs, progress=progress, group_id=group_id)
+        except torch.OutOfMemoryError as exc:  # raised rather than recorded: recorded here, as train_group would
+            error = f"out of memory with {len(chunk)} members at once: {str(exc).splitlines()[0]}"
+            paths = [None] * len(chunk) if dirs is None else [Path(d) for d in dirs]
+            out = [RunResult("oom", {}, [], path, error) for path in paths]
+            if len(chunk) == 1 and dirs is not None:
+                RunDir(dirs[0]).write_status("oom", error=error, group=group_id)
+        for k, r in zip(chunk, out):
+            results[k] = r
+        oom = [k for k, r in zip(chunk, out) if r.state == "oom"]
+        if len(chunk) > 1 and oom:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            half = (len(oom) + 1) // 2
+            queue[:0] = [oom[:half], oom[half:]]
+    return results

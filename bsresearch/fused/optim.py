@@ -1,0 +1,82 @@
+"""One optimizer update for all members at once, on the flat (K, P) parameters, following torch.optim.
+
+Per-member hyperparameters are (K, 1) columns, so one set of element-wise operations updates every
+member. The rules are torch.optim's (single-tensor implementations, maximize=False, dampening 0):
+  SGD:   d = g + wd*p;  buf = momentum*buf + d (buf = d at the first step);
+         d = d + momentum*buf (nesterov) or buf;  p -= lr*d
+  Adam:  g = g + wd*p;  m = lerp(m, g, 1-beta1);  v = beta2*v + (1-beta2)*g*g;
+         p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps)
+  AdamW: p *= 1 - lr*wd, then Adam without the gradient's weight decay.
+The buffers start at zero, which reproduces torch's first step exactly (momentum*0 + d = d).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..config import RunConfig
+
+ADAM_BETAS = (0.9, 0.999)  # torch.optim defaults, as train.make_optimizer uses them
+ADAM_EPS = 1e-8
+
+
+@dataclass
+class FusedOptimizer:
+    """Optimizer state of K members: hyperparameter columns (K, 1) and buffers (K, P)."""
+    kind: str                      # sgd | adam | adamw
+    weight_decay: torch.Tensor     # (K, 1)
+    momentum: torch.Tensor         # (K, 1), SGD
+    nesterov: torch.Tensor         # (K, 1) bool, SGD
+    buf: torch.Tensor              # SGD momentum buffer / Adam first moment, (K, P)
+    sq: torch.Tensor | None        # Adam second moment, (K, P)
+    step: int = 0                  # updates done (members move in lockstep)
+
+    @classmethod
+    def for_members(cls, cfgs: Sequence[RunConfig], flat: torch.Tensor) -> FusedOptimizer:
+        kinds = {c.optimizer for c in cfgs}
+        if len(kinds) != 1:
+            raise ValueError(f"one optimizer per fused group, got {sorted(kinds)}")
+        kind = kinds.pop()
+
+        def column(values: list[float], dtype: torch.dtype = flat.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=flat.device).view(-1, 1)
+        return cls(kind, column([c.weight_decay for c in cfgs]), column([c.momentum for c in cfgs]),
+                   column([c.nesterov for c in cfgs], torch.bool), torch.zeros_like(flat),
+                   torch.zeros_like(flat) if kind != "sgd" else None)
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the members at `index` (compaction after some members stopped)."""
+        self.weight_decay, self.momentum, self.nesterov = (self.weight_decay[index], self.momentum[index],
+                                                           self.nesterov[index])
+        self.buf = self.buf[index]
+        self.sq = self.sq[index] if self.sq is not None else None
+
+    @torch.no_grad()
+    def update(self, p: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> None:
+        """One update of p (K, P) in place from its gradient g (K, P) with learning rates lr (K, 1)."""
+        self.step += 1
+        if self.kind == "sgd":
+            d = g + self.weight_decay * p
+            self.buf.mul_(self.momentum).add_(d)
+            d = torch.where(self.nesterov, d + self.momentum * self.buf, self.buf)
+            p.sub_(lr * d)
+            return
+        assert self.sq is not None
+        beta1, beta2 = ADAM_BETAS
+        if self.kind == "adamw":
+            p.mul_(1 - lr * self.weight_decay)
+        else:
+            g = g + self.weight_decay * p
+        self.buf.lerp_(g, 1 - beta1)
+        self.sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        step_size = lr / (1 - beta1 ** self.step)
+        denom = (self.sq.sqrt() / math.sqrt(1 - beta2 ** self.step)).add_(ADAM_EPS)
+        p.sub_(step_size * (self.buf / denom))  # torch: p.addcdiv_(m, denom, value=-step_size)
+
+    def torch_state(self, member: int) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
+        """(kind, first buffer row, second buffer row) of one member, in the flat layout."""
+        return (self.kind, self.buf[member:member + 1],
+                self.sq[member:member + 1] if self.sq is not None else None)

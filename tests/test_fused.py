@@ -1,0 +1,181 @@
+"""Fused runs: every member of a group ends exactly as its separate train.run (the oracle), to float32
+rounding: histories and final weights within 1e-5 relative (1e-6 absolute near zero) after 200 steps.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import requires_cuda, tiny_config
+
+from bsresearch import train
+from bsresearch.config import ConfigError
+from bsresearch.fused import fusion_blocker, train_group
+from bsresearch.fused import trainer as fused_trainer
+from bsresearch.rundir import RunDir
+
+RTOL, ATOL = 1e-5, 1e-6
+TIMES = ("train_seconds", "wall_seconds")
+LONG = dict(budget_amount=200, eval_every=50)
+
+
+def assert_same_run(fused: train.RunResult, separate: train.RunResult) -> None:
+    assert (fused.state, fused.error) == (separate.state, separate.error)
+    assert [r["step"] for r in fused.history] == [r["step"] for r in separate.history]
+    for rf, rs in zip(fused.history, separate.history):
+        assert list(rf) == list(rs)
+        for key in rf:
+            if key not in TIMES:
+                assert rf[key] == pytest.approx(rs[key], rel=RTOL, abs=ATOL), (rf["step"], key)
+    assert fused.model is not None and separate.model is not None
+    for (name, a), b in zip(fused.model.state_dict().items(), separate.model.state_dict().values()):
+        scale = b.float().abs().max().clamp_min(1.0)
+        assert (a.float() - b.float()).abs().max() <= RTOL * scale + ATOL, name
+    for key in ("steps", "examples", "reached_target", "steps_to_target", "n_parameters"):
+        assert fused.metrics[key] == separate.metrics[key], key
+
+
+def check_group(cfgs, **kwargs) -> list[train.RunResult]:
+    fused = train_group(cfgs, progress=False, **kwargs)
+    for f, cfg in zip(fused, cfgs):
+        assert_same_run(f, train.run(cfg, progress=False))
+    return fused
+
+
+def test_sgd_mlp_per_member_hyperparameters():
+    check_group([
+        tiny_config(seed=0, **LONG),
+        tiny_config(seed=1, lr=0.05, momentum=0.0, weight_decay=1e-3, **LONG),
+        tiny_config(seed=2, lr=0.02, nesterov=True, schedule="cosine", warmup_epochs=2, **LONG),
+        tiny_config(seed=3, lr=0.2, lr_scaling="linear", base_batch_size=64, schedule="step", lr_decay_at=(0.3,),
+                    **LONG),
+    ])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_mlp(optimizer):
+    check_group([tiny_config(seed=s, optimizer=optimizer, lr=1e-3 * (s + 1), weight_decay=0.01 * s, **LONG)
+                 for s in range(3)])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_cnn1d_with_gradient_accumulation(optimizer):
+    lr = 0.05 if optimizer == "sgd" else 2e-3
+    check_group([tiny_config(seed=s, model="cnn1d", width=6, depth=2, optimizer=optimizer, lr=lr * (s + 1),
+                             micro_batch_size=16, **LONG) for s in range(2)])
+
+
+def test_cnn1d_without_accumulation():
+    check_group([tiny_config(seed=s, model="cnn1d", width=6, depth=2, lr=0.05 * (s + 1), **LONG) for s in range(2)])
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn1d"])
+@pytest.mark.parametrize("ghost", [None, 8])
+def test_batchnorm_running_statistics_per_member(model, ghost):
+    check_group([tiny_config(seed=s, model=model, width=6, depth=2, batchnorm=True, ghost_batch_size=ghost,
+                             lr=0.05 * (s + 1), budget_amount=60, eval_every=20) for s in range(2)])
+
+
+def test_lifecycle_members_stop_on_their_own(tmp_path):
+    """Different budgets, a target that is reached, a divergence: each stops when its separate run does."""
+    cfgs = [tiny_config(seed=0, budget_amount=30),
+            tiny_config(seed=1, budget_amount=70, eval_schedule="log", eval_per_decade=5),
+            tiny_config(seed=2, budget="target", target_loss=1.0, max_steps=300, eval_every=10),
+            tiny_config(seed=3, lr=50.0, budget_amount=60)]
+    dirs = [tmp_path / f"m{i}" for i in range(len(cfgs))]
+    fused = check_group(cfgs, run_dirs=dirs, group_id="g1")
+    assert [r.state for r in fused] == ["ok", "ok", "ok", "diverged"]
+    assert fused[2].metrics["reached_target"] and fused[2].metrics["steps"] < 300
+    for r, d in zip(fused, dirs):
+        status = RunDir(d).status()
+        assert status is not None and status["group"] == "g1" and status["state"] == r.state
+        assert r.run_dir == d
+        assert len(RunDir(d).history_rows()) == len(r.history)
+        assert json.loads((d / "metrics.json").read_text())["steps"] == r.metrics["steps"]
+
+
+def test_run_directory_matches_train_run(tmp_path):
+    cfg = tiny_config(save_checkpoint=True)
+    (fused,) = train_group([cfg], [tmp_path / "fused"], progress=False)
+    separate = train.run(cfg, tmp_path / "separate", progress=False)
+    assert_same_run(fused, separate)
+    files = sorted(p.name for p in (tmp_path / "separate").iterdir())
+    assert sorted(p.name for p in (tmp_path / "fused").iterdir()) == files
+    assert RunDir(tmp_path / "fused").config() == RunDir(tmp_path / "separate").config()
+    fused_status, separate_status = RunDir(tmp_path / "fused").status(), RunDir(tmp_path / "separate").status()
+    assert fused_status is not None and separate_status is not None
+    assert set(fused_status) - set(separate_status) == {"group"}
+    model, _ = train.load_trained_model(tmp_path / "fused")
+    assert separate.model is not None
+    for a, b in zip(model.state_dict().values(), separate.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+    ckpt = train.load_checkpoint(RunDir(tmp_path / "fused").checkpoint_path)
+    ref = train.load_checkpoint(RunDir(tmp_path / "separate").checkpoint_path)
+    assert ckpt["state"]["optimizer"]["state"].keys() == ref["state"]["optimizer"]["state"].keys()
+    assert ckpt["state"]["step"] == ref["state"]["step"]
+
+
+def test_finished_run_directory_is_returned_as_is(tmp_path):
+    cfgs = [tiny_config(seed=0), tiny_config(seed=1)]
+    done = train.run(cfgs[0], tmp_path / "a", progress=False)
+    before = (tmp_path / "a" / "history.csv").stat().st_mtime_ns
+    results = train_group(cfgs, [tmp_path / "a", tmp_path / "b"], progress=False)
+    assert (tmp_path / "a" / "history.csv").stat().st_mtime_ns == before
+    assert results[0].history == RunDir(tmp_path / "a").history_rows() and results[0].state == done.state
+    assert_same_run(results[1], train.run(cfgs[1], progress=False))
+
+
+def test_fusion_blocker_names_the_field():
+    base = tiny_config()
+    assert fusion_blocker(base, base.replace(seed=3, lr=0.3, momentum=0.5, nesterov=True, weight_decay=0.1,
+                                             schedule="cosine", warmup_epochs=1, budget_amount=7)) is None
+    assert fusion_blocker(base, base.replace(batch_size=64)) == "batch_size differs (32 vs 64): tensor shapes"
+    assert str(fusion_blocker(base, base.replace(optimizer="adam"))).startswith("optimizer differs")
+    assert str(fusion_blocker(base, base.replace(train_size=128))).startswith("train_size differs")
+    assert "checkpoint_every" in str(fusion_blocker(base, base.replace(checkpoint_every=5)))
+    assert "noise_scale_every" in str(fusion_blocker(base.replace(micro_batch_size=8, noise_scale_every=2), base))
+    assert "precision" in str(fusion_blocker(base.replace(precision="bf16"), base.replace(precision="bf16")))
+    with pytest.raises(ConfigError, match="config 1 cannot join config 0's group: width differs"):
+        train_group([base, base.replace(width=8)])
+
+
+def test_out_of_memory_splits_the_group(monkeypatch):
+    """A simulated OOM for groups of more than 2 members: halves are retried, results unchanged."""
+    real_step = fused_trainer._Stack.step
+    sizes = []
+
+    def step(self, members, *args):
+        sizes.append(len(members))
+        if len(members) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_step(self, members, *args)
+
+    monkeypatch.setattr(fused_trainer._Stack, "step", step)
+    cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1)) for s in range(4)]
+    check_group(cfgs)
+    assert sizes[0] == 4 and set(sizes[1:]) == {2}
+
+
+def test_failure_is_recorded_per_member(monkeypatch, tmp_path):
+    def step(self, members, *args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(fused_trainer._Stack, "step", step)
+    results = train_group([tiny_config(seed=0), tiny_config(seed=1)], [tmp_path / "a", tmp_path / "b"],
+                          progress=False)
+    assert [r.state for r in results] == ["failed", "failed"]
+    assert results[0].error == "RuntimeError: boom"
+    status = RunDir(tmp_path / "b").status()
+    assert status is not None and status["state"] == "failed" and "boom" in status["traceback"]
+
+
+@requires_cuda
+def test_cuda_group_matches_separate_runs():
+    cfgs = [tiny_config(seed=s, model="cnn1d", width=6, depth=2, device="cuda", lr=0.05 * (s + 1), **LONG)
+            for s in range(3)]
+    fused = train_group(cfgs, progress=False)
+    for f, cfg in zip(fused, cfgs):
+        s = train.run(cfg, progress=False)
+        assert f.state == s.state
+        assert f.history[-1]["train_loss"] == pytest.approx(s.history[-1]["train_loss"], rel=1e-3)
