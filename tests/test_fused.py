@@ -179,3 +179,20 @@ def test_cuda_group_matches_separate_runs():
         s = train.run(cfg, progress=False)
         assert f.state == s.state
         assert f.history[-1]["train_loss"] == pytest.approx(s.history[-1]["train_loss"], rel=1e-3)
+
+
+def test_group_size_from_the_memory_model():
+    from bsresearch.fused.memory import group_size_for
+    from bsresearch.systems.fit import fit_memory
+    fit = fit_memory([16, 32], [1000 + 100 * 16, 1000 + 100 * 32])  # 1000 fixed + 100 per example
+    per_member = 2.0 * (1000 + 100 * 32)
+    assert group_size_for(fit, 32, free_bytes=10 * per_member, safety_margin=0.0) == 10
+    assert group_size_for(fit, 32, free_bytes=10 * per_member, safety_margin=0.5) == 5
+    assert group_size_for(fit, 32, free_bytes=1.0) == 1
+
+
+@requires_cuda
+def test_cuda_group_size_is_positive():
+    from bsresearch.fused.memory import cuda_group_size
+    size = cuda_group_size(tiny_config(device="cuda"), torch.device("cuda"))
+    assert size is not None and size >= 1

@@ -43,6 +43,7 @@ from ..train import (
 )
 from .compat import fusion_blocker
 from .layers import StackedModel
+from .memory import cuda_group_size
 from .optim import FusedOptimizer
 
 EVAL_MEMBER_EXAMPLES = 8 * EVAL_CHUNK  # members x examples per batched evaluation forward pass
@@ -69,8 +70,9 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     """Train every config in `cfgs` together; per member the same result as `train.run(cfg, run_dir)`.
 
     All configs must be fusable with the first (fusion_blocker), else ConfigError before any work.
-    Finished run directories are returned as they are. On CUDA an out-of-memory error splits the
-    group in two and retrains the unfinished members from scratch (their results do not change).
+    Finished run directories are returned as they are. On CUDA the group is first cut to the size the
+    memory model allows (fused/memory.py); an out-of-memory error splits a group in two and retrains its
+    unfinished members from scratch (their results do not change).
     """
     cfgs = list(cfgs)
     if not cfgs:
@@ -105,7 +107,8 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     if cfg0.eval_train_size and cfg0.eval_train_size > data.n_train:
         raise ConfigError(f"eval_train_size {cfg0.eval_train_size} exceeds the training set size {data.n_train}")
 
-    queue = [todo]
+    limit = cuda_group_size(cfg0, device) or len(todo)  # on CUDA, from the memory model
+    queue = [todo[i:i + limit] for i in range(0, len(todo), limit)]
     while queue:
         group = queue.pop(0)
         members = [_new_member(i, cfgs[i], dirs[i], data, device, group_id) for i in group]
