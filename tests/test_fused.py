@@ -196,3 +196,21 @@ def test_cuda_group_size_is_positive():
     from bsresearch.fused.memory import cuda_group_size
     size = cuda_group_size(tiny_config(device="cuda"), torch.device("cuda"))
     assert size is not None and size >= 1
+
+
+def test_divergence_checked_in_windows_as_on_cuda(monkeypatch):
+    """Losses checked every 4 steps (CUDA's cadence, here on the CPU): a member diverges at the end of
+    its own window, as its separate run does; eval steps and budgets close windows early."""
+    monkeypatch.setitem(train.LOSS_CHECK_EVERY, "cpu", 4)
+    results = check_group([tiny_config(seed=0, lr=30.0, budget_amount=40, eval_every=7),
+                 tiny_config(seed=1, lr=60.0, budget_amount=40, eval_every=5),
+                 tiny_config(seed=2, budget_amount=38, eval_every=3)])
+    assert [(r.state, r.metrics["steps"]) for r in results] == [("diverged", 8), ("diverged", 4), ("ok", 38)]
+
+
+def test_measurements_after_training_per_member():
+    cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1), measure=("hessian",)) for s in range(2)]
+    for fused, cfg in zip(train_group(cfgs, progress=False), cfgs):
+        separate = train.run(cfg, progress=False)
+        assert fused.metrics["hessian_top_eigenvalue"] == pytest.approx(
+            separate.metrics["hessian_top_eigenvalue"], rel=1e-4)
