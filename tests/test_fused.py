@@ -202,10 +202,11 @@ def test_divergence_checked_in_windows_as_on_cuda(monkeypatch):
     """Losses checked every 4 steps (CUDA's cadence, here on the CPU): a member diverges at the end of
     its own window, as its separate run does; eval steps and budgets close windows early."""
     monkeypatch.setitem(train.LOSS_CHECK_EVERY, "cpu", 4)
-    results = check_group([tiny_config(seed=0, lr=30.0, budget_amount=40, eval_every=7),
-                 tiny_config(seed=1, lr=60.0, budget_amount=40, eval_every=5),
-                 tiny_config(seed=2, budget_amount=38, eval_every=3)])
-    assert [(r.state, r.metrics["steps"]) for r in results] == [("diverged", 8), ("diverged", 4), ("ok", 38)]
+    results = check_group([tiny_config(seed=0, lr=3.0, budget_amount=40, eval_every=7),
+                           tiny_config(seed=1, lr=60.0, budget_amount=40, eval_every=3),
+                           tiny_config(seed=2, budget_amount=38, eval_every=3)])
+    # windows of member 0: steps 1-4, 5-7 (closed by the evaluation at 7), 8-11
+    assert [(r.state, r.metrics["steps"]) for r in results] == [("diverged", 11), ("diverged", 3), ("ok", 38)]
 
 
 def test_measurements_after_training_per_member():
