@@ -157,6 +157,23 @@ def test_out_of_memory_splits_the_group(monkeypatch):
     assert sizes[0] == 4 and set(sizes[1:]) == {2}
 
 
+def test_out_of_memory_alone_is_recorded(monkeypatch, tmp_path):
+    """A member that does not fit even alone ends as 'oom' (as its separate run would); the others too."""
+    sizes = []
+
+    def step(self, members, *args):
+        sizes.append(len(members))
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(fused_trainer._Stack, "step", step)
+    results = train_group([tiny_config(seed=s) for s in range(3)], [tmp_path / str(s) for s in range(3)],
+                          progress=False)
+    assert sizes == [3, 1, 2, 1, 1]
+    assert [r.state for r in results] == ["oom"] * 3
+    assert results[0].error == "out of memory at step 0: CUDA out of memory (simulated)"
+    assert RunDir(tmp_path / "2").state() == "oom"
+
+
 def test_failure_is_recorded_per_member(monkeypatch, tmp_path):
     def step(self, members, *args):
         raise RuntimeError("boom")

@@ -234,8 +234,15 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
     active = list(members)
     step = 0
     pending: list[torch.Tensor] = []  # batch losses (K_active,) of recent steps, not yet checked by everyone
+    try:
+        stack = _Stack(members, data, device)
+    except torch.OutOfMemoryError as exc:
+        if len(members) > 1:
+            return _release_for_retry(members, device)
+        members[0].outcome, members[0].error = "oom", f"out of memory at step 0: {str(exc).splitlines()[0]}"
+        _finish_member(members[0], data, group_id)
+        return []
     bar = _progress_bar(max(m.total for m in members), progress)
-    stack = _Stack(members, data, device)
     wall_start = time.perf_counter()
     synchronize(device)
     segment_start = time.perf_counter()
@@ -328,23 +335,33 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
     except torch.OutOfMemoryError as exc:
         if len(active) > 1:
             del stack
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            return [m.index for m in active]
-        for m in active:
-            m.outcome, m.error = "oom", f"out of memory at step {m.state.step}: {str(exc).splitlines()[0]}"
-            _finish_member(m, data, group_id)
+            return _release_for_retry(active, device)
+        _fail(active, stack, data, group_id, "oom",
+              f"out of memory at step {active[0].state.step}: {str(exc).splitlines()[0]}", None)
     except Exception as exc:  # noqa: BLE001 - recorded per member, the caller (a sweep) carries on
-        for r, m in enumerate(active):
-            m.outcome, m.error, m.trace = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
-            try:
-                stack.unstack(m, r)
-            except Exception:  # noqa: BLE001 - the weights may be what failed; the record matters more
-                pass
-            _finish_member(m, data, group_id)
+        _fail(active, stack, data, group_id, "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc())
     finally:
         bar.close()
     return []
+
+
+def _release_for_retry(members: list[Member], device: torch.device) -> list[int]:
+    """The members to train again in smaller groups, after freeing what the allocator caches."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return [m.index for m in members]
+
+
+def _fail(active: list[Member], stack: _Stack, data: Dataset, group_id: str | None, outcome: str, error: str,
+          trace: str | None) -> None:
+    """Record `outcome` (oom or failed) for every member still training, with its weights when readable."""
+    for r, m in enumerate(active):
+        m.outcome, m.error, m.trace = outcome, error, trace
+        try:
+            stack.unstack(m, r)
+        except Exception:  # noqa: BLE001 - the weights may be what failed; the record matters more
+            pass
+        _finish_member(m, data, group_id)
 
 
 def _finish_member(m: Member, data: Dataset, group_id: str | None) -> None:
@@ -357,11 +374,9 @@ def _finish_member(m: Member, data: Dataset, group_id: str | None) -> None:
     if rd:
         rd.write_history(state.history)
         rd.write_metrics(metrics)
-        if m.outcome in ("oom", "failed"):
-            pass
-        elif cfg.save_checkpoint:
+        if m.outcome not in ("oom", "failed") and cfg.save_checkpoint:
             save_checkpoint(rd.checkpoint_path, cfg, state, resumable=False)
-        elif rd.checkpoint_path.exists():
+        elif m.outcome not in ("oom", "failed") and rd.checkpoint_path.exists():
             rd.checkpoint_path.unlink()
         rd.write_status(m.outcome, error=m.error, traceback=m.trace, group=group_id)
     m.result = RunResult(m.outcome, metrics, state.history, rd.path if rd else None, m.error, state.model)
