@@ -232,3 +232,11 @@ def test_measurements_after_training_per_member():
         separate = train.run(cfg, progress=False)
         assert fused.metrics["hessian_top_eigenvalue"] == pytest.approx(
             separate.metrics["hessian_top_eigenvalue"], rel=1e-4)
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_members_in_several_passes(monkeypatch, batchnorm):
+    """The CPU splits a large group's forward/backward into slices of members: same results."""
+    monkeypatch.setattr(fused_trainer, "CPU_PASS_EXAMPLES", 64)  # 4 members of micro-batch 16: slices of 4 and 1
+    check_group([tiny_config(seed=s, model="cnn1d", width=6, depth=2, batchnorm=batchnorm, lr=0.02 * (s + 1),
+                             micro_batch_size=16, budget_amount=30, eval_every=10) for s in range(5)])

@@ -47,6 +47,7 @@ from .memory import cuda_group_size
 from .optim import FusedOptimizer
 
 EVAL_MEMBER_EXAMPLES = 8 * EVAL_CHUNK  # members x examples per batched evaluation forward pass
+CPU_PASS_EXAMPLES = 2048  # members x examples per training forward/backward pass on the CPU (cache-sized)
 
 
 @dataclass
@@ -152,19 +153,32 @@ class _Stack:
 
     def step(self, members: list[Member], data: Dataset, micro_batch_size: int | None,
              lr: torch.Tensor) -> torch.Tensor:
-        """One optimizer update of every member on its own next batch; the members' batch losses (K,)."""
+        """One optimizer update of every member on its own next batch; the members' batch losses (K,).
+
+        On the CPU the forward/backward passes go over consecutive slices of the members, at most
+        CPU_PASS_EXAMPLES examples each (activations stay in cache); the update is one for all members.
+        """
+        k = len(members)
         idx = torch.stack([m.state.sampler.next() for m in members])          # (K, B)
         micro_batches = idx.split(micro_batch_size, dim=1) if micro_batch_size else (idx,)
+        per_pass = k
+        if self.flat.device.type == "cpu":
+            per_pass = max(1, CPU_PASS_EXAMPLES // micro_batches[0].shape[1])
         self.flat.grad = None
-        total = torch.zeros(len(members), device=self.flat.device)
-        for micro in micro_batches:
-            logits = self.model.forward(self.flat, self.buffers, data.x_train[micro], training=True)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.y_train[micro].reshape(-1),
-                                   reduction="none").view(len(members), -1).mean(1)
-            if len(micro_batches) > 1:
-                loss = loss * (micro.shape[1] / idx.shape[1])
-            loss.sum().backward()
-            total += loss.detach()
+        total = torch.zeros(k, device=self.flat.device)
+        for lo in range(0, k, per_pass):
+            n = min(per_pass, k - lo)
+            flat = self.flat if n == k else self.flat.narrow(0, lo, n)
+            buffers = {key: [t.narrow(0, lo, n) for t in stats] for key, stats in self.buffers.items()}
+            for micro in micro_batches:
+                micro = micro[lo:lo + n]
+                logits = self.model.forward(flat, buffers, data.x_train[micro], training=True)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.y_train[micro].reshape(-1),
+                                       reduction="none").view(n, -1).mean(1)
+                if len(micro_batches) > 1:
+                    loss = loss * (micro.shape[1] / idx.shape[1])
+                loss.sum().backward()
+                total[lo:lo + n] += loss.detach()
         assert self.flat.grad is not None
         self.optimizer.update(self.flat, self.flat.grad, lr)
         return total
