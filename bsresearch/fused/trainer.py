@@ -291,7 +291,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
 
     def finish(rows: list[int]) -> None:
         """Write the stopped members' results, then drop them from the stack."""
-        nonlocal active, pending
+        nonlocal active, pending, segment_start
         stop_clock()
         for r in rows:
             stack.unstack(active[r], r)
@@ -301,6 +301,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
         stack.keep(index)
         pending = [p[index] for p in pending]
         active = [active[r] for r in keep]
+        segment_start = time.perf_counter()  # writing results and measuring is not training time
 
     try:
         while active:
