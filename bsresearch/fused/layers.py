@@ -5,8 +5,12 @@ element-wise operations over all members (fused/optim.py). The forward pass keep
 dimension K on every activation: linear layers are batched matrix products (baddbmm), 1-D convolutions
 are unfold + baddbmm on a channels-last (K, B, L, C) layout, BatchNorm keeps per-member running
 statistics. Element-wise optimizers do not care how a parameter's entries are ordered, so a parameter
-may be stored in a layout chosen for speed (the linear head after the convolutions reads its input in
-(position, channel) order); `to_rows` and `from_rows` convert between torch's layout and ours.
+may be stored in a layout chosen for speed (weights as their matrix product's right operand; the linear
+head after the convolutions reads its input in (position, channel) order); `ParamSlot.to_rows` and
+`from_rows` convert between torch's layout and ours. Why not torch.func.vmap over functional_call:
+vmap turns each convolution into a grouped convolution and leaves the optimizer update per parameter;
+here each layer is one batched matrix product with a cheap hand-written unfold backward, and one update
+covers all parameters of all members.
 
 Supported modules: Flatten, Unflatten (a 1-D signal to one channel), Linear, Conv1d, ReLU, Identity,
 BatchNorm1d and GhostBatchNorm (models.py) -- the mlp and cnn1d of models.py.
