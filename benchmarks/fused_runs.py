@@ -14,8 +14,11 @@ arithmetic with one step's overhead, the practical limit of fusing (its examples
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -68,15 +71,17 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
         time_steps(fn, 3, device)
     rate = min(time_steps(fn, 3, device) for fn in candidates.values())
     n = max(3, int(rate * seconds))
-    rates = interleaved({name: (lambda fn=fn: time_steps(fn, n, device)) for name, fn in candidates.items()}, repeats)
-    rows = []
+    timed: dict[str, Callable[[], float]] = {
+        name: functools.partial(time_steps, fn, n, device) for name, fn in candidates.items()}
+    rates = interleaved(timed, repeats)
+    rows: list[dict[str, Any]] = []
     for mode, values in rates.items():
         # one call = K member steps (the batch-K*B run: K batches of B examples in one step)
         med, spread = median_and_spread([v * k for v in values])
         rows.append({"model": model, "batch_size": batch_size, "k": k, "mode": mode,
                      "member_steps_per_s": med, "spread": spread, "calls_timed": n, "repeats": repeats})
     for row in rows:
-        row["speedup"] = row["member_steps_per_s"] / rows[1]["member_steps_per_s"]
+        row["speedup"] = float(row["member_steps_per_s"]) / float(rows[1]["member_steps_per_s"])
     limit = f", one batch-K*B run x{rows[2]['speedup']:.2f}" if len(rows) > 2 else ""
     print(f"{model} b{batch_size} K={k}: fused {rows[0]['member_steps_per_s']:.0f}, separate "
           f"{rows[1]['member_steps_per_s']:.0f} member steps/s, x{rows[0]['speedup']:.2f}{limit}", flush=True)
