@@ -47,7 +47,7 @@ from .memory import cuda_group_size
 from .optim import FusedOptimizer
 
 EVAL_MEMBER_EXAMPLES = 8 * EVAL_CHUNK  # members x examples per batched evaluation forward pass
-CPU_PASS_EXAMPLES = 2048  # members x examples per training forward/backward pass on the CPU (cache-sized)
+CPU_PASS_EXAMPLES = 1024  # members x examples per training forward/backward pass on the CPU (cache-sized)
 
 
 @dataclass
