@@ -157,6 +157,23 @@ def test_out_of_memory_splits_the_group(monkeypatch):
     assert sizes[0] == 4 and set(sizes[1:]) == {2}
 
 
+def test_out_of_memory_alone_is_recorded(monkeypatch, tmp_path):
+    """A member that does not fit even alone ends as 'oom' (as its separate run would); the others too."""
+    sizes = []
+
+    def step(self, members, *args):
+        sizes.append(len(members))
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(fused_trainer._Stack, "step", step)
+    results = train_group([tiny_config(seed=s) for s in range(3)], [tmp_path / str(s) for s in range(3)],
+                          progress=False)
+    assert sizes == [3, 1, 2, 1, 1]
+    assert [r.state for r in results] == ["oom"] * 3
+    assert results[0].error == "out of memory at step 0: CUDA out of memory (simulated)"
+    assert RunDir(tmp_path / "2").state() == "oom"
+
+
 def test_failure_is_recorded_per_member(monkeypatch, tmp_path):
     def step(self, members, *args):
         raise RuntimeError("boom")
@@ -179,3 +196,47 @@ def test_cuda_group_matches_separate_runs():
         s = train.run(cfg, progress=False)
         assert f.state == s.state
         assert f.history[-1]["train_loss"] == pytest.approx(s.history[-1]["train_loss"], rel=1e-3)
+
+
+def test_group_size_from_the_memory_model():
+    from bsresearch.fused.memory import group_size_for
+    from bsresearch.systems.fit import fit_memory
+    fit = fit_memory([16, 32], [1000 + 100 * 16, 1000 + 100 * 32])  # 1000 fixed + 100 per example
+    per_member = 2.0 * (1000 + 100 * 32)
+    assert group_size_for(fit, 32, free_bytes=10 * per_member, safety_margin=0.0) == 10
+    assert group_size_for(fit, 32, free_bytes=10 * per_member, safety_margin=0.5) == 5
+    assert group_size_for(fit, 32, free_bytes=1.0) == 1
+
+
+@requires_cuda
+def test_cuda_group_size_is_positive():
+    from bsresearch.fused.memory import cuda_group_size
+    size = cuda_group_size(tiny_config(device="cuda"), torch.device("cuda"))
+    assert size is not None and size >= 1
+
+
+def test_divergence_checked_in_windows_as_on_cuda(monkeypatch):
+    """Losses checked every 4 steps (CUDA's cadence, here on the CPU): a member diverges at the end of
+    its own window, as its separate run does; eval steps and budgets close windows early."""
+    monkeypatch.setitem(train.LOSS_CHECK_EVERY, "cpu", 4)
+    results = check_group([tiny_config(seed=0, lr=3.0, budget_amount=40, eval_every=7),
+                           tiny_config(seed=1, lr=60.0, budget_amount=40, eval_every=3),
+                           tiny_config(seed=2, budget_amount=38, eval_every=3)])
+    # windows of member 0: steps 1-4, 5-7 (closed by the evaluation at 7), 8-11
+    assert [(r.state, r.metrics["steps"]) for r in results] == [("diverged", 11), ("diverged", 3), ("ok", 38)]
+
+
+def test_measurements_after_training_per_member():
+    cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1), measure=("hessian",)) for s in range(2)]
+    for fused, cfg in zip(train_group(cfgs, progress=False), cfgs):
+        separate = train.run(cfg, progress=False)
+        assert fused.metrics["hessian_top_eigenvalue"] == pytest.approx(
+            separate.metrics["hessian_top_eigenvalue"], rel=1e-4)
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_members_in_several_passes(monkeypatch, batchnorm):
+    """The CPU splits a large group's forward/backward into slices of members: same results."""
+    monkeypatch.setattr(fused_trainer, "CPU_PASS_EXAMPLES", 64)  # 4 members of micro-batch 16: slices of 4 and 1
+    check_group([tiny_config(seed=s, model="cnn1d", width=6, depth=2, batchnorm=batchnorm, lr=0.02 * (s + 1),
+                             micro_batch_size=16, budget_amount=30, eval_every=10) for s in range(5)])

@@ -5,8 +5,12 @@ element-wise operations over all members (fused/optim.py). The forward pass keep
 dimension K on every activation: linear layers are batched matrix products (baddbmm), 1-D convolutions
 are unfold + baddbmm on a channels-last (K, B, L, C) layout, BatchNorm keeps per-member running
 statistics. Element-wise optimizers do not care how a parameter's entries are ordered, so a parameter
-may be stored in a layout chosen for speed (the linear head after the convolutions reads its input in
-(position, channel) order); `to_rows` and `from_rows` convert between torch's layout and ours.
+may be stored in a layout chosen for speed (weights as their matrix product's right operand; the linear
+head after the convolutions reads its input in (position, channel) order); `ParamSlot.to_rows` and
+`from_rows` convert between torch's layout and ours. Why not torch.func.vmap over functional_call:
+vmap turns each convolution into a grouped convolution and leaves the optimizer update per parameter;
+here each layer is one batched matrix product with a cheap hand-written unfold backward, and one update
+covers all parameters of all members.
 
 Supported modules: Flatten, Unflatten (a 1-D signal to one channel), Linear, Conv1d, ReLU, Identity,
 BatchNorm1d and GhostBatchNorm (models.py) -- the mlp and cnn1d of models.py.
@@ -24,32 +28,43 @@ from ..models import GhostBatchNorm
 
 @dataclass
 class ParamSlot:
-    """Where one torch parameter lives in a member's row, and how its entries are ordered there."""
+    """Where one torch parameter lives in a member's row, and how its entries are ordered there.
+
+    Weights are stored as the right-hand operand of their batched matrix product, so no transpose
+    (and no gradient copy) is needed: Linear (out, in) as (in, out); Conv1d (out, in, kernel) as
+    (kernel, in, out), matching the (tap, channel) order of Unfold1d's windows.
+    """
     name: str
     shape: tuple[int, ...]       # torch's shape (without the member dimension)
     offset: int
     numel: int
-    head_positions: int = 0      # > 0: a Linear weight reading (channel, position) input, stored (position, channel)
-    conv_taps: bool = False      # a Conv1d weight (out, in, kernel), stored (out, kernel, in)
+    kind: str = "plain"          # plain | linear | conv
+    head_positions: int = 0      # > 0: a Linear reading (channel, position) input; ours reads (position, channel)
 
     def to_rows(self, t: torch.Tensor) -> torch.Tensor:
         """(K, *shape) in torch's layout -> (K, numel) in ours."""
         k = t.shape[0]
-        if self.head_positions:
-            out_features = self.shape[0]
-            t = t.reshape(k, out_features, -1, self.head_positions).transpose(2, 3)
-        if self.conv_taps:
-            t = t.transpose(2, 3)
+        if self.kind == "linear":
+            if self.head_positions:
+                out_features, in_features = self.shape
+                t = t.reshape(k, out_features, -1, self.head_positions).transpose(2, 3).reshape(k, out_features,
+                                                                                                 in_features)
+            t = t.transpose(1, 2)
+        elif self.kind == "conv":
+            t = t.permute(0, 3, 2, 1)
         return t.reshape(k, self.numel)
 
     def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """(K, numel) in our layout -> (K, *shape) in torch's."""
         k = rows.shape[0]
-        if self.head_positions:
-            out_features = self.shape[0]
-            rows = rows.reshape(k, out_features, self.head_positions, -1).transpose(2, 3)
-        if self.conv_taps:
-            rows = rows.reshape(k, self.shape[0], self.shape[2], self.shape[1]).transpose(2, 3)
+        if self.kind == "linear":
+            out_features, in_features = self.shape
+            rows = rows.reshape(k, in_features, out_features).transpose(1, 2)
+            if self.head_positions:
+                rows = rows.reshape(k, out_features, self.head_positions, -1).transpose(2, 3)
+        elif self.kind == "conv":
+            out_channels, in_channels, kernel = self.shape
+            rows = rows.reshape(k, kernel, in_channels, out_channels).permute(0, 3, 2, 1)
         return rows.reshape(k, *self.shape)
 
 
@@ -84,9 +99,9 @@ class StackedModel:
         shape = input_shape
         flat_positions = 0
 
-        def add(name: str, p: torch.Tensor, head_positions: int = 0, conv_taps: bool = False) -> int:
+        def add(name: str, p: torch.Tensor, kind: str = "plain", head_positions: int = 0) -> int:
             nonlocal offset
-            self.slots.append(ParamSlot(name, tuple(p.shape), offset, p.numel(), head_positions, conv_taps))
+            self.slots.append(ParamSlot(name, tuple(p.shape), offset, p.numel(), kind, head_positions))
             offset += p.numel()
             return len(self.slots) - 1
 
@@ -100,7 +115,8 @@ class StackedModel:
                 channels_last_positions = shape[-1]
             elif isinstance(m, nn.Linear):
                 head = flat_positions if self.ops and self.ops[-1].kind == "flatten" else 0
-                self.ops.append(Op("linear", [add(f"{name}.weight", m.weight, head), add(f"{name}.bias", m.bias)]))
+                slots = [add(f"{name}.weight", m.weight, "linear", head), add(f"{name}.bias", m.bias)]
+                self.ops.append(Op("linear", slots))
                 flat_positions = 0
             elif isinstance(m, nn.Conv1d):
                 k, s, p = m.kernel_size[0], m.stride[0], m.padding[0]
@@ -109,7 +125,7 @@ class StackedModel:
                     raise TypeError(f"fused training: unsupported Conv1d {m}")
                 if not channels_last_positions:
                     raise TypeError("fused training: a Conv1d must follow Unflatten of a (L,) signal")
-                slots = [add(f"{name}.weight", m.weight, conv_taps=True), add(f"{name}.bias", m.bias)]
+                slots = [add(f"{name}.weight", m.weight, "conv"), add(f"{name}.bias", m.bias)]
                 self.ops.append(Op("conv", slots, kernel=k, stride=s, padding=int(p)))
                 channels_last_positions = (channels_last_positions + 2 * int(p) - k) // s + 1
             elif isinstance(m, nn.ReLU):
@@ -183,7 +199,7 @@ class StackedModel:
                 x = F.relu(x)
             elif op.kind == "linear":
                 w, b = params[op.params[0]], params[op.params[1]]
-                x = torch.baddbmm(b.unsqueeze(1), x, w.view(k, b.shape[1], -1).transpose(1, 2))
+                x = torch.baddbmm(b.unsqueeze(1), x, w.view(k, -1, b.shape[1]))
             elif op.kind == "conv":
                 x = self._conv(params, op, x)
             elif op.kind == "bn":
@@ -198,7 +214,7 @@ class StackedModel:
         cols = Unfold1d.apply(x, op.kernel, op.stride, op.padding)   # (K, B, L', kernel*C)
         positions = cols.shape[2]
         out = torch.baddbmm(b.unsqueeze(1), cols.reshape(k, batch * positions, -1),
-                            w.view(k, out_channels, -1).transpose(1, 2))
+                            w.view(k, -1, out_channels))
         return out.view(k, batch, positions, out_channels)
 
     def _batchnorm(self, params: tuple[torch.Tensor, ...], stats: list[torch.Tensor], op: Op, x: torch.Tensor,

@@ -33,6 +33,15 @@ class FusedOptimizer:
     buf: torch.Tensor              # SGD momentum buffer / Adam first moment, (K, P)
     sq: torch.Tensor | None        # Adam second moment, (K, P)
     step: int = 0                  # updates done (members move in lockstep)
+    any_weight_decay: bool = True  # host-side flags: skip work no member needs, without a device sync
+    any_nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        self._flags()
+
+    def _flags(self) -> None:
+        self.any_weight_decay = bool(self.weight_decay.any())
+        self.any_nesterov = bool(self.nesterov.any())
 
     @classmethod
     def for_members(cls, cfgs: Sequence[RunConfig], flat: torch.Tensor) -> FusedOptimizer:
@@ -53,28 +62,39 @@ class FusedOptimizer:
                                                            self.nesterov[index])
         self.buf = self.buf[index]
         self.sq = self.sq[index] if self.sq is not None else None
+        self._flags()
 
     @torch.no_grad()
     def update(self, p: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> None:
-        """One update of p (K, P) in place from its gradient g (K, P) with learning rates lr (K, 1)."""
+        """One update of p (K, P) in place from its gradient g (K, P) with learning rates lr (K, 1).
+
+        g is used as scratch space (it is the step's gradient, not needed afterwards). Every operation is
+        in place over (K, P): on the CPU a fresh (K, P) temporary costs more than the arithmetic.
+        """
         self.step += 1
         if self.kind == "sgd":
-            d = g + self.weight_decay * p
-            self.buf.mul_(self.momentum).add_(d)
-            d = torch.where(self.nesterov, d + self.momentum * self.buf, self.buf)
-            p.sub_(lr * d)
+            if self.any_weight_decay:
+                g.addcmul_(self.weight_decay, p)                   # d = g + wd*p
+            self.buf.mul_(self.momentum).add_(g)                   # buf = momentum*buf + d
+            if self.any_nesterov:
+                # nesterov: d + momentum*buf; otherwise buf = 0*d + 1*buf (exact)
+                g.mul_(self.nesterov).addcmul_(self.buf, torch.where(self.nesterov, self.momentum, 1.0))
+                update = g
+            else:
+                update = self.buf
+            p.addcmul_(update, -lr)                                # p -= lr*d
             return
         assert self.sq is not None
         beta1, beta2 = ADAM_BETAS
         if self.kind == "adamw":
             p.mul_(1 - lr * self.weight_decay)
-        else:
-            g = g + self.weight_decay * p
+        elif self.any_weight_decay:
+            g.addcmul_(self.weight_decay, p)
         self.buf.lerp_(g, 1 - beta1)
         self.sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         step_size = lr / (1 - beta1 ** self.step)
-        denom = (self.sq.sqrt() / math.sqrt(1 - beta2 ** self.step)).add_(ADAM_EPS)
-        p.sub_(step_size * (self.buf / denom))  # torch: p.addcdiv_(m, denom, value=-step_size)
+        denom = torch.sqrt(self.sq, out=g).div_(math.sqrt(1 - beta2 ** self.step)).add_(ADAM_EPS)
+        p.addcmul_(torch.div(self.buf, denom, out=denom), -step_size)  # torch: p.addcdiv_(m, denom, value=-step_size)
 
     def torch_state(self, member: int) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
         """(kind, first buffer row, second buffer row) of one member, in the flat layout."""

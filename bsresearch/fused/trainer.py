@@ -43,9 +43,11 @@ from ..train import (
 )
 from .compat import fusion_blocker
 from .layers import StackedModel
+from .memory import cuda_group_size
 from .optim import FusedOptimizer
 
 EVAL_MEMBER_EXAMPLES = 8 * EVAL_CHUNK  # members x examples per batched evaluation forward pass
+CPU_PASS_EXAMPLES = 1024  # members x examples per training forward/backward pass on the CPU (cache-sized)
 
 
 @dataclass
@@ -69,8 +71,9 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     """Train every config in `cfgs` together; per member the same result as `train.run(cfg, run_dir)`.
 
     All configs must be fusable with the first (fusion_blocker), else ConfigError before any work.
-    Finished run directories are returned as they are. On CUDA an out-of-memory error splits the
-    group in two and retrains the unfinished members from scratch (their results do not change).
+    Finished run directories are returned as they are. On CUDA the group is first cut to the size the
+    memory model allows (fused/memory.py); an out-of-memory error splits a group in two and retrains its
+    unfinished members from scratch (their results do not change).
     """
     cfgs = list(cfgs)
     if not cfgs:
@@ -105,7 +108,8 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     if cfg0.eval_train_size and cfg0.eval_train_size > data.n_train:
         raise ConfigError(f"eval_train_size {cfg0.eval_train_size} exceeds the training set size {data.n_train}")
 
-    queue = [todo]
+    limit = cuda_group_size(cfg0, device) or len(todo)  # on CUDA, from the memory model
+    queue = [todo[i:i + limit] for i in range(0, len(todo), limit)]
     while queue:
         group = queue.pop(0)
         members = [_new_member(i, cfgs[i], dirs[i], data, device, group_id) for i in group]
@@ -149,19 +153,32 @@ class _Stack:
 
     def step(self, members: list[Member], data: Dataset, micro_batch_size: int | None,
              lr: torch.Tensor) -> torch.Tensor:
-        """One optimizer update of every member on its own next batch; the members' batch losses (K,)."""
+        """One optimizer update of every member on its own next batch; the members' batch losses (K,).
+
+        On the CPU the forward/backward passes go over consecutive slices of the members, at most
+        CPU_PASS_EXAMPLES examples each (activations stay in cache); the update is one for all members.
+        """
+        k = len(members)
         idx = torch.stack([m.state.sampler.next() for m in members])          # (K, B)
         micro_batches = idx.split(micro_batch_size, dim=1) if micro_batch_size else (idx,)
+        per_pass = k
+        if self.flat.device.type == "cpu":
+            per_pass = max(1, CPU_PASS_EXAMPLES // micro_batches[0].shape[1])
         self.flat.grad = None
-        total = torch.zeros(len(members), device=self.flat.device)
-        for micro in micro_batches:
-            logits = self.model.forward(self.flat, self.buffers, data.x_train[micro], training=True)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.y_train[micro].reshape(-1),
-                                   reduction="none").view(len(members), -1).mean(1)
-            if len(micro_batches) > 1:
-                loss = loss * (micro.shape[1] / idx.shape[1])
-            loss.sum().backward()
-            total += loss.detach()
+        total = torch.zeros(k, device=self.flat.device)
+        for lo in range(0, k, per_pass):
+            n = min(per_pass, k - lo)
+            flat = self.flat if n == k else self.flat.narrow(0, lo, n)
+            buffers = {key: [t.narrow(0, lo, n) for t in stats] for key, stats in self.buffers.items()}
+            for micro in micro_batches:
+                micro = micro[lo:lo + n]
+                logits = self.model.forward(flat, buffers, data.x_train[micro], training=True)
+                # classes as dim 1: log_softmax then runs along the batch, much faster than over 10 classes
+                loss = F.cross_entropy(logits.transpose(1, 2), data.y_train[micro], reduction="none").mean(1)
+                if len(micro_batches) > 1:
+                    loss = loss * (micro.shape[1] / idx.shape[1])
+                loss.sum().backward()
+                total[lo:lo + n] += loss.detach()
         assert self.flat.grad is not None
         self.optimizer.update(self.flat, self.flat.grad, lr)
         return total
@@ -179,8 +196,7 @@ class _Stack:
             for start in range(0, len(x), EVAL_CHUNK):
                 xb, yb = x[start:start + EVAL_CHUNK], y[start:start + EVAL_CHUNK]
                 logits = self.model.forward(flat, buffers, xb, training=False)        # (k, n, classes)
-                ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.repeat(len(index)),
-                                     reduction="none").view(len(index), -1)
+                ce = F.cross_entropy(logits.transpose(1, 2), yb.expand(len(index), -1), reduction="none")
                 loss_sum[lo:lo + len(index)] += ce.sum(1).double()
                 correct[lo:lo + len(index)] += (logits.argmax(-1) == yb).sum(1)
         return [(s / len(x), c / len(x)) for s, c in zip(loss_sum.tolist(), correct.tolist())]
@@ -231,8 +247,15 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
     active = list(members)
     step = 0
     pending: list[torch.Tensor] = []  # batch losses (K_active,) of recent steps, not yet checked by everyone
+    try:
+        stack = _Stack(members, data, device)
+    except torch.OutOfMemoryError as exc:
+        if len(members) > 1:
+            return _release_for_retry(members, device)
+        members[0].outcome, members[0].error = "oom", f"out of memory at step 0: {str(exc).splitlines()[0]}"
+        _finish_member(members[0], data, group_id)
+        return []
     bar = _progress_bar(max(m.total for m in members), progress)
-    stack = _Stack(members, data, device)
     wall_start = time.perf_counter()
     synchronize(device)
     segment_start = time.perf_counter()
@@ -267,7 +290,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
 
     def finish(rows: list[int]) -> None:
         """Write the stopped members' results, then drop them from the stack."""
-        nonlocal active, pending
+        nonlocal active, pending, segment_start
         stop_clock()
         for r in rows:
             stack.unstack(active[r], r)
@@ -277,6 +300,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
         stack.keep(index)
         pending = [p[index] for p in pending]
         active = [active[r] for r in keep]
+        segment_start = time.perf_counter()  # writing results and measuring is not training time
 
     try:
         while active:
@@ -325,23 +349,33 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
     except torch.OutOfMemoryError as exc:
         if len(active) > 1:
             del stack
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            return [m.index for m in active]
-        for m in active:
-            m.outcome, m.error = "oom", f"out of memory at step {m.state.step}: {str(exc).splitlines()[0]}"
-            _finish_member(m, data, group_id)
+            return _release_for_retry(active, device)
+        _fail(active, stack, data, group_id, "oom",
+              f"out of memory at step {active[0].state.step}: {str(exc).splitlines()[0]}", None)
     except Exception as exc:  # noqa: BLE001 - recorded per member, the caller (a sweep) carries on
-        for r, m in enumerate(active):
-            m.outcome, m.error, m.trace = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
-            try:
-                stack.unstack(m, r)
-            except Exception:  # noqa: BLE001 - the weights may be what failed; the record matters more
-                pass
-            _finish_member(m, data, group_id)
+        _fail(active, stack, data, group_id, "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc())
     finally:
         bar.close()
     return []
+
+
+def _release_for_retry(members: list[Member], device: torch.device) -> list[int]:
+    """The members to train again in smaller groups, after freeing what the allocator caches."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return [m.index for m in members]
+
+
+def _fail(active: list[Member], stack: _Stack, data: Dataset, group_id: str | None, outcome: str, error: str,
+          trace: str | None) -> None:
+    """Record `outcome` (oom or failed) for every member still training, with its weights when readable."""
+    for r, m in enumerate(active):
+        m.outcome, m.error, m.trace = outcome, error, trace
+        try:
+            stack.unstack(m, r)
+        except Exception:  # noqa: BLE001 - the weights may be what failed; the record matters more
+            pass
+        _finish_member(m, data, group_id)
 
 
 def _finish_member(m: Member, data: Dataset, group_id: str | None) -> None:
@@ -354,11 +388,9 @@ def _finish_member(m: Member, data: Dataset, group_id: str | None) -> None:
     if rd:
         rd.write_history(state.history)
         rd.write_metrics(metrics)
-        if m.outcome in ("oom", "failed"):
-            pass
-        elif cfg.save_checkpoint:
+        if m.outcome not in ("oom", "failed") and cfg.save_checkpoint:
             save_checkpoint(rd.checkpoint_path, cfg, state, resumable=False)
-        elif rd.checkpoint_path.exists():
+        elif m.outcome not in ("oom", "failed") and rd.checkpoint_path.exists():
             rd.checkpoint_path.unlink()
         rd.write_status(m.outcome, error=m.error, traceback=m.trace, group=group_id)
     m.result = RunResult(m.outcome, metrics, state.history, rd.path if rd else None, m.error, state.model)

@@ -1,0 +1,114 @@
+"""Per-member training steps per second: K runs fused into one batched program against the same K runs
+one after another (bsresearch.train.train_step), in the same process, interleaved, warmed up.
+
+Both sides do what their loop does per step: the fused side computes each member's lr (config.lr_at),
+runs _Stack.step (gather K batches, batched forward/backward, one optimizer update for all members) and
+reads the K losses back (the divergence check); the separate side runs train_step for each of the K
+members with its lr and reads its loss back. Members differ in seed and lr, as in an lr sweep.
+A third mode, where the data allow (K x B <= the training set), is one run at batch K x B: the same
+arithmetic with one step's overhead, the practical limit of fusing (its examples/s divided by B).
+
+    python benchmarks/fused_runs.py [--device cpu|cuda] [--models mlp,cnn1d] [--batch-sizes 32,256]
+                                    [--ks 1,4,16,32,64] [--seconds 0.5] [--repeats 3] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, interleaved, median_and_spread, time_steps, write_results  # noqa: E402
+
+from bsresearch.config import RunConfig, lr_at  # noqa: E402
+from bsresearch.data import dataset_for  # noqa: E402
+from bsresearch.fused.trainer import _new_member, _Stack  # noqa: E402
+from bsresearch.runtime import resolve_device, set_threads  # noqa: E402
+from bsresearch.train import new_state, train_step  # noqa: E402
+
+
+def configs(model: str, batch_size: int, k: int, device: torch.device) -> list[RunConfig]:
+    base = RunConfig(dataset="mnist1d", model=model, batch_size=batch_size, base_batch_size=batch_size,
+                     budget="steps", budget_amount=10**6, device=str(device))
+    return [base.replace(seed=i, lr=0.01 * (1 + i % 8)) for i in range(k)]
+
+
+def fused_step(cfgs: list[RunConfig], data, device: torch.device):
+    members = [_new_member(i, cfg, None, data, device, None) for i, cfg in enumerate(cfgs)]
+    stack = _Stack(members, data, device)
+    step = 0
+
+    def run_step() -> None:
+        nonlocal step
+        lr = torch.tensor([lr_at(m.cfg, step, data.n_train) for m in members], device=device).view(-1, 1)
+        stack.step(members, data, None, lr).tolist()
+        step += 1
+    return run_step
+
+
+def separate_steps(cfgs: list[RunConfig], data, device: torch.device):
+    states = [new_state(cfg, data, device) for cfg in cfgs]
+
+    def run_steps() -> None:
+        for cfg, state in zip(cfgs, states):
+            float(train_step(state, cfg, data, lr_at(cfg, state.step, data.n_train)))
+    return run_steps
+
+
+def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: float, repeats: int) -> list[dict]:
+    cfgs = configs(model, batch_size, k, device)
+    data = dataset_for(cfgs[0], device)
+    candidates = {"fused": fused_step(cfgs, data, device), "separate": separate_steps(cfgs, data, device)}
+    if 1 < k and k * batch_size <= data.n_train:
+        candidates["one run at batch K*B"] = separate_steps(configs(model, k * batch_size, 1, device), data, device)
+    for fn in candidates.values():  # warm up
+        time_steps(fn, 3, device)
+    rate = min(time_steps(fn, 3, device) for fn in candidates.values())
+    n = max(3, int(rate * seconds))
+    timed: dict[str, Callable[[], float]] = {
+        name: functools.partial(time_steps, fn, n, device) for name, fn in candidates.items()}
+    rates = interleaved(timed, repeats)
+    rows: list[dict[str, Any]] = []
+    for mode, values in rates.items():
+        # one call = K member steps (the batch-K*B run: K batches of B examples in one step)
+        med, spread = median_and_spread([v * k for v in values])
+        rows.append({"model": model, "batch_size": batch_size, "k": k, "mode": mode,
+                     "member_steps_per_s": med, "spread": spread, "calls_timed": n, "repeats": repeats})
+    for row in rows:
+        row["speedup"] = float(row["member_steps_per_s"]) / float(rows[1]["member_steps_per_s"])
+    limit = f", one batch-K*B run x{rows[2]['speedup']:.2f}" if len(rows) > 2 else ""
+    print(f"{model} b{batch_size} K={k}: fused {rows[0]['member_steps_per_s']:.0f}, separate "
+          f"{rows[1]['member_steps_per_s']:.0f} member steps/s, x{rows[0]['speedup']:.2f}{limit}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", default="mlp,cnn1d")
+    parser.add_argument("--batch-sizes", default="32,256")
+    parser.add_argument("--ks", default="1,4,16,32,64")
+    parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    set_threads(args.threads)
+    rows = []
+    for model in args.models.split(","):
+        for b in map(int, args.batch_sizes.split(",")):
+            for k in map(int, args.ks.split(",")):
+                rows += measure(model, b, k, device, args.seconds, args.repeats)
+    df = pd.DataFrame(rows)
+    write_results(df, "fused_runs", device, args.out_dir)
+
+
+if __name__ == "__main__":
+    main()
