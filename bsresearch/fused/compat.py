@@ -8,7 +8,7 @@ max_steps), the evaluation schedule, divergence_ratio, measurements and save_che
 """
 from __future__ import annotations
 
-from ..config import RunConfig
+from ..config import FIELD_NAMES, RunConfig
 
 # Fields that must be equal, and why (the reason is part of the message the runner shows).
 SHAPE_FIELDS = ("model", "width", "depth", "batchnorm", "ghost_batch_size", "batch_size", "micro_batch_size")
@@ -22,6 +22,14 @@ MUST_MATCH: dict[str, str] = {
     **{f: "update rule" for f in UPDATE_RULE_FIELDS},
 }
 FUSED_MODELS = ("mlp", "cnn1d")  # the batched layers in fused/layers.py cover these
+# Everything else may differ per member because the fused trainer reads it per member. A RunConfig field
+# added later is neither here nor in MUST_MATCH until someone decides: it must then be equal (so a new
+# feature can never be silently ignored by a group).
+MAY_DIFFER = frozenset({
+    "seed", "lr", "momentum", "nesterov", "weight_decay", "lr_scaling", "base_batch_size", "schedule",
+    "lr_decay_factor", "lr_decay_at", "warmup_epochs", "budget", "budget_amount", "target_loss", "max_steps",
+    "eval_schedule", "eval_every", "eval_per_decade", "divergence_ratio", "measure", "save_checkpoint",
+})
 
 
 def unsupported_reason(cfg: RunConfig) -> str | None:
@@ -34,6 +42,8 @@ def unsupported_reason(cfg: RunConfig) -> str | None:
         return f"noise_scale_every {cfg.noise_scale_every} is not supported in a fused group (0 only)"
     if cfg.checkpoint_every > 0:
         return f"checkpoint_every {cfg.checkpoint_every} is not supported in a fused group (0 only: no resume)"
+    if cfg.batch_schedule != "constant":
+        return f"batch_schedule {cfg.batch_schedule!r} is not supported in a fused group (constant only)"
     return None
 
 
@@ -47,8 +57,8 @@ def fusion_blocker(a: RunConfig, b: RunConfig) -> str | None:
         reason = unsupported_reason(cfg)
         if reason:
             return reason
-    for name, why in MUST_MATCH.items():
+    for name in [*MUST_MATCH, *(f for f in FIELD_NAMES if f not in MUST_MATCH and f not in MAY_DIFFER)]:
         va, vb = getattr(a, name), getattr(b, name)
         if va != vb:
-            return f"{name} differs ({va!r} vs {vb!r}): {why}"
+            return f"{name} differs ({va!r} vs {vb!r}): {MUST_MATCH.get(name, 'read once for the whole group')}"
     return None

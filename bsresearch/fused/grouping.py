@@ -34,6 +34,11 @@ Blocker = Callable[[RunConfig, RunConfig], "str | None"]
 # launches, optimizer bookkeeping), which fusing pays once per group; past a few tens of members the
 # fused step is compute-bound, so a bigger group no longer saves time but makes a killed group lose more.
 CPU_FUSE_MAX = 32
+# On a CPU fusing pays only for small batches: benchmarks/fused_runs.py (one thread, per-member steps/s,
+# fused vs the same runs one after another) measured cnn1d 4.0x at batch 32 and K = 32 but 1.2-1.5x at
+# batch 256, and the MLP 3.6x at 32 vs 0.9-1.2x at 256; at large batches the arithmetic, not the per-step
+# overhead, sets the time. Runs with a larger batch run alone on a CPU (every size fuses on CUDA).
+CPU_FUSE_MAX_BATCH = 64
 # On CUDA this is only the planning bound: the worker cuts a group to what the memory model says fits.
 GPU_FUSE_MAX = 128
 MEMORY_MARGIN = 0.2   # fraction of the free GPU memory left unplanned (allocator rounding, the dataset, cuDNN)
@@ -116,6 +121,14 @@ def _split(items: list[int], n: int) -> list[list[int]]:
 def group_id(run_ids: Sequence[str]) -> str:
     """A stable id for the group of these runs: g-<8 hex digits of a hash of their sorted run ids>."""
     return "g-" + hashlib.sha1(",".join(sorted(run_ids)).encode()).hexdigest()[:8]
+
+
+def cpu_batch_too_large(cfg: RunConfig) -> str | None:
+    """Why a run is left alone on a CPU because fusing would not pay at its batch size, or None."""
+    if cfg.batch_size > CPU_FUSE_MAX_BATCH:
+        return (f"batch_size {cfg.batch_size} > {CPU_FUSE_MAX_BATCH}: on a CPU fusing pays only for small batches "
+                f"(grouping.CPU_FUSE_MAX_BATCH)")
+    return None
 
 
 def default_fuse_max(device: str) -> int:

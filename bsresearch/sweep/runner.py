@@ -183,19 +183,23 @@ def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None 
                   blocker: Blocker | None = None) -> list[PlannedRun]:
     """The plan with the runs to execute put in fused groups (bsresearch.fused.grouping), and for each run
     left alone why. fuse_max: the most runs per group (default: by device, grouping.default_fuse_max)."""
-    from ..fused.grouping import default_fuse_max, group_configs, group_id
+    from ..fused.grouping import cpu_batch_too_large, default_fuse_max, group_configs, group_id
     todo = [k for k, p in enumerate(planned) if p.action == "run"]
+    cfgs = [planned[k].point.config for k in todo]
+    device = cfgs[0].device if cfgs else "cpu"
+    on_gpu = device.startswith("cuda") or (device == "auto" and bool(gpus))
     excluded = {}
     for n, k in enumerate(todo):
-        if planned[k].found == "unfinished":
+        too_large = None if on_gpu else cpu_batch_too_large(cfgs[n])
+        if too_large:
+            excluded[n] = too_large
+        elif planned[k].found == "unfinished":
             excluded[n] = "trained already; only its notebook is executed again"
         elif engine == "papermill" and notebook is not None and notebook.name != RUN_TEMPLATE:
             excluded[n] = (f"the spec's notebook {notebook.name} is not the run template {RUN_TEMPLATE}: "
                            "its runs are executed one by one")
-    cfgs = [planned[k].point.config for k in todo]
     if fuse_max is None:
-        device = cfgs[0].device if cfgs else "cpu"
-        fuse_max = default_fuse_max("cuda" if device.startswith("cuda") or (device == "auto" and gpus) else "cpu")
+        fuse_max = default_fuse_max("cuda" if on_gpu else "cpu")
     grouping = group_configs(cfgs, fuse_max, workers, blocker, excluded)
     out = list(planned)
     for members in grouping.groups:
