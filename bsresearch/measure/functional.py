@@ -170,7 +170,8 @@ class MeanLoss:
         self.graph_budget_bytes = graph_budget_bytes
         self.cached_batches: int | None = None     # None until the first product at the point
         self.graph_bytes = 0                       # saved-tensor bytes of the cached graph
-        self._graph: tuple[torch.Tensor, torch.Tensor] | None = None   # (leaf, summed gradient with its graph)
+        # (one leaf per parameter, the summed gradient of each, with its graph)
+        self._graph: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.n_gradients = 0
         self.n_products = 0
 
@@ -205,10 +206,13 @@ class MeanLoss:
 
         Saved tensors (activations, and what the first backward keeps for the second) are counted by a
         saved-tensor hook while each batch's graph is built; the first batch that would overflow the
-        budget is dropped and it and every later batch are left to the rebuilding path.
+        budget is dropped and it and every later batch are left to the rebuilding path. The leaves are
+        one tensor per parameter, not the flat vector: backpropagating through the flat vector's views
+        cost ~10% more per product (MNIST-1D CNN, CPU).
         """
-        leaf = self.point.detach().requires_grad_(True)
-        total: torch.Tensor | None = None
+        leaves = [t.detach().clone().requires_grad_(True) for t in unflatten(self.point, self.like).values()]
+        params = dict(zip(self.like, leaves))
+        total: list[torch.Tensor] | None = None
         self.cached_batches, self.graph_bytes = 0, 0
         for x, y in self.batches:
             sizes: dict[tuple[int, int, torch.dtype], int] = {}
@@ -217,13 +221,14 @@ class MeanLoss:
                 sizes[(t.data_ptr(), t.numel(), t.dtype)] = t.numel() * t.element_size()
                 return t
             with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
-                grad = torch.autograd.grad(self._batch_loss(leaf, x, y), leaf, create_graph=True)[0]
+                loss = self.loss_fn(self.logits(params, x), y) * (len(x) / self.n_examples)
+                grads = list(torch.autograd.grad(loss, leaves, create_graph=True))
             if self.graph_bytes + sum(sizes.values()) > self.graph_budget_bytes:
                 break
             self.graph_bytes += sum(sizes.values())
             self.cached_batches += 1
-            total = grad if total is None else total + grad
-        self._graph = (leaf, total) if total is not None else None
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+        self._graph = (leaves, total) if total is not None else None
 
     def hvp(self, vector: torch.Tensor, flat: torch.Tensor | None = None) -> torch.Tensor:
         """Hessian-vector product H v of the mean loss at `flat` (default: the model's parameters), by
@@ -243,8 +248,9 @@ class MeanLoss:
             if self.cached_batches is None:
                 self._build_graph()
             if self._graph is not None:
-                leaf, grad = self._graph
-                out = torch.autograd.grad(grad, leaf, vector, retain_graph=True)[0]
+                leaves, grads = self._graph
+                parts = [part.view_as(leaf) for part, leaf in zip(unflatten(vector, self.like).values(), leaves)]
+                out = flatten(torch.autograd.grad(grads, leaves, parts, retain_graph=True))
             uncached = self.batches[self.cached_batches:]
         flat = (self.point if flat is None else flat).detach().requires_grad_(True)
         out = torch.zeros_like(flat) if out is None else out
