@@ -238,7 +238,7 @@ class MeanLoss:
         call); batches beyond the memory budget, and other points, rebuild each batch's gradient graph
         per product (memory of one batch). Reverse-over-reverse through a cached graph rather than
         forward-over-reverse (torch.func.jvp of grad): forward-over-reverse reruns the forward pass for
-        every product and measured 1.8-3x slower per product on CPU (benchmarks/curvature.py, which also
+        every product and measured 1.6-1.9x slower per product on CPU (benchmarks/curvature.py, which also
         measures it on CUDA; no GPU run was available when this was chosen, so CUDA uses the same path).
         """
         vector = vector.detach()
