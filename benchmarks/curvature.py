@@ -19,9 +19,10 @@ Rows, per problem (a briefly trained MNIST-1D CNN, and a convnet on a Fashion-MN
 Candidates are interleaved round by round (the order flipped every other round) and the medians
 reported; ratio_vs_baseline = candidate / baseline in wall time, cpu_ratio_vs_baseline the same in
 this thread's CPU time (steadier when other processes share the machine; meaningless on CUDA).
-top3 and density3x100 take --long-repeats rounds (they are the long ones).
+per_product takes --product-repeats rounds, top1 and trace20 --repeats, top3 and density3x100
+--long-repeats (the long ones); the `rounds` column says which.
 
-    python benchmarks/curvature.py [--device cpu|cuda] [--repeats 3] [--problems cnn1d,convnet]
+    python benchmarks/curvature.py [--device cpu|cuda] [--repeats 3] [--long-repeats 2] [--problems cnn1d,convnet]
 """
 from __future__ import annotations
 
@@ -242,10 +243,11 @@ def main() -> None:
     parser.add_argument("--cnn1d-examples", type=int, default=2000, help="MNIST-1D examples in the Hessian's loss")
     parser.add_argument("--convnet-examples", type=int, default=32, help="Fashion-MNIST examples in the loss")
     parser.add_argument("--train-epochs", type=float, default=3.0, help="SGD epochs (batch 64) before measuring")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (per_product, top1, trace20)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds for top1 and trace20")
     parser.add_argument("--long-repeats", type=int, default=2, help="rounds for top3 and density3x100")
     parser.add_argument("--power-max-iter", type=int, default=200, help="baseline's cap per eigenvalue")
     parser.add_argument("--products", type=int, default=5, help="products per timed per_product call")
+    parser.add_argument("--product-repeats", type=int, default=10, help="rounds for per_product (cheap ones)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
     args = parser.parse_args()
@@ -255,7 +257,7 @@ def main() -> None:
     for name in args.problems.split(","):
         examples = args.cnn1d_examples if name == "cnn1d" else args.convnet_examples
         model, batches, n_params = problem(name, device, examples, args.train_epochs)
-        part = per_product_rows(model, batches, device, args.repeats, args.products)
+        part = per_product_rows(model, batches, device, args.product_repeats, args.products)
         part += task_rows(model, batches, device, args.repeats, args.long_repeats, args.power_max_iter)
         for row in part:
             row.update(problem=name, n_parameters=n_params, examples=sum(len(x) for x, _ in batches),
