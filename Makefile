@@ -95,6 +95,7 @@ bench: install
 	$(BIN)/python benchmarks/loop_vs_dataloader.py
 	$(BIN)/python benchmarks/measure_noise_vmap_vs_loop.py --examples 1000 --chunk-sizes 64,256,1000 --repeats 3
 	$(BIN)/python benchmarks/measure_lanczos_vs_power.py --ks 1,3 --tol 1e-4 --train-epochs 5 --repeats 3
+	$(BIN)/python benchmarks/curvature.py --repeats 3 --long-repeats 2
 	$(BIN)/python benchmarks/sweep_overhead.py
 	$(BIN)/bsresearch bench --preset cpu --memory-budget 256MiB --out benchmarks/results --quiet
 

@@ -7,7 +7,7 @@ from measure_oracles import Snapshot, dense_hessian, tiny_mlp
 
 from bsresearch.config import ConfigError
 from bsresearch.measure import curvature as cv
-from bsresearch.measure.functional import batches_of, layer_slices
+from bsresearch.measure.functional import MeanLoss, batches_of, layer_slices, measuring
 from bsresearch.measure.lanczos import hutchinson_trace, lanczos, power_iteration, stochastic_lanczos_quadrature
 
 
@@ -27,6 +27,45 @@ def test_hvp_equals_dense_hessian_times_vector(problem):
     v = torch.randn(hessian.shape[0], generator=gen())
     hv = cv.hvp(model, batches_of(x, y, 10), v)   # 7 uneven batches: the mean over them is the full mean
     assert torch.allclose(hv.double(), hessian @ v.double(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("batchnorm, bn_mode", [(False, "eval"), (True, "train")])
+def test_cached_and_rebuilt_graphs_give_the_same_products(batchnorm, bn_mode):
+    """The cached gradient graph (all batches, some batches under a small budget) against rebuilding
+    every batch's graph per product (budget 0), several products in a row, and against the dense Hessian."""
+    model, x, y = tiny_mlp(batchnorm=batchnorm)
+    batches = batches_of(x, y, 10)   # 7 uneven batches
+    vectors = torch.randn(4, sum(p.numel() for p in model.parameters()), generator=gen())
+    products, cached = {}, {}
+    with measuring(model, bn_mode):
+        full = MeanLoss(model, batches)
+        products["all"] = torch.stack([full.hvp(v) for v in vectors])
+        partial = MeanLoss(model, batches, graph_budget_bytes=full.graph_bytes // 2)
+        products["some"] = torch.stack([partial.hvp(v) for v in vectors])
+        rebuilt = MeanLoss(model, batches, graph_budget_bytes=0)
+        products["none"] = torch.stack([rebuilt.hvp(v) for v in vectors])
+        # a product at another point never uses the cache: there it equals rebuilding
+        shifted = full.point + 0.1
+        assert torch.allclose(full.hvp(vectors[0], shifted), rebuilt.hvp(vectors[0], shifted), rtol=1e-5, atol=1e-7)
+        cached = {"all": full.cached_batches, "some": partial.cached_batches, "none": rebuilt.cached_batches}
+    assert cached["all"] == 7 and 0 < cached["some"] < 7 and cached["none"] == 0
+    assert full.graph_bytes > 0 and rebuilt.graph_bytes == 0 and full.n_products == 5
+    for name in ("all", "some"):
+        assert torch.allclose(products[name], products["none"], rtol=1e-5, atol=1e-7), name
+    if bn_mode == "eval":   # (train mode normalises each batch of 10 alone: not the full-batch Hessian)
+        exact = dense_hessian(model, x, y)
+        assert torch.allclose(products["all"].double(), vectors.double() @ exact, rtol=1e-4, atol=1e-6)
+
+
+def test_a_zero_budget_falls_back_to_rebuilding_and_still_finds_the_spectrum(problem):
+    model, x, y, _, eigenvalues = problem
+    batches = batches_of(x, y, 20)
+    rebuilt = cv.top_eigenvalues(model, batches, k=3, tol=1e-5, generator=gen(), graph_budget_bytes=0)
+    cached = cv.top_eigenvalues(model, batches, k=3, tol=1e-5, generator=gen())
+    assert rebuilt.converged and np.max(np.abs(np.array(rebuilt.eigenvalues) / eigenvalues[:3] - 1)) <= 1e-4
+    assert rebuilt.eigenvalues == pytest.approx(cached.eigenvalues, rel=1e-5)
+    with pytest.raises(ConfigError, match="graph_budget_bytes must be a non-negative integer; got -1"):
+        cv.hessian_trace(model, batches, graph_budget_bytes=-1)
 
 
 @pytest.mark.parametrize("method", ["lanczos", "power"])
@@ -159,6 +198,8 @@ MEASUREMENTS = {
     "power": lambda m, b, mode: cv.top_eigenvalues(m, b, k=2, method="power", max_iter=20, generator=gen(),
                                                    bn_mode=mode),
     "trace": lambda m, b, mode: cv.hessian_trace(m, b, n_probes=3, generator=gen(), bn_mode=mode),
+    "trace_rebuilt": lambda m, b, mode: cv.hessian_trace(m, b, n_probes=3, generator=gen(), bn_mode=mode,
+                                                         graph_budget_bytes=0),
     "density": lambda m, b, mode: cv.spectral_density(m, b, n_probes=2, n_iter=5, generator=gen(), bn_mode=mode),
     "layers": lambda m, b, mode: cv.layer_curvature(m, b, n_probes=2, max_iter=5, generator=gen(), bn_mode=mode),
 }

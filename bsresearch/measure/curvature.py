@@ -6,6 +6,11 @@ by its size), at the model's current parameters, with BatchNorm in eval mode unl
 (then each batch is normalised with its own statistics, so the Hessian depends on the batching).
 Vectors are flat, in the order of model.parameters(). Every function leaves the model as found and
 draws its random vectors from `generator` only.
+
+Cost: one backward pass per Hessian-vector product. The gradient graph is built once per call and
+reused by every product while its saved tensors fit in `graph_budget_bytes` (default
+functional.DEFAULT_GRAPH_BUDGET, 1 GiB); batches beyond it rebuild their graph per product (slower,
+memory of one batch). graph_budget_bytes=0 always rebuilds.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .functional import Batches, LossFn, MeanLoss, layer_slices, measuring
+from .functional import DEFAULT_GRAPH_BUDGET, Batches, LossFn, MeanLoss, layer_slices, measuring
 from .lanczos import (
     Eigenpairs,
     SpectralDensity,
@@ -32,15 +37,16 @@ __all__ = ["hvp", "top_eigenvalues", "hessian_trace", "spectral_density", "layer
 
 
 def hvp(model: nn.Module, batches: Batches, vector: torch.Tensor, loss_fn: LossFn = F.cross_entropy,
-        bn_mode: str = "eval") -> torch.Tensor:
+        bn_mode: str = "eval", graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET) -> torch.Tensor:
     """H v for a flat vector v (length = number of parameters); returns a flat vector on v's device."""
     with measuring(model, bn_mode):
-        return MeanLoss(model, batches, loss_fn).hvp(vector)
+        return MeanLoss(model, batches, loss_fn, graph_budget_bytes).hvp(vector)
 
 
 def top_eigenvalues(model: nn.Module, batches: Batches, k: int = 1, method: str = "lanczos", tol: float = 1e-4,
                     max_iter: int | None = None, generator: torch.Generator | None = None,
-                    loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval", which: str = "largest") -> Eigenpairs:
+                    loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval", which: str = "largest",
+                    graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET) -> Eigenpairs:
     """Top-k Hessian eigenvalues and unit eigenvectors (flat, (k, n_parameters)).
 
     method "lanczos" (full reorthogonalisation, max_iter default 100; which="largest" algebraic or
@@ -49,7 +55,7 @@ def top_eigenvalues(model: nn.Module, batches: Batches, k: int = 1, method: str 
     residual reached `tol`.
     """
     with measuring(model, bn_mode):
-        loss = MeanLoss(model, batches, loss_fn)
+        loss = MeanLoss(model, batches, loss_fn, graph_budget_bytes)
         if method == "lanczos":
             pairs = lanczos(loss.hvp, loss.point, k, tol, max_iter or 100, generator, which)
         elif method == "power":
@@ -60,23 +66,25 @@ def top_eigenvalues(model: nn.Module, batches: Batches, k: int = 1, method: str 
 
 
 def hessian_trace(model: nn.Module, batches: Batches, n_probes: int = 20, generator: torch.Generator | None = None,
-                  loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval") -> TraceEstimate:
+                  loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval",
+                  graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET) -> TraceEstimate:
     """Hutchinson estimate of tr(H) with Rademacher probes and its standard error (one product per probe)."""
     with measuring(model, bn_mode):
-        loss = MeanLoss(model, batches, loss_fn)
+        loss = MeanLoss(model, batches, loss_fn, graph_budget_bytes)
         estimate = hutchinson_trace(loss.hvp, loss.point, n_probes, generator)
     return dataclasses.replace(estimate, bn_mode=bn_mode)
 
 
 def spectral_density(model: nn.Module, batches: Batches, n_probes: int = 10, n_iter: int = 80,
                      generator: torch.Generator | None = None, reorthogonalize: bool = False,
-                     loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval") -> SpectralDensity:
+                     loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval",
+                     graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET) -> SpectralDensity:
     """Hessian eigenvalue density by stochastic Lanczos quadrature (n_probes x n_iter products).
 
     Without reorthogonalisation, device memory beyond the model is three parameter-sized vectors.
     """
     with measuring(model, bn_mode):
-        loss = MeanLoss(model, batches, loss_fn)
+        loss = MeanLoss(model, batches, loss_fn, graph_budget_bytes)
         density = stochastic_lanczos_quadrature(loss.hvp, loss.point, n_probes, n_iter, generator, reorthogonalize)
     return dataclasses.replace(density, bn_mode=bn_mode)
 
@@ -96,15 +104,17 @@ class LayerCurvature:
 
 def layer_curvature(model: nn.Module, batches: Batches, n_probes: int = 20, tol: float = 1e-4,
                     max_iter: int = 100, generator: torch.Generator | None = None,
-                    loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval") -> dict[str, LayerCurvature]:
+                    loss_fn: LossFn = F.cross_entropy, bn_mode: str = "eval",
+                    graph_budget_bytes: int = DEFAULT_GRAPH_BUDGET) -> dict[str, LayerCurvature]:
     """Top eigenvalue (Lanczos) and Hutchinson trace of each layer's diagonal Hessian block.
 
     Layers are modules owning parameters ('0' for '0.weight' and '0.bias'). A block product costs a
-    full Hessian-vector product (the vector is zero outside the block).
+    full Hessian-vector product (the vector is zero outside the block); one gradient graph serves every
+    layer.
     """
     out = {}
     with measuring(model, bn_mode):
-        loss = MeanLoss(model, batches, loss_fn)
+        loss = MeanLoss(model, batches, loss_fn, graph_budget_bytes)
         for layer, part in layer_slices(model).items():
             def block_hvp(v: torch.Tensor, part: slice = part) -> torch.Tensor:
                 full = torch.zeros_like(loss.point)
