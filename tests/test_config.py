@@ -92,7 +92,7 @@ def test_json_round_trip_and_stable_run_id():
     # operational fields do not change the identity of a run
     assert C.run_id(cfg.replace(threads=2, checkpoint_every=50, data_dir="/elsewhere")) == C.run_id(cfg)
     # config.json carries a "derived" block that from_json ignores
-    d = json.loads(cfg.to_json()); d["derived"] = {"total_steps": 1}
+    d = {**json.loads(cfg.to_json()), "derived": {"total_steps": 1}}
     assert RunConfig.from_json(json.dumps(d)) == cfg
     with pytest.raises(ConfigError, match="not valid JSON"):
         RunConfig.from_json("{batch_size: 3")

@@ -156,8 +156,11 @@ def slice_2d(model: nn.Module, data: Dataset, direction_x: Direction, direction_
     return table
 
 
+SLICE_ALPHAS = tuple(float(a) for a in np.linspace(-1.0, 1.0, 21))  # a 1-D slice's default: [-1, 1] in steps of 0.1
+
+
 def slice_1d(model: nn.Module, data: Dataset, direction: Direction,
-             alphas: Sequence[float] = tuple(float(a) for a in np.linspace(-1.0, 1.0, 21)),
+             alphas: Sequence[float] = SLICE_ALPHAS,
              splits: Sequence[str] = ("train",), chunk_size: int = DEFAULT_CHUNK,
              loss_fn: LossFn = F.cross_entropy) -> pd.DataFrame:
     """Loss and accuracy at theta + alpha d (columns alpha, split, loss, accuracy)."""

@@ -130,17 +130,17 @@ def gradient_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chu
             g64 = g.double()
             sum_grad += g64.sum(0)
             sq_norms[start:start + len(g)] = torch.stack([(g64[:, part] ** 2).sum(1) for part in slices.values()], 1)
-            if counts is not None:
+            if counts is not None and boot_sums is not None:
                 boot_sums += counts[:, start:start + len(g)].to(g.dtype) @ g
     b, trace, grad_sq, mean_sq = _noise_from_sums(float(sum_grad @ sum_grad), float(sq_norms.sum()), n, unbiased)
     interval = None
-    if counts is not None:
+    if counts is not None and boot_sums is not None:
         totals = counts.double() @ sq_norms.sum(1)
         replicates = np.array([_noise_from_sums(float(s @ s), float(t), n, unbiased)[0]
                                for s, t in zip(boot_sums, totals)])
         low, high = np.quantile(replicates, [(1 - confidence) / 2, (1 + confidence) / 2])
         interval = (float(low), float(high))
-    layers = None
+    layers: dict[str, NoiseScale] | None = None
     if per_layer:
         layers = {}
         for column, (layer, part) in enumerate(slices.items()):
