@@ -1,6 +1,6 @@
 """RunConfig: every knob of one training run, validated on construction, plus the values derived from it.
 
-This module does not import torch, so analysis code (results.py, plots.py) can read configs anywhere.
+This module does not import torch, so analysis code (results, stats, plots) can read configs anywhere.
 Every derived quantity (the learning rate actually used, steps per epoch, total steps, warmup steps,
 the evaluation steps) is a named function of the config, here and nowhere else.
 """
@@ -95,8 +95,8 @@ class RunConfig:
     optimizer: str = "sgd"              # sgd | adam | adamw
     lr: float = 0.05                    # learning rate at base_batch_size (before lr_scaling)
     momentum: float = 0.9               # SGD momentum (adam: beta1 stays 0.9)
-    nesterov: bool = False
-    weight_decay: float = 0.0
+    nesterov: bool = False              # SGD: Nesterov momentum (needs momentum > 0)
+    weight_decay: float = 0.0           # L2 penalty (sgd, adam) or decoupled decay (adamw), per update
     batch_size: int = 32                # examples per optimizer update: the quantity being studied
     base_batch_size: int = 32           # the batch size at which `lr` was chosen
     lr_scaling: str = "none"            # lr = lr * rule(batch_size / base_batch_size); none | linear | sqrt
@@ -117,8 +117,8 @@ class RunConfig:
     sampling: str = "shuffle"           # shuffle (epochs without replacement) | replacement (iid batches)
     # --- evaluation
     eval_schedule: str = "log"          # every (eval_every steps) | log (eval_per_decade points per decade)
-    eval_every: int = 100
-    eval_per_decade: int = 10
+    eval_every: int = 100               # eval_schedule every: steps between evaluations
+    eval_per_decade: int = 10           # eval_schedule log: evaluations per factor of 10 in steps
     eval_train_size: int | None = None  # examples used for the train loss/accuracy (None: the whole set)
     divergence_ratio: float = 10.0      # "diverged" when a batch loss exceeds this times the first one
     measure: tuple[str, ...] = ()       # measurements taken after training, from MEASUREMENTS
