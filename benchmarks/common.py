@@ -1,6 +1,7 @@
 """Shared by the benchmark scripts: machine label, interleaved repeats, result files."""
 from __future__ import annotations
 
+import argparse
 import platform
 import re
 import statistics
@@ -69,3 +70,19 @@ def write_results(df: pd.DataFrame, name: str, device: torch.device, out_dir: st
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"written: {out}")
     return out
+
+
+def benchmark_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes (--device, --threads, --out-dir); each benchmark adds its own."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: the setting of sweeps)")
+    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
+    return parser
+
+
+def start(args: argparse.Namespace) -> torch.device:
+    """The device the benchmark runs on, with the thread count set."""
+    from bsresearch.runtime import resolve_device, set_threads
+    set_threads(args.threads)
+    return resolve_device(args.device)

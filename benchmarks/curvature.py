@@ -26,7 +26,6 @@ per_product takes --product-repeats rounds, top1 and trace20 --repeats, top3 and
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -42,14 +41,14 @@ import torch.nn.functional as F
 from torch.func import grad, jvp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, median_and_spread, write_results  # noqa: E402
+from common import benchmark_parser, median_and_spread, start, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.measure import curvature as cv  # noqa: E402
 from bsresearch.measure.functional import Batches, MeanLoss, batches_of, measuring, unflatten  # noqa: E402
 from bsresearch.measure.lanczos import hutchinson_trace, power_iteration, stochastic_lanczos_quadrature  # noqa: E402
-from bsresearch.runtime import resolve_device, set_threads, synchronize  # noqa: E402
+from bsresearch.runtime import synchronize  # noqa: E402
 from bsresearch.train import run  # noqa: E402
 
 TARGETS = {"per_product": 1.0, "top1": 0.7, "trace20": 1.0}   # bsresearch / baseline, from the issue
@@ -237,8 +236,7 @@ def task_rows(model: nn.Module, batches: Batches, device: torch.device, repeats:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--problems", default="cnn1d,convnet")
     parser.add_argument("--cnn1d-examples", type=int, default=2000, help="MNIST-1D examples in the Hessian's loss")
     parser.add_argument("--convnet-examples", type=int, default=32, help="Fashion-MNIST examples in the loss")
@@ -248,11 +246,8 @@ def main() -> None:
     parser.add_argument("--power-max-iter", type=int, default=200, help="baseline's cap per eigenvalue")
     parser.add_argument("--products", type=int, default=5, help="products per timed per_product call")
     parser.add_argument("--product-repeats", type=int, default=10, help="rounds for per_product (cheap ones)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
     args = parser.parse_args()
-    device = resolve_device(args.device)
-    set_threads(args.threads)
+    device = start(args)
     rows = []
     for name in args.problems.split(","):
         examples = args.cnn1d_examples if name == "cnn1d" else args.convnet_examples

@@ -13,7 +13,6 @@ arithmetic with one step's overhead, the practical limit of fusing (its examples
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections.abc import Callable
@@ -24,12 +23,11 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, interleaved, median_and_spread, time_steps, write_results  # noqa: E402
+from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig, lr_at  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.fused.trainer import _new_member, _Stack  # noqa: E402
-from bsresearch.runtime import resolve_device, set_threads  # noqa: E402
 from bsresearch.train import new_state, train_step  # noqa: E402
 
 
@@ -89,18 +87,14 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--models", default="mlp,cnn1d")
     parser.add_argument("--batch-sizes", default="32,256")
     parser.add_argument("--ks", default="1,4,16,32,64")
     parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
     args = parser.parse_args()
-    device = resolve_device(args.device)
-    set_threads(args.threads)
+    device = start(args)
     rows = []
     for model in args.models.split(","):
         for b in map(int, args.batch_sizes.split(",")):

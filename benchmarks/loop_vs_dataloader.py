@@ -9,7 +9,6 @@ momentum), same threads (1 on CPU). The two are timed in alternation, several ro
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 
@@ -19,12 +18,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from common import RESULTS, interleaved, median_and_spread, time_steps, write_results  # noqa: E402
+from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig, scaled_lr  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.models import build_model  # noqa: E402
-from bsresearch.runtime import make_generator, resolve_device, set_threads  # noqa: E402
+from bsresearch.runtime import make_generator  # noqa: E402
 from bsresearch.train import new_state, train_step  # noqa: E402
 
 
@@ -70,16 +69,12 @@ def measure(batch_size: int, device: torch.device, seconds: float, repeats: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--batch-sizes", default="32,256,4000")
     parser.add_argument("--seconds", type=float, default=1.0, help="per timing")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
     args = parser.parse_args()
-    device = resolve_device(args.device)
-    set_threads(args.threads)
+    device = start(args)
     rows = []
     for b in map(int, args.batch_sizes.split(",")):
         rows += measure(b, device, args.seconds, args.repeats)

@@ -12,7 +12,6 @@ the achieved relative error against the reference.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 import time
@@ -23,13 +22,13 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, interleaved, median_and_spread, write_results  # noqa: E402
+from common import benchmark_parser, interleaved, median_and_spread, start, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.measure.curvature import top_eigenvalues  # noqa: E402
 from bsresearch.measure.functional import batches_of  # noqa: E402
-from bsresearch.runtime import resolve_device, set_threads, synchronize  # noqa: E402
+from bsresearch.runtime import synchronize  # noqa: E402
 from bsresearch.train import run  # noqa: E402
 
 
@@ -45,19 +44,15 @@ def timed_eigs(model, batches, k, method, tol, max_iter, device, seed):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--ks", default="1,3", help="numbers of top eigenvalues to compare")
     parser.add_argument("--tol", type=float, default=1e-4, help="relative residual both methods stop at")
     parser.add_argument("--train-epochs", type=float, default=5.0, help="SGD epochs before measuring (0: at init)")
     parser.add_argument("--examples", type=int, default=4000, help="training examples in the Hessian's loss")
     parser.add_argument("--power-max-iter", type=int, default=1000, help="cap per eigenvalue for power iteration")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
     args = parser.parse_args()
-    device = resolve_device(args.device)
-    set_threads(args.threads)
+    device = start(args)
     cfg = RunConfig(device=str(device), batch_size=64, base_batch_size=64, lr=0.05,
                     budget="epochs" if args.train_epochs > 0 else "steps",
                     budget_amount=args.train_epochs if args.train_epochs > 0 else 1, save_checkpoint=False)

@@ -9,7 +9,6 @@ rounds, in one process; the script also checks that they agree.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,13 +18,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, interleaved, median_and_spread, write_results  # noqa: E402
+from common import benchmark_parser, interleaved, median_and_spread, start, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.measure.noise import gradient_noise_scale  # noqa: E402
 from bsresearch.models import build_model  # noqa: E402
-from bsresearch.runtime import make_generator, resolve_device, set_threads, synchronize  # noqa: E402
+from bsresearch.runtime import make_generator, synchronize  # noqa: E402
 
 
 def loop_b_simple(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -55,16 +54,12 @@ def seconds(fn, device: torch.device) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--examples", type=int, default=1000, help="examples the statistics run over")
     parser.add_argument("--chunk-sizes", default="64,256,1000", help="vmap chunk sizes to time")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
     args = parser.parse_args()
-    device = resolve_device(args.device)
-    set_threads(args.threads)
+    device = start(args)
     cfg = RunConfig(device=str(device))
     data = dataset_for(cfg, device)
     model = build_model(cfg, data.input_shape, data.num_classes, make_generator(0, "init")).to(device)

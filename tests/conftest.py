@@ -1,6 +1,7 @@
 """Shared test setup: one torch thread (as the library's default), small helpers."""
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -24,3 +25,18 @@ def tiny():
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def variant_rows():
+    """Rule a: fine at 8, 1.5 points down at 32, fine again at 128. Rule b: a seed diverges at 128.
+    Rule c: never breaks. Seeds 0-2, accuracies 0.90 +- 0.01."""
+    rows = []
+    for rule, b, drop, diverged in [("a", 8, 0, 0), ("a", 32, 0.015, 0), ("a", 128, 0.0, 0),
+                                    ("b", 8, 0, 0), ("b", 32, 0.005, 0), ("b", 128, 0, 1),
+                                    ("c", 8, 0, 0), ("c", 32, 0.009, 0), ("c", 128, 0.009, 0),
+                                    ("d", 8, 0, 3), ("d", 32, 0, 3), ("d", 128, 0, 3)]:
+        for seed in range(3):
+            state = "diverged" if seed < diverged else "ok"
+            rows.append({"variant": rule, "batch_size": b, "seed": seed, "state": state,
+                         "test_acc": 0.9 - drop + (seed - 1) / 100 if state == "ok" else 0.1})
+    return pd.DataFrame(rows)

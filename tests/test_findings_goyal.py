@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 
 import matplotlib.pyplot as plt
-import pandas as pd
 import pytest
+from conftest import variant_rows
 
 from bsresearch import stats
 from bsresearch.config import ConfigError
@@ -13,23 +13,8 @@ from bsresearch.findings import goyal
 from bsresearch.findings.goyal import rule_vs_batch
 
 
-def _rows():
-    """Rule a: fine at 8, 1.5 points down at 32, fine again at 128. Rule b: a seed diverges at 128.
-    Rule c: never breaks. Seeds 0-2, accuracies 0.90 +- 0.01."""
-    rows = []
-    for rule, b, drop, diverged in [("a", 8, 0, 0), ("a", 32, 0.015, 0), ("a", 128, 0.0, 0),
-                                    ("b", 8, 0, 0), ("b", 32, 0.005, 0), ("b", 128, 0, 1),
-                                    ("c", 8, 0, 0), ("c", 32, 0.009, 0), ("c", 128, 0.009, 0),
-                                    ("d", 8, 0, 3), ("d", 32, 0, 3), ("d", 128, 0, 3)]:
-        for seed in range(3):
-            state = "diverged" if seed < diverged else "ok"
-            rows.append({"variant": rule, "batch_size": b, "seed": seed, "state": state,
-                         "test_acc": 0.9 - drop + (seed - 1) / 100 if state == "ok" else 0.1})
-    return pd.DataFrame(rows)
-
-
 def test_breaking_batch_finds_the_first_drop_or_divergence():
-    table = stats.summarize_states(_rows(), ["variant", "batch_size"], ["test_acc"])
+    table = stats.summarize_states(variant_rows(), ["variant", "batch_size"], ["test_acc"])
     verdict = goyal.breaking_batch(table, "test_acc", drop=0.01).set_index("variant")
     assert verdict.loc["a", "first_broken"] == 32 and verdict.loc["a", "largest_ok"] == 8
     assert verdict.loc["a", "broken"] == (32,) and "< baseline" in verdict.loc["a", "why"]
@@ -45,7 +30,7 @@ def test_breaking_batch_finds_the_first_drop_or_divergence():
 
 
 def test_versus_reference_and_versus_baseline_batch_use_finished_runs_only():
-    rows = _rows()
+    rows = variant_rows()
     vs = stats.versus_reference(rows[rows["batch_size"] == 32], "test_acc", {"variant": "c"})
     a = vs.set_index("variant").loc["a"]
     assert a["diff"] == pytest.approx(-0.006) and a["low"] < a["diff"] < a["high"] and a["n_reference"] == 3
@@ -57,7 +42,7 @@ def test_versus_reference_and_versus_baseline_batch_use_finished_runs_only():
 
 
 def test_rule_vs_batch_draws_a_line_per_rule_and_marks_divergence():
-    rows = _rows()
+    rows = variant_rows()
     table = stats.summarize_states(rows, ["variant", "batch_size"], ["test_acc"])
     fig, ax = plt.subplots()
     assert rule_vs_batch(ax, rows, table, "test_acc", order=["c", "b", "a", "d"]) is ax

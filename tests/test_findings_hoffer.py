@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import variant_rows
 
 from bsresearch import stats
 from bsresearch.findings import hoffer
@@ -90,23 +91,8 @@ def test_ingredient_pairs_and_effects_on_a_factorial_design():
         assert row["low"] < row["diff"] < row["high"] and row["n"] == row["n_reference"] == 3
 
 
-def _rows():
-    """Rule a: fine at 8, 1.5 points down at 32, fine again at 128. Rule b: a seed diverges at 128.
-    Rule c: never breaks. Seeds 0-2, accuracies 0.90 +- 0.01."""
-    rows = []
-    for rule, b, drop, diverged in [("a", 8, 0, 0), ("a", 32, 0.015, 0), ("a", 128, 0.0, 0),
-                                    ("b", 8, 0, 0), ("b", 32, 0.005, 0), ("b", 128, 0, 1),
-                                    ("c", 8, 0, 0), ("c", 32, 0.009, 0), ("c", 128, 0.009, 0),
-                                    ("d", 8, 0, 3), ("d", 32, 0, 3), ("d", 128, 0, 3)]:
-        for seed in range(3):
-            state = "diverged" if seed < diverged else "ok"
-            rows.append({"variant": rule, "batch_size": b, "seed": seed, "state": state,
-                         "test_acc": 0.9 - drop + (seed - 1) / 100 if state == "ok" else 0.1})
-    return pd.DataFrame(rows)
-
-
 def test_variant_points_lists_variants_top_down_with_intervals():
-    rows = _rows()
+    rows = variant_rows()
     rows = rows[rows["batch_size"] == 8]
     table = stats.summarize_states(rows, "variant", ["test_acc"])
     fig, ax = plt.subplots()

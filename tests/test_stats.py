@@ -4,36 +4,21 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import scipy.stats
+from conftest import variant_rows
 
 from bsresearch import stats
 
 
-def _rows():
-    """Rule a: fine at 8, 1.5 points down at 32, fine again at 128. Rule b: a seed diverges at 128.
-    Rule c: never breaks. Seeds 0-2, accuracies 0.90 +- 0.01."""
-    rows = []
-    for rule, b, drop, diverged in [("a", 8, 0, 0), ("a", 32, 0.015, 0), ("a", 128, 0.0, 0),
-                                    ("b", 8, 0, 0), ("b", 32, 0.005, 0), ("b", 128, 0, 1),
-                                    ("c", 8, 0, 0), ("c", 32, 0.009, 0), ("c", 128, 0.009, 0),
-                                    ("d", 8, 0, 3), ("d", 32, 0, 3), ("d", 128, 0, 3)]:
-        for seed in range(3):
-            state = "diverged" if seed < diverged else "ok"
-            rows.append({"variant": rule, "batch_size": b, "seed": seed, "state": state,
-                         "test_acc": 0.9 - drop + (seed - 1) / 100 if state == "ok" else 0.1})
-    return pd.DataFrame(rows)
-
-
 def test_summarize_states_counts_outcomes_and_keeps_groups_that_all_diverged():
-    table = stats.summarize_states(_rows(), ["variant", "batch_size"], ["test_acc"])
+    table = stats.summarize_states(variant_rows(), ["variant", "batch_size"], ["test_acc"])
     b128 = table[(table["variant"] == "b") & (table["batch_size"] == 128)].iloc[0]
     assert (b128["n_runs"], b128["n_ok"], b128["n_diverged"], b128["n_other"], b128["n"]) == (3, 2, 1, 0, 2)
     assert b128["test_acc_mean"] == pytest.approx(0.905)          # the seeds that finished, not the diverged one
     d8 = table[(table["variant"] == "d") & (table["batch_size"] == 8)].iloc[0]
     assert d8["n"] == 0 and d8["n_diverged"] == 3 and math.isnan(d8["test_acc_mean"])
-    none_ok = stats.summarize_states(_rows().assign(state="diverged"), "variant", ["test_acc"])
+    none_ok = stats.summarize_states(variant_rows().assign(state="diverged"), "variant", ["test_acc"])
     assert (none_ok["n"] == 0).all() and none_ok["test_acc_mean"].isna().all()
 
 
@@ -51,7 +36,7 @@ def test_welch_interval_matches_scipys_unequal_variance_t_test():
 
 
 def test_markdown_table_writes_mean_and_std_per_metric():
-    table = stats.summarize_states(_rows(), ["variant", "batch_size"], ["test_acc"])
+    table = stats.summarize_states(variant_rows(), ["variant", "batch_size"], ["test_acc"])
     text = stats.markdown_table(table, ["variant", "batch_size"], ["test_acc"], counts=("n", "n_diverged"))
     lines = text.splitlines()
     assert lines[0] == "| variant | batch_size | n | n_diverged | test_acc |"
@@ -60,13 +45,13 @@ def test_markdown_table_writes_mean_and_std_per_metric():
 
 
 def test_versus_within_compares_rules_at_the_same_batch_size():
-    table = stats.versus_within(_rows(), "test_acc", within="batch_size", compare="variant", reference="c")
+    table = stats.versus_within(variant_rows(), "test_acc", within="batch_size", compare="variant", reference="c")
     table = table.set_index(["batch_size", "variant"])
     assert table.loc[(32, "a"), "diff"] == pytest.approx(-0.006)      # 0.885 - 0.891
     assert table.loc[(128, "a"), "diff"] == pytest.approx(0.009)
     assert table.loc[(128, "c"), "diff"] == pytest.approx(0.0) and table.loc[(128, "b"), "n"] == 2
     assert ("d" not in table.index.get_level_values("variant"))       # nothing finished
-    empty = stats.versus_within(_rows()[lambda r: r["variant"] == "d"], "test_acc", "batch_size", "variant", "c")
+    empty = stats.versus_within(variant_rows()[lambda r: r["variant"] == "d"], "test_acc", "batch_size", "variant", "c")
     assert empty.empty and list(empty.columns)[:2] == ["batch_size", "variant"]
 
 
