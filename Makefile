@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import bsresearch, torch, papermill, mnist1d; print('bsresearch', bsresearch.__version__, '| torch', torch.__version__, '| cuda', torch.cuda.is_available())"
+	@# the kernel the notebooks name, inside the venv: papermill and JupyterLab run them with this Python
+	$(BIN)/python -m ipykernel install --sys-prefix --name bsresearch --display-name "bsresearch (.venv)" >/dev/null
 	@if $(BIN)/pip list 2>/dev/null | grep -qi '^nvidia-' && \
 	    ! $(BIN)/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then \
 	  echo "error: CUDA packages are installed on a machine without a usable GPU; see README (GPU)"; exit 1; fi
@@ -68,7 +70,6 @@ demo: install
 LAB_STAMP := $(VENV)/.lab-installed
 $(LAB_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e ".[dev,lab]" 2>&1 | grep -v "^WARNING: Location" || true
-	$(BIN)/python -m ipykernel install --sys-prefix --name bsresearch --display-name "bsresearch (.venv)" >/dev/null
 	@touch $@
 lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. --FileContentsManager.preferred_dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)

@@ -1,9 +1,9 @@
 # ---
 # jupyter:
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: bsresearch (.venv)
 #     language: python
-#     name: python3
+#     name: bsresearch
 # ---
 
 # %% [markdown]
