@@ -18,6 +18,7 @@ from .config import ConfigError
 from .rundir import MANIFEST
 from .source import git_commit, is_dirty
 from .sweep.spec import SweepSpec, load_spec
+from .sweep.task import KERNEL_ARGS
 
 
 def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", reports_root: str | Path = "reports",
@@ -57,9 +58,7 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
         pm.execute_notebook(str(spec.analysis), str(in_progress), parameters=parameters, kernel_name=kernel,
                             cwd=str(out_dir), progress_bar=False, execution_timeout=timeout,
                             coalesce_streams=True, shutdown_kernel="immediate",
-                            # the kernel's own log: its "running over TCP without encryption" warning is
-                            # noise for a local report (the kernel listens on 127.0.0.1 only)
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                            extra_arguments=list(KERNEL_ARGS))
     except pm.PapermillExecutionError as exc:
         raise RuntimeError(f"{spec.analysis.name} cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(the executed notebook is {output})") from None

@@ -45,6 +45,7 @@ def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, cap
         assert "injected-parameters" in nb.cells[2].metadata.get("tags", [])
         assert all(c.metadata.papermill.status == "completed" for c in nb.cells if c.cell_type == "code")
         assert not list(rd.path.glob(".*.tmp")) and not (rd.path / ".run.partial.ipynb").exists()
+        assert "without encryption" not in (rd.path / "runner.log").read_text()  # the kernel's TCP warning
     # papermill gives exactly what the library gives for the same config
     metrics = RunDir(tmp_path / "smoke" / points[3].run_id).metrics()
     assert {k: metrics[k] for k in COMPARED} == {k: reference_metrics(points[3].config)[k] for k in COMPARED}

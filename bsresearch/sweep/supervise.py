@@ -81,6 +81,7 @@ def worker_env(task: RunTask | GroupTask, slot: int | None) -> dict[str, str]:
     env["JUPYTER_PREFER_ENV_PATH"] = "1"  # kernel "python3" from this environment, not a user-wide kernelspec
     env["PYTHONUNBUFFERED"] = "1"
     env["BSRESEARCH_SUPERVISOR_PID"] = str(os.getpid())
+    env.pop("JPY_SESSION_NAME", None)  # a sweep started from JupyterLab: its workers show no progress bars
     return env
 
 

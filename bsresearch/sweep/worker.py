@@ -32,6 +32,7 @@ from ..config import RunConfig
 from ..rundir import RunDir, atomic_write_bytes
 from .task import (
     BUSY,
+    KERNEL_ARGS,
     PARTIAL_NOTEBOOK,
     GroupTask,
     RunOutcome,
@@ -160,7 +161,8 @@ def _run_group_papermill(task: GroupTask, members: list[RunTask]) -> None:
     try:
         pm.execute_notebook(str(task.notebook), str(partial), parameters=group_parameters(task, members),
                             kernel_name=task.kernel, cwd=str(group_dir), progress_bar=False, log_output=True,
-                            execution_timeout=task.timeout, coalesce_streams=True, shutdown_kernel="immediate")
+                            execution_timeout=task.timeout, coalesce_streams=True, shutdown_kernel="immediate",
+                            extra_arguments=list(KERNEL_ARGS))
         problem = unfinished_cells(partial)
     except CellTimeoutError:
         forced = ("timeout", f"a notebook cell ran past the {task.timeout:g} s timeout of the group")
@@ -206,7 +208,7 @@ def _run_papermill(task: RunTask, rd: RunDir) -> None:
     try:
         pm.execute_notebook(str(task.notebook), str(partial), parameters={**task.config, "run_dir": str(rd.path)},
                             kernel_name=task.kernel, cwd=str(rd.path), progress_bar=False, log_output=True,
-                            execution_timeout=task.timeout, coalesce_streams=True,
+                            execution_timeout=task.timeout, coalesce_streams=True, extra_arguments=list(KERNEL_ARGS),
                             shutdown_kernel="immediate")  # its files are written; a graceful stop takes seconds
         problem = unfinished_cells(partial)
     except CellTimeoutError:
