@@ -150,31 +150,43 @@ def group_parameters(task: GroupTask, members: list[RunTask]) -> dict[str, objec
             "group_id": task.group_id}
 
 
-def _run_group_papermill(task: GroupTask, members: list[RunTask]) -> None:
+def _execute_notebook(task: RunTask | GroupTask, parameters: dict[str, object], cwd: Path, partial: Path,
+                      final: Path, what: str) -> tuple[tuple[str, str] | None, str | None]:
+    """Execute task.notebook with papermill into `partial`, then move it to `final` (also when it fails).
+
+    Returns (forced, problem): a state the runner knows better than papermill (timeout, died), and a
+    notebook error that is not by itself a run state. `what` is "" for a run, "group " for a fused group.
+    """
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    group_dir = Path(task.group_dir)
-    partial = group_dir / PARTIAL_GROUP_NOTEBOOK
     forced: tuple[str, str] | None = None
     problem: str | None = None
     try:
-        pm.execute_notebook(str(task.notebook), str(partial), parameters=group_parameters(task, members),
-                            kernel_name=task.kernel, cwd=str(group_dir), progress_bar=False, log_output=True,
-                            execution_timeout=task.timeout, coalesce_streams=True, shutdown_kernel="immediate",
-                            extra_arguments=list(KERNEL_ARGS))
+        pm.execute_notebook(str(task.notebook), str(partial), parameters=parameters, kernel_name=task.kernel,
+                            cwd=str(cwd), progress_bar=False, log_output=True, execution_timeout=task.timeout,
+                            coalesce_streams=True, extra_arguments=list(KERNEL_ARGS),
+                            shutdown_kernel="immediate")  # its files are written; a graceful stop takes seconds
         problem = unfinished_cells(partial)
     except CellTimeoutError:
-        forced = ("timeout", f"a notebook cell ran past the {task.timeout:g} s timeout of the group")
+        forced = ("timeout", f"a notebook cell ran past the {task.timeout:g} s timeout"
+                             f"{' of the group' if what else ''}")
     except DeadKernelError:
-        forced = ("died", "the group notebook's kernel died (killed, or out of memory)")
+        forced = ("died", f"the {what}notebook's kernel died (killed, or out of memory)")
     except pm.PapermillExecutionError as exc:
-        problem = f"group notebook cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
+        problem = f"{what + 'notebook ' if what else ''}cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
     except Exception as exc:  # noqa: BLE001 - papermill could not run the notebook at all
         problem = f"papermill: {type(exc).__name__}: {exc}"
     finally:
         if partial.exists():
-            os.replace(partial, group_dir / GROUP_NOTEBOOK)
+            os.replace(partial, final)
+    return forced, problem
+
+
+def _run_group_papermill(task: GroupTask, members: list[RunTask]) -> None:
+    group_dir = Path(task.group_dir)
+    forced, problem = _execute_notebook(task, group_parameters(task, members), group_dir,
+                                        group_dir / PARTIAL_GROUP_NOTEBOOK, group_dir / GROUP_NOTEBOOK, "group ")
     for m in members:
         rd = RunDir(m.run_dir)
         if (group_dir / GROUP_NOTEBOOK).exists():  # each run directory keeps the notebook that ran it
@@ -199,29 +211,8 @@ def _run_library(task: RunTask, rd: RunDir) -> None:
 
 
 def _run_papermill(task: RunTask, rd: RunDir) -> None:
-    import papermill as pm
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    partial = rd.path / PARTIAL_NOTEBOOK
-    forced: tuple[str, str] | None = None  # a state the runner knows better than papermill
-    problem: str | None = None             # a notebook error that is not, by itself, a run state
-    try:
-        pm.execute_notebook(str(task.notebook), str(partial), parameters={**task.config, "run_dir": str(rd.path)},
-                            kernel_name=task.kernel, cwd=str(rd.path), progress_bar=False, log_output=True,
-                            execution_timeout=task.timeout, coalesce_streams=True, extra_arguments=list(KERNEL_ARGS),
-                            shutdown_kernel="immediate")  # its files are written; a graceful stop takes seconds
-        problem = unfinished_cells(partial)
-    except CellTimeoutError:
-        forced = ("timeout", f"a notebook cell ran past the {task.timeout:g} s timeout")
-    except DeadKernelError:
-        forced = ("died", "the notebook's kernel died (killed, or out of memory)")
-    except pm.PapermillExecutionError as exc:
-        problem = f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
-    except Exception as exc:  # noqa: BLE001 - papermill could not run the notebook at all
-        problem = f"papermill: {type(exc).__name__}: {exc}"
-    finally:
-        if partial.exists():
-            os.replace(partial, rd.notebook_path)
+    forced, problem = _execute_notebook(task, {**task.config, "run_dir": str(rd.path)}, rd.path,
+                                        rd.path / PARTIAL_NOTEBOOK, rd.notebook_path, "")
 
     if rd.state() == "running":  # training did not finish: the runner's verdict
         state, error = forced or ("failed", problem or "the notebook ended before the run finished "
