@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -230,10 +231,11 @@ def batch_phases(cfg: RunConfig, n_train: int) -> list[tuple[int, int]]:
     return [(start, size) for start, size, _ in _phase_steps(cfg, n_train)]
 
 
-def _phase_steps(cfg: RunConfig, n_train: int) -> list[tuple[int, int, int]]:
+@functools.lru_cache(maxsize=256)  # the training loop asks at every step; a config is frozen and hashable
+def _phase_steps(cfg: RunConfig, n_train: int) -> tuple[tuple[int, int, int], ...]:
     """(first step, batch size, steps) of each phase of the batch schedule."""
     if cfg.batch_schedule == "constant":
-        return [(0, cfg.batch_size, 0)]
+        return ((0, cfg.batch_size, 0),)
     check_batch_fits(cfg, n_train)
     bounds = [*cfg.lr_decay_at, 1.0]
     phases, start, epochs_done = [], 0, 0.0
@@ -243,7 +245,7 @@ def _phase_steps(cfg: RunConfig, n_train: int) -> list[tuple[int, int, int]]:
         steps = max(0, math.ceil(round((bound * cfg.budget_amount - epochs_done) * per_epoch, 9)))
         phases.append((start, size, steps))
         start, epochs_done = start + steps, epochs_done + steps / per_epoch
-    return phases
+    return tuple(phases)
 
 
 def phase_batch_size(cfg: RunConfig, phase: int) -> int:
@@ -253,7 +255,7 @@ def phase_batch_size(cfg: RunConfig, phase: int) -> int:
 
 def batch_size_at(cfg: RunConfig, step: int, n_train: int) -> int:
     """Examples in the update that follows `step` completed updates (the batch schedule's phase)."""
-    return next(size for start, size in reversed(batch_phases(cfg, n_train)) if step >= start)
+    return next(size for start, size, _ in reversed(_phase_steps(cfg, n_train)) if step >= start)
 
 
 def total_steps(cfg: RunConfig, n_train: int) -> int:
