@@ -6,7 +6,8 @@ Agreement per run: the same number of steps, train and test loss within a relati
 2 examples' worth of the test set (the fused trainer agrees with separate runs to float32 rounding; over
 thousands of Adam steps that rounding grows, and a borderline example may flip).
 
-    python benchmarks/fused_sweep.py experiments/demo.yaml --workers 2 [--rounds 1] [--engine library]
+    python benchmarks/fused_sweep.py experiments/demo.yaml --workers 2 [--rounds 1] [--engine library] [--keep DIR]
+With --keep the run directories stay under DIR/<round>-<mode>/ (a finished sweep whose runs a report can use).
 Run it on a quiet machine; report the CPU and what else was running.
 """
 from __future__ import annotations
@@ -41,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--engine", default="papermill")
+    p.add_argument("--keep", type=Path, help="keep the run directories under this folder (default: a temporary one)")
     args = p.parse_args(argv)
     times: dict[str, list[float]] = {"off": [], "auto": []}
-    with tempfile.TemporaryDirectory(prefix="fused_sweep_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fused_sweep_") as scratch:
+        tmp = args.keep or Path(scratch)
         for r in range(args.rounds):
             order = ("off", "auto") if r % 2 == 0 else ("auto", "off")
             for mode in order:
