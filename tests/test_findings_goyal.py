@@ -150,3 +150,12 @@ def test_curves_by_batch_band_is_the_t_interval_over_seeds():
     half = 4.302653 / math.sqrt(3)                       # t(0.975, 2) x std 1 / sqrt(3)
     assert band.min() == pytest.approx(2.0 - half, rel=1e-5) and band.max() == pytest.approx(2.0 + half, rel=1e-5)
     plt.close(fig)
+
+
+def test_the_baselines_own_interval_does_not_ask_for_more_seeds():
+    rows = _rule_rows({32: 0, 80: -0.01})
+    rows.loc[rows["batch_size"] == 32, "test_acc"] = 0.95 + 3 * SPREAD   # 32 against itself: [-1.38, +1.38] points
+    test = goyal.scaling_test(rows)
+    per = goyal.holding_batches(rows, "linear_warmup").set_index("batch_size")
+    assert per.loc[32, "low"] < -0.01 < per.loc[32, "high"] and per.loc[80, "low"] > -0.01
+    assert test.b_star == 80 and not test.extend_seeds
