@@ -265,7 +265,7 @@ def difference_vs_batch(ax: plt.Axes, rows: pd.DataFrame, diffs: pd.DataFrame, m
                label=f"-{100 * margin:g} point: holds above (lower end)")
     limits_from_intervals(ax, ends + [[-100 * margin]], ends + [[0.0]])
     log2_batch_axis(ax, "x", [int(b) for b in diffs["batch_size"].unique()])
-    ax.set(xlabel=axis_label("batch_size"), ylabel=f"test acc. minus the rule's own at B = {baseline_batch} (points)")
+    ax.set(xlabel=axis_label("batch_size"), ylabel=f"test acc. - same rule at B={baseline_batch} (points)")
     ax.legend(fontsize="x-small")
     return ax
 
