@@ -16,12 +16,17 @@
 # **Here** (`experiments/goyal.yaml`, every setting justified there): cnn1d with BatchNorm over ghost batches
 # of 32 (Goyal's per-worker BN), SGD momentum 0.9, lr 0.05 at batch 32 (library default, not tuned), 36
 # epochs for every batch size, step schedule x0.1 at 1/3, 2/3, 8/9; batch 32 to 4000 (full batch); rules:
-# none, linear, linear + 2-epoch warmup, sqrt, sqrt + warmup; 3 seeds. MNIST-1D has 4000 training
-# examples: B = 400 is already 10% of the data and B = 4000 gets 36 updates in all (Goyal's 8k is 0.6% of
-# ImageNet, 14k updates).
+# none, linear, linear + 2-epoch warmup, sqrt, sqrt + warmup; seeds 0-4. MNIST-1D has 4000 training
+# examples: B = 400 is already 10% of the data and B = 4000 (B/N = 1) gets 36 updates in all (Goyal's 8k
+# is 0.6% of ImageNet, 14k updates).
 #
-# A rule *breaks* at a batch size where its mean test accuracy is more than `break_drop` below the same
-# rule at `baseline_batch`, or a seed diverges (criterion fixed in the spec before the runs).
+# **Pre-registered test** (docs/protocols.md#goyal): for linear + warmup, at each B the difference of mean
+# test accuracy from B = 32 with Welch's 95% interval; B *holds* when the interval's lower end is above
+# -1 point and no seed diverged. B* = the largest B such that it and every smaller B hold. Reproduced:
+# B* >= 800 (25x the base); partly: 80 <= B* < 800; not reproduced: B* = 32.
+#
+# Secondary: B* of every rule; where each rule breaks by the *mean* (mean more than `break_drop` below the
+# rule at `baseline_batch`, or a seed diverged: the rule of the first report, kept as secondary).
 
 # %% tags=["parameters"]
 from typing import Optional
@@ -30,9 +35,13 @@ sweep: str = "goyal"                               # the sweep's name: its runs 
 runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
 out_dir: str = "reports/goyal"                     # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = "experiments/goyal.yaml"     # the spec: which rule (variant) each run belongs to
-break_drop: float = 0.01                           # a rule breaks when its test accuracy falls this far ...
-baseline_batch: int = 32                           # ... below its own value at this batch size
-curve_rules: list = ["none", "linear", "linear_warmup", "sqrt_warmup"]  # rules shown in the training curves
+test_rule: str = "linear_warmup"                   # the rule of the pre-registered test
+margin: float = 0.01                               # a batch holds when the Welch interval's lower end is above -margin
+reproduced_at: int = 800                           # reproduced when B-star is at least this (25x the base batch)
+partly_at: int = 80                                # partly when B-star is at least this (and below reproduced_at)
+break_drop: float = 0.01                           # secondary: a rule breaks when its mean falls this far ...
+baseline_batch: int = 32                           # ... below its own value at this batch (also the test's base)
+curve_rules: list = ["none", "linear", "linear_warmup", "sqrt", "sqrt_warmup"]  # rules in the training curves
 
 # %%
 import matplotlib.pyplot as plt
@@ -40,9 +49,10 @@ import pandas as pd
 
 from bsresearch import results, stats
 from bsresearch.findings import goyal
-from bsresearch.findings.goyal import rule_vs_batch
+from bsresearch.findings.goyal import curves_by_batch, difference_vs_batch, rule_vs_batch
 from bsresearch.paths import project_path, require_sweep
-from bsresearch.plots import figure_grid, learning_curves, save_figure
+from bsresearch.plots import figure_grid, save_figure
+from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
@@ -56,6 +66,40 @@ rows = results.generalization_gap(variants.runs_per_variant(runs, spec))
 unique = rows.drop_duplicates("run_id")            # for captions: each run counted once
 print(f"{runs['run_id'].nunique()} runs ({len(rows)} rule x batch x seed rows; the batch-{baseline_batch} runs "
       f"are shared by the rules):", dict(runs["state"].value_counts()), "| budget:", results.budget_description(rows))
+n_train, largest_b = int(rows["n_train"].max()), int(rows["batch_size"].max())
+print(f"largest batch {largest_b} of N = {n_train} training examples: largest B/N = {largest_b / n_train:.3g}")
+
+# %% [markdown]
+# ## The pre-registered test
+
+# %%
+test = goyal.scaling_test(rows, test_rule, "test_acc", margin=margin, baseline_batch=baseline_batch,
+                          reproduced_at=reproduced_at, partly_at=partly_at)
+holding = goyal.holding_batches(rows, test_rule, "test_acc", margin=margin, baseline_batch=baseline_batch)
+print(f"VERDICT: {test.verdict}")
+print(f"B* = {test.b_star:g} ({test.b_star_over_base:g}x the base batch {baseline_batch}; B*/N = "
+      f"{test.b_star / n_train:.3g}) for {test_rule}; first batch that does not hold: {test.first_failing:g} "
+      f"({test.why}). Threshold: reproduced if B* >= {reproduced_at}, partly if >= {partly_at}. "
+      f"Largest B/N of the grid = {largest_b / n_train:.3g}")
+if test.extend_seeds:
+    print("an interval that decides B* contains -1 point with fewer than 8 seeds: the protocol extends the sweep "
+          "once, to 8 seeds (docs/protocols.md#statistics, item 3)")
+holding.to_csv(out / "test.csv", index=False)
+holding.assign(**{c: 100 * holding[c] for c in ["diff", "low", "high"]}).rename(
+    columns={"diff": "diff (points)", "low": "Welch low", "high": "Welch high"}).round(2)
+
+# %% [markdown]
+# ## Secondary statistics
+
+# %%
+# B* of every rule (the same test applied to each; only linear + warmup decides the verdict)
+b_star = pd.DataFrame([{"rule": v, **{k: getattr(t, k) for k in ("b_star", "first_failing", "why", "verdict",
+                                                                    "extend_seeds")}}
+                       for v in order for t in [goyal.scaling_test(rows, v, "test_acc", margin=margin,
+                                                                   baseline_batch=baseline_batch,
+                                                                   reproduced_at=reproduced_at, partly_at=partly_at)]])
+b_star.to_csv(out / "b_star_per_rule.csv", index=False)
+b_star
 rows.pivot_table(index="variant", columns="batch_size", values="state", aggfunc=lambda s: (s == "diverged").sum()
                  ).loc[order].rename_axis("diverged seeds")
 
@@ -76,7 +120,7 @@ text = stats.markdown_table(table, ["variant", "batch_size"], shown, counts=("n"
 print(text)
 
 # %%
-# where each rule breaks
+# secondary: where each rule breaks by the MEAN (the first report's rule; it does not decide the verdict)
 verdict = goyal.breaking_batch(table, "test_acc", drop=break_drop, baseline_batch=baseline_batch)
 verdict.to_csv(out / "breaking.csv", index=False)
 verdict
@@ -92,19 +136,25 @@ cells.pivot(index="variant", columns="batch_size", values="text").reindex(order)
     f"test acc minus {reference_rule} (pp)")
 
 # %%
-fig, axes = figure_grid(2, width=5.2, height=3.8)
-rule_vs_batch(axes[0], rows, table, "test_acc", order=order)
-base = table[(table["variant"] == "linear_warmup") & (table["batch_size"] == baseline_batch)]["test_acc_mean"]
-if len(base):
-    axes[0].axhline(float(base.iloc[0]) - break_drop, color="0.5", linestyle=":", linewidth=1)
-rule_vs_batch(axes[1], rows, table, "train_loss", order=order, log_y=True)
-axes[1].get_legend().remove()
+colors = variant_colors(order)                     # one colour per rule in every figure
+diffs = goyal.versus_baseline_batch(rows, "test_acc", baseline_batch)
+fig, axes = figure_grid(3, width=4.4, height=3.8)
+rule_vs_batch(axes[0], rows, table, "test_acc", order=order, colors=colors)
+difference_vs_batch(axes[1], rows, diffs, margin=margin, order=order, colors=colors, baseline_batch=baseline_batch)
+rule_vs_batch(axes[2], rows, table, "train_loss", order=order, log_y=True, colors=colors)
+handles, labels = axes[1].get_legend_handles_labels()
+for ax in axes:
+    ax.get_legend().remove()
+fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize="small")
 save_figure(fig, out / "goyal_vs_batch",
-            "Goyal et al. on MNIST-1D: final test accuracy (left) and full-train loss (right) against batch size "
-            "at a fixed 36 epochs, per lr rule (lr 0.05 at batch 32; linear: x B/32, sqrt: x sqrt(B/32); "
-            "warmup: 2 epochs). Mean and 95% t-interval over the seeds that finished (faint: each seed); x at "
-            f"the bottom: a diverged seed. Dotted: {break_drop:g} below linear+warmup at batch {baseline_batch} "
-            "(the breaking threshold).", runs=unique)
+            "Goyal et al. on MNIST-1D at a fixed 36 epochs, per lr rule (lr 0.05 at batch 32; linear: x B/32, "
+            "sqrt: x sqrt(B/32); warmup: 2 epochs). Left: final test accuracy, mean and 95% t-interval over the "
+            "seeds that finished (faint: each seed). Middle: test accuracy minus the same rule's at batch "
+            f"{baseline_batch}, in points, with Welch's 95% interval: each rule is measured from its own "
+            f"baseline, so the one dotted line at -{100 * margin:g} point is every rule's threshold (a batch size "
+            "holds when the interval's lower end is above it and no seed diverged; the pre-registered test "
+            f"applies it to linear + warmup). Right: full-train loss. x at the bottom: a diverged seed. "
+            f"Largest B/N = {largest_b / n_train:.3g}.", runs=unique)
 plt.show()
 
 # %%
@@ -112,22 +162,24 @@ plt.show()
 ok = rows[rows["state"] == "ok"]
 history = results.load_history(ok, ["variant", "batch_size", "seed"])
 rules = [r for r in curve_rules if r in order]
-fig, axes = figure_grid(len(rules), width=3.8, height=3.3)
+fig, axes = figure_grid(len(rules), width=3.6, height=3.1)
 for ax, rule in zip(axes, rules):
-    learning_curves(ax, history[history["variant"] == rule], "train_loss", x="epoch", hue="batch_size",
-                    log_x=False, errorbar=None)
-    ax.set_title(rule, fontsize="medium")
-    ax.legend(fontsize="x-small", title="batch size", title_fontsize="x-small")
+    curves_by_batch(ax, history[history["variant"] == rule], "train_loss", x="epoch")
+    n_div = int(((rows["variant"] == rule) & (rows["state"] == "diverged")).sum())
+    ax.set_title(rule + (f" ({n_div} diverged runs left out)" if n_div else ""), fontsize="small")
+axes[0].legend(fontsize="x-small", title="batch size", title_fontsize="x-small")
 save_figure(fig, out / "training_curves",
-            "Full-train loss against epochs per lr rule, one line per batch size (mean over the seeds that "
-            "finished; diverged runs are left out).", runs=ok.drop_duplicates("run_id"))
+            "Full-train loss against epochs, one panel per lr rule, one line per batch size: mean over the seeds "
+            "that finished, band = 95% Student-t interval over those seeds (no band where one seed is left); "
+            "diverged runs are left out (counted in the panel titles).", runs=ok.drop_duplicates("run_id"))
 plt.show()
 
 # %%
-# the numbers the report cites: each rule at the largest batch where linear + warmup holds, and at 4000
-lw = verdict.set_index("variant").loc["linear_warmup"] if "linear_warmup" in set(verdict["variant"]) else None
+# the numbers the report cites: where linear + warmup breaks by the mean (secondary), and every rule per batch
+lw = verdict.set_index("variant").loc[test_rule] if test_rule in set(verdict["variant"]) else None
 if lw is not None:
-    print(f"linear + warmup: largest batch that holds {lw.largest_ok}, first broken {lw.first_broken} ({lw.why})")
+    print(f"{test_rule} by the mean (secondary): largest batch that holds {lw.largest_ok}, first broken "
+          f"{lw.first_broken} ({lw.why})")
 t = table.set_index(["variant", "batch_size"])
 for b in sorted(set(table["batch_size"])):
     cells = []

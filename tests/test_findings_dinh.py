@@ -1,9 +1,18 @@
-"""Dinh et al.: the ReLU rescaling keeps the function and changes the weights."""
+"""Dinh et al.: the ReLU rescaling keeps the function and changes the weights; the test on made-up tables."""
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from bsresearch.config import RunConfig
-from bsresearch.findings.dinh import relu_rescale
+from bsresearch.config import ConfigError, RunConfig
+from bsresearch.findings.dinh import (
+    absolute_and_ratios,
+    measure_vs_alpha,
+    per_model_ratios,
+    relu_rescale,
+    rescaling_test,
+)
 from bsresearch.models import build_model
 from bsresearch.runtime import make_generator
 
@@ -29,3 +38,57 @@ def test_relu_rescale_refuses_what_would_change_the_function():
         relu_rescale(net, -1.0)
     with pytest.raises(ValueError, match="needs 5 weighted layers"):
         relu_rescale(build_model(RunConfig(), (40,), 10, make_generator(0, "init")), 2.0, pair=3)
+
+
+# ----------------------------------------------------------------------------- the pre-registered test
+def _table(eig10=None, change=1e-6):
+    """Top eigenvalue at alpha 1 and 10 for 4 models; ratios 25, 10 (SB) and 3, 20 (LB); logits up to 10."""
+    at1 = {(32, 0): 2.0, (32, 1): 4.0, (4000, 0): 10.0, (4000, 1): 5.0}
+    at10 = eig10 or {(32, 0): 50.0, (32, 1): 40.0, (4000, 0): 30.0, (4000, 1): 100.0}
+    rows = []
+    for (b, seed), value in at1.items():
+        for alpha, eig in [(0.1, value / 2), (1.0, value), (10.0, at10[(b, seed)])]:
+            rows.append({"batch_size": b, "seed": seed, "alpha": alpha, "top_eigenvalue": eig,
+                         "adaptive_worst_case": 0.3 + seed / 10, "max_output_change": change, "max_abs_logit": 10.0})
+    return pd.DataFrame(rows)
+
+
+def test_rescaling_test_is_the_smallest_per_model_ratio():
+    test = rescaling_test(_table())
+    assert test.smallest_ratio == pytest.approx(3.0) and test.smallest_model == (4000, 0)
+    assert test.largest_ratio == pytest.approx(25.0) and test.n_models == 4
+    assert test.max_relative_change == pytest.approx(1e-7) and test.verdict == "partly"
+    ratios = per_model_ratios(_table()).set_index(["batch_size", "seed"])["ratio"]
+    assert dict(ratios) == pytest.approx({(32, 0): 25.0, (32, 1): 10.0, (4000, 0): 3.0, (4000, 1): 20.0})
+    high = {(32, 0): 50.0, (32, 1): 40.0, (4000, 0): 100.0, (4000, 1): 100.0}
+    assert rescaling_test(_table(high)).verdict == "reproduced"                      # Lambda = 10 exactly
+    low = {(32, 0): 50.0, (32, 1): 40.0, (4000, 0): 15.0, (4000, 1): 100.0}
+    assert rescaling_test(_table(low)).verdict == "not reproduced"                   # Lambda = 1.5
+
+
+def test_rescaling_test_not_testable_when_the_function_changed_or_models_are_missing():
+    changed = rescaling_test(_table(change=2e-3))                                    # 2e-4 of the largest logit
+    assert changed.verdict == "not testable" and "function changed" in changed.why
+    assert rescaling_test(_table(), n_models=10).verdict == "not testable"
+    with pytest.raises(ConfigError, match="max_abs_logit"):
+        rescaling_test(_table().drop(columns="max_abs_logit"))
+
+
+def test_absolute_values_beside_the_ratios():
+    table = absolute_and_ratios(_table(), ["top_eigenvalue", "adaptive_worst_case"]).set_index(
+        ["measure", "batch_size"])
+    sb = table.loc[("top_eigenvalue", 32)]
+    assert (sb["value_ref"], sb["value_alpha"], sb["ratio_min"], sb["ratio_max"]) == pytest.approx((3, 45, 10, 25))
+    assert table.loc[("adaptive_worst_case", 4000), "ratio_mean"] == pytest.approx(1.0)
+
+
+def test_measure_vs_alpha_draws_absolute_values_and_says_when_nothing_moves():
+    fig, (left, right) = plt.subplots(1, 2)
+    measure_vs_alpha(left, _table(), "top_eigenvalue")
+    measure_vs_alpha(right, _table(), "adaptive_worst_case")
+    means = [line for line in left.get_lines() if line.get_linewidth() == 1.6]
+    assert [line.get_label() for line in means] == ["batch 32 (mean of 2)", "batch 4000 (mean of 2)"]
+    assert list(np.asarray(means[0].get_ydata())) == pytest.approx([1.5, 3.0, 45.0])   # absolute, not ratios
+    assert left.get_yscale() == "log" and left.get_title() == "top_eigenvalue\nmax |x/x(1) - 1| = 24"
+    assert right.get_title().endswith("unchanged: max |x/x(1) - 1| = 0") and right.get_yscale() == "linear"
+    plt.close(fig)

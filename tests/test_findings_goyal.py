@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import variant_rows
 
@@ -46,13 +48,114 @@ def test_rule_vs_batch_draws_a_line_per_rule_and_marks_divergence():
     table = stats.summarize_states(rows, ["variant", "batch_size"], ["test_acc"])
     fig, ax = plt.subplots()
     assert rule_vs_batch(ax, rows, table, "test_acc", order=["c", "b", "a", "d"]) is ax
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = ax.get_legend()
+    assert legend is not None
+    labels = [t.get_text() for t in legend.get_texts()]
     assert labels == ["c", "b", "a", "diverged (one x per seed)"]   # d never finished: no line
-    lines = {c.get_label(): c.lines[0] for c in ax.containers}   # errorbar: (data line, caps, bars)
-    assert sorted(lines) == ["a", "b", "c"] and all(len(line.get_xdata()) == 3 for line in lines.values())
+    lines = {str(c.get_label()): c[0] for c in ax.containers}   # errorbar: (data line, caps, bars)
+    assert sorted(lines) == ["a", "b", "c"] and all(len(np.asarray(line.get_xdata())) == 3 for line in lines.values())
     a = lines["a"]
-    assert a.get_ydata()[1] == pytest.approx(0.885) and a.get_xdata()[1] == pytest.approx(32, rel=0.1)
-    crosses = {c.get_label(): len(c.get_offsets()) for c in ax.collections if c.get_label().startswith("_diverged")}
+    assert np.asarray(a.get_ydata())[1] == pytest.approx(0.885)
+    assert np.asarray(a.get_xdata())[1] == pytest.approx(32, rel=0.1)
+    crosses = {str(c.get_label()): len(np.asarray(c.get_offsets())) for c in ax.collections
+               if str(c.get_label()).startswith("_diverged")}
     assert crosses == {"_diverged b": 1, "_diverged d": 9}
     assert ax.get_xscale() == "log" and list(ax.get_xticks()) == [8, 32, 128]
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the pre-registered test: B*
+SPREAD = np.array([-0.004, -0.002, 0.0, 0.002, 0.004])   # variance 1e-5: with 5 seeds each, se 0.002, dof 8
+HALF = 2.306004 * 0.002                                    # t(0.975, 8) x se
+
+
+def _rule_rows(drops: dict[int, float], states: dict[int, list[str]] | None = None, rule: str = "linear_warmup"):
+    rows = []
+    for b, drop in drops.items():
+        for seed, noise in enumerate(SPREAD):
+            state = (states or {}).get(b, ["ok"] * 5)[seed]
+            rows.append({"variant": rule, "batch_size": b, "seed": seed, "state": state,
+                         "test_acc": 0.95 - drop + noise if state == "ok" else 0.1})
+    return pd.DataFrame(rows)
+
+
+def test_holding_batches_by_hand_and_against_scipy():
+    from scipy import stats as sps
+    rows = _rule_rows({32: 0, 80: 0, 160: 0.004, 400: 0.007, 800: 0})
+    per = goyal.holding_batches(rows, "linear_warmup").set_index("batch_size")
+    assert per.loc[160, "diff"] == pytest.approx(-0.004)
+    assert (per.loc[160, "low"], per.loc[160, "high"]) == pytest.approx((-0.004 - HALF, -0.004 + HALF), rel=1e-6)
+    oracle = sps.ttest_ind(0.943 + SPREAD, 0.95 + SPREAD, equal_var=False).confidence_interval(0.95)
+    assert (per.loc[400, "low"], per.loc[400, "high"]) == pytest.approx((oracle.low, oracle.high))
+    assert list(per["holds"]) == [True, True, True, False, True] and per.loc[32, "why"] == "the baseline"
+
+
+def test_scaling_test_b_star_is_the_last_batch_before_the_first_failure():
+    rows = _rule_rows({32: 0, 80: 0, 160: 0.004, 400: 0.007, 800: 0})   # 400: lower end -1.16 points
+    test = goyal.scaling_test(rows, "linear_warmup")
+    assert (test.b_star, test.first_failing, test.b_star_over_base) == (160, 400, 5)
+    assert test.verdict == "partly" and "-1.16" in test.why
+    assert test.extend_seeds                       # 400's interval [-1.16, -0.24] contains -1 point, 5 seeds
+    held = goyal.scaling_test(_rule_rows({32: 0, 80: 0, 160: 0, 400: 0.004, 800: 0.004}))
+    assert held.b_star == 800 and held.verdict == "reproduced" and math.isnan(held.first_failing)
+    assert not held.extend_seeds                   # lowest lower end -0.86 points: no interval contains -1
+
+
+def test_scaling_test_divergence_unfinished_runs_and_thresholds():
+    diverged = goyal.scaling_test(_rule_rows({32: 0, 80: 0, 160: 0}, {80: ["diverged"] + ["ok"] * 4}))
+    assert diverged.b_star == 32 and diverged.first_failing == 80 and diverged.verdict == "not reproduced"
+    assert "1 of 5 seeds diverged" in diverged.why
+    failed = goyal.scaling_test(_rule_rows({32: 0, 80: 0}, {80: ["failed"] + ["ok"] * 4}))
+    assert failed.verdict == "not testable" and math.isnan(failed.b_star)
+    assert goyal.scaling_test(_rule_rows({32: 0, 80: 0}, rule="none"), "linear_warmup").verdict == "not testable"
+    strict = goyal.scaling_test(_rule_rows({32: 0, 80: 0, 160: 0}), reproduced_at=200, partly_at=160)
+    assert strict.b_star == 160 and strict.verdict == "partly"
+    with pytest.raises(ConfigError, match="no column 'state'"):
+        goyal.holding_batches(_rule_rows({32: 0}).drop(columns="state"), "linear_warmup")
+
+
+# ----------------------------------------------------------------------------- figures
+def test_difference_vs_batch_keeps_every_interval_inside_the_axes():
+    rows = pd.concat([_rule_rows({32: 0, 80: 0, 400: 0.05}),
+                      _rule_rows({32: 0, 80: 0.002, 400: 0.3}, {400: ["diverged"] + ["ok"] * 4}, rule="none")])
+    diffs = goyal.versus_baseline_batch(rows, "test_acc", 32)
+    fig, ax = plt.subplots()
+    goyal.difference_vs_batch(ax, rows, diffs, margin=0.01, order=["linear_warmup", "none"])
+    bottom, top = ax.get_ylim()
+    assert bottom < 100 * diffs["low"].min() and top > 100 * diffs["high"].max() and bottom < -1 < top
+    threshold = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert len(threshold) == 1 and list(np.asarray(threshold[0].get_ydata())) == [-1.0, -1.0]
+    crosses = [c for c in ax.collections if str(c.get_label()).startswith("_diverged")]
+    assert len(crosses) == 1 and len(np.asarray(crosses[0].get_offsets())) == 1
+    plt.close(fig)
+
+
+def test_limits_from_intervals_pads_the_range():
+    fig, ax = plt.subplots()
+    goyal.limits_from_intervals(ax, [[0.0, np.nan]], [[10.0]], pad=0.1)
+    assert ax.get_ylim() == pytest.approx((-1.0, 11.0))
+    goyal.limits_from_intervals(ax, [[1.0]], [[100.0]], log=True, pad=0.5)
+    assert ax.get_ylim() == pytest.approx((0.1, 1000.0))
+    plt.close(fig)
+
+
+def test_curves_by_batch_band_is_the_t_interval_over_seeds():
+    history = pd.DataFrame({"batch_size": [32] * 6 + [80] * 2, "epoch": [1, 1, 1, 2, 2, 2, 1, 2],
+                            "train_loss": [1.0, 2.0, 3.0, 0.5, 0.5, 0.5, 1.0, 0.5]})
+    fig, ax = plt.subplots()
+    goyal.curves_by_batch(ax, history, "train_loss", log_y=False)
+    line = ax.get_lines()[0]
+    assert list(np.asarray(line.get_ydata())) == [2.0, 0.5] and line.get_label() == "32"
+    band = np.asarray(ax.collections[0].get_paths()[0].vertices)[:, 1]
+    half = 4.302653 / math.sqrt(3)                       # t(0.975, 2) x std 1 / sqrt(3)
+    assert band.min() == pytest.approx(2.0 - half, rel=1e-5) and band.max() == pytest.approx(2.0 + half, rel=1e-5)
+    plt.close(fig)
+
+
+def test_the_baselines_own_interval_does_not_ask_for_more_seeds():
+    rows = _rule_rows({32: 0, 80: -0.01})
+    rows.loc[rows["batch_size"] == 32, "test_acc"] = 0.95 + 3 * SPREAD   # 32 against itself: [-1.38, +1.38] points
+    test = goyal.scaling_test(rows)
+    per = goyal.holding_batches(rows, "linear_warmup").set_index("batch_size")
+    assert per.loc[32, "low"] < -0.01 < per.loc[32, "high"] and per.loc[80, "low"] > -0.01
+    assert test.b_star == 80 and not test.extend_seeds

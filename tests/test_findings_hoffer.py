@@ -10,9 +10,9 @@ import pytest
 from conftest import variant_rows
 
 from bsresearch import stats
+from bsresearch.config import ConfigError
 from bsresearch.findings import hoffer
-from bsresearch.findings.hoffer import distance_vs_steps, variant_points
-from bsresearch.plots.sweeps import variant_colors
+from bsresearch.findings.hoffer import distance_panel, variant_points
 
 
 def _history(variant, seed, slope, decay_at=100, last=400, warmup=0):
@@ -46,12 +46,13 @@ def test_power_fit_recovers_a_random_walk_and_the_log_model_fits_it_worse():
 
 
 def test_log_fit_uses_only_the_range_and_positive_distances():
-    t = np.array([0, 1, 10, 100, 1000, 10_000, 100_000.0])
-    d = np.array([0.0, -1.0, 1.0, 2.0, 3.0, 50.0, 99.0])   # d = log10 t on [10, 1000]; junk outside
-    fit = hoffer.fit_log_time(t, d, t_min=10, t_max=1000)
-    assert fit.n_points == 3 and fit.slope == pytest.approx(1 / math.log(10)) and fit.r2 == pytest.approx(1.0)
-    few = hoffer.fit_log_time([10, 100], [1.0, 2.0])
-    assert few.n_points == 2 and math.isnan(few.slope) and math.isnan(few.r2)
+    t = np.array([0, 1, 10, 100, 1000, 10_000, 100_000, 1e6])
+    d = np.array([0.0, -1.0, 1.0, 2.0, 3.0, 4.0, 50.0, 99.0])   # d = log10 t on [10, 10^4]; junk outside
+    fit = hoffer.fit_log_time(t, d, t_min=10, t_max=10_000)
+    assert fit.n_points == 4 and fit.decades == pytest.approx(3.0)
+    assert fit.slope == pytest.approx(1 / math.log(10)) and fit.r2 == pytest.approx(1.0)
+    few = hoffer.fit_log_time([10, 100, 1000], [1.0, 2.0, 3.0])
+    assert few.n_points == 3 and math.isnan(few.slope) and math.isnan(few.r2) and math.isnan(few.delta_aic)
 
 
 def test_constant_lr_end_is_the_last_step_at_the_peak_lr():
@@ -97,30 +98,126 @@ def test_variant_points_lists_variants_top_down_with_intervals():
     table = stats.summarize_states(rows, "variant", ["test_acc"])
     fig, ax = plt.subplots()
     variant_points(ax, rows, table, "test_acc", order=["b", "a", "c"])
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["b", "a", "c"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["b", "a", "c"]   # unknown codes stay as they are
     assert list(ax.get_yticks()) == [2, 1, 0]
     means = ax.get_lines()[0]
-    assert list(means.get_ydata()) == [2, 1, 0] and means.get_xdata() == pytest.approx([0.9] * 3)
+    assert list(np.asarray(means.get_ydata())) == [2, 1, 0] and means.get_xdata() == pytest.approx([0.9] * 3)
     plt.close(fig)
 
 
-def test_distance_vs_steps_draws_means_and_fitted_lines_on_a_log_axis():
-    hist = pd.DataFrame(_history("sb", 0, 2.0) + _history("sb", 1, 4.0) + _history("lb", 0, 0.5))
-    fits = hoffer.distance_fits(hist, t_min=2)
+def test_distance_panel_draws_the_fits_of_the_mean_curve_it_labels():
+    hist = pd.DataFrame(_history("sb", 0, 2.0) + _history("sb", 1, 4.0))
     fig, ax = plt.subplots()
-    distance_vs_steps(ax, hist, fits, order=["sb", "lb"])
+    fit = distance_panel(ax, hist, t_min=2, color="C3")
     assert ax.get_xscale() == "log"
-    solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
-    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
-    assert [line.get_label().split()[0] for line in solid] == ["sb", "lb"] and len(dashed) == 2
-    sb = solid[0]
-    assert sb.get_xdata()[0] == 1 and sb.get_ydata()[-1] == pytest.approx(3.0 * math.log(100))  # mean of seeds
-    assert dashed[0].get_ydata()[-1] == pytest.approx(3.0 * math.log(100))                     # mean fit
-    assert "R$^2$ 1.000" in sb.get_label()
+    assert fit.slope == pytest.approx(3.0) and (fit.t_min, fit.t_max) == (2, 100)   # the mean curve, first phase
+    lines = ax.get_lines()
+    thin, mean = lines[:2], lines[2]
+    x_dashed = lambda line: np.asarray(line.get_xdata(), dtype=float)   # noqa: E731
+    assert [line.get_linewidth() for line in thin] == [0.6, 0.6] and mean.get_linewidth() == 2
+    assert np.asarray(mean.get_ydata())[-1] == pytest.approx(3.0 * math.log(100))
+    dashed = next(line for line in lines if line.get_linestyle() == "--")
+    dotted = next(line for line in lines if line.get_linestyle() == ":")
+    assert x_dashed(dashed)[[0, -1]] == pytest.approx([2, 100])        # drawn over the fitted range only
+    assert np.asarray(dashed.get_ydata()) == pytest.approx(fit.predict(x_dashed(dashed)))
+    assert np.asarray(dotted.get_ydata()) == pytest.approx(fit.predict_power(x_dashed(dotted)))
+    assert dashed.get_label() == f"a + b ln t, R$^2$ {fit.r2:.3f}" and "R$^2$ 1.000" in str(dashed.get_label())
+    assert "not compared" in ax.texts[0].get_text()                      # 2 to 100: 1.7 decades < 2
     plt.close(fig)
-    fixed = variant_colors(["x", "lb", "sb"])          # one colour per variant across figures
-    fig, ax = plt.subplots()
-    distance_vs_steps(ax, hist, fits, order=["sb", "lb"], colors=fixed)
-    solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
-    assert [line.get_color() for line in solid] == [fixed["sb"], fixed["lb"]]
-    plt.close(fig)
+
+
+def test_variant_label_spells_out_the_codes():
+    assert hoffer.variant_label("lb_sqrt_gbn_ra") == "LB + sqrt lr + ghost BN + regime adaptation"
+    assert hoffer.variant_label("sb") == "SB" and hoffer.variant_label("lb_xyz") == "LB + xyz"
+
+
+# ----------------------------------------------------------------------------- AIC: log t against a power law
+def test_gaussian_aic_by_hand():
+    assert hoffer.gaussian_aic(np.array([1.0, -1.0, 1.0, -1.0]), 2) == pytest.approx(6.0)   # 4 ln(4/4) + 2*3
+    assert hoffer.gaussian_aic(np.array([2.0, 0.0]), 1) == pytest.approx(2 * math.log(2.0) + 4)
+
+
+def test_aic_prefers_the_model_that_generated_the_data_on_the_same_points():
+    rng = np.random.default_rng(0)
+    t = np.geomspace(5, 800, 40)
+    noise = rng.normal(0, 0.05, len(t))
+    log_fit = hoffer.fit_log_time(t, 1.0 + 2.0 * np.log(t) + noise)
+    power_fit = hoffer.fit_log_time(t, 0.5 * t ** 0.5 + noise)
+    assert log_fit.delta_aic > 10 and power_fit.delta_aic < -10
+    assert power_fit.alpha == pytest.approx(0.5, abs=0.01) and log_fit.slope == pytest.approx(2.0, abs=0.02)
+    assert log_fit.decades == pytest.approx(math.log10(160))
+    # the AICs are those of the residuals on d of the two least-squares fits (same points, same error model)
+    d = 1.0 + 2.0 * np.log(t) + noise
+    assert log_fit.aic_log == pytest.approx(hoffer.gaussian_aic(d - log_fit.predict(t), 2))
+    assert log_fit.aic_power == pytest.approx(hoffer.gaussian_aic(d - log_fit.predict_power(t), 2))
+    # least squares on d: no (scale, alpha) nearby does better than the fitted power law
+    best = float(np.sum((d - log_fit.predict_power(t)) ** 2))
+    for ds, da in [(1.01, 0), (0.99, 0), (1, 0.002), (1, -0.002)]:
+        assert np.sum((d - log_fit.scale * ds * t ** (log_fit.alpha + da)) ** 2) > best
+
+
+def test_aic_table_sums_runs_and_marks_short_ranges():
+    fits = pd.DataFrame({"variant": ["sb", "sb", "sb", "lb", "lb"], "t_min": [5, 5, 5, 5, 5],
+                         "t_max": [700, 700, 700, 22, 22], "decades": [2.146, 2.146, 2.146, 0.64, 0.64],
+                         "aic_log": [-10.0, -20.0, -30.0, 1.0, 2.0], "aic_power": [-4.0, -22.0, -27.0, 0.0, 5.0],
+                         "r2": [0.9] * 5, "r2_power": [0.8] * 5, "alpha": [0.5] * 5})
+    fits["delta_aic"] = fits["aic_power"] - fits["aic_log"]           # 6, -2, 3 | -1, 3
+    table = hoffer.aic_table(fits, order=["sb", "lb"]).set_index("variant")
+    sb = table.loc["sb"]
+    assert (sb["aic_log"], sb["aic_power"], sb["delta_aic"]) == (-60.0, -53.0, 7.0)
+    assert sb["n_log_better"] == 2 and sb["n_runs"] == 3 and bool(sb["tested"])
+    half = 4.302653 * np.std([6, -2, 3], ddof=1) / math.sqrt(3)                   # t(0.975, 2) = 4.3027
+    assert sb["delta_aic_mean"] == pytest.approx(7 / 3)
+    assert (sb["delta_aic_low"], sb["delta_aic_high"]) == pytest.approx((7 / 3 - half, 7 / 3 + half), rel=1e-5)
+    assert not bool(table.loc["lb", "tested"]) and table.loc["lb", "delta_aic"] == 2.0
+
+
+# ----------------------------------------------------------------------------- the pre-registered test
+def _runs(values: dict[str, list[float]], states: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    rows = []
+    for variant, accs in values.items():
+        for seed, acc in enumerate(accs):
+            state = (states or {}).get(variant, ["ok"] * len(accs))[seed]
+            rows.append({"variant": variant, "seed": seed, "state": state, "test_acc": acc})
+    return pd.DataFrame(rows)
+
+
+SPREAD = np.array([-0.02, -0.01, 0.0, 0.01, 0.02])
+
+
+def test_recipe_test_partly_when_the_recipe_closes_part_of_the_gap():
+    # equal variances 2.5e-4, n = 5: se 0.01, Welch dof 8, t(0.975, 8) = 2.306004
+    test = hoffer.recipe_test(_runs({"sb": list(0.92 + SPREAD), "lb": list(0.85 + SPREAD),
+                                     "lb_sqrt_gbn_ra": list(0.915 + SPREAD)}))
+    assert test.diff == pytest.approx(-0.005)
+    assert (test.low, test.high) == pytest.approx((-0.005 - 0.02306004, -0.005 + 0.02306004), rel=1e-6)
+    assert test.gap == pytest.approx(-0.07) and test.gap_high == pytest.approx(-0.07 + 0.02306004, rel=1e-6)
+    assert test.closed_low == pytest.approx(0.065 - 0.02306004, rel=1e-6)
+    assert test.verdict == "partly" and test.extend_seeds          # Delta's interval contains -1 point
+    assert (test.n_recipe, test.n_sb, test.n_lb, test.n_unfinished) == (5, 5, 5, 0)
+
+
+def test_recipe_test_reproduced_matches_scipy_welch():
+    from scipy import stats as sps
+    sb, recipe = 0.92 + SPREAD / 5, 0.925 + SPREAD / 4
+    test = hoffer.recipe_test(_runs({"sb": list(sb), "lb": list(0.85 + SPREAD), "lb_sqrt_gbn_ra": list(recipe)}))
+    oracle = sps.ttest_ind(recipe, sb, equal_var=False).confidence_interval(0.95)
+    assert (test.low, test.high) == pytest.approx((oracle.low, oracle.high))
+    assert test.low > -0.01 and test.verdict == "reproduced" and not test.extend_seeds
+
+
+def test_recipe_test_not_reproduced_not_testable_and_divergence():
+    gap = {"sb": list(0.92 + SPREAD), "lb": list(0.85 + SPREAD)}
+    assert hoffer.recipe_test(_runs({**gap, "lb_sqrt_gbn_ra": list(0.85 + SPREAD)})).verdict == "not reproduced"
+    no_gap = hoffer.recipe_test(_runs({"sb": list(0.92 + SPREAD), "lb": list(0.92 + SPREAD),
+                                       "lb_sqrt_gbn_ra": list(0.92 + SPREAD)}))
+    assert no_gap.verdict == "not testable" and "no gap" in no_gap.why
+    failed = _runs({**gap, "lb_sqrt_gbn_ra": list(0.925 + SPREAD / 5)},
+                   {"sb": ["ok", "ok", "ok", "ok", "failed"]})
+    assert hoffer.recipe_test(failed).verdict == "not testable" and hoffer.recipe_test(failed).n_unfinished == 1
+    diverged = _runs({**gap, "sb": list(0.92 + SPREAD / 5), "lb_sqrt_gbn_ra": [0.1, *list(0.925 + SPREAD[1:] / 5)]},
+                     {"lb_sqrt_gbn_ra": ["diverged", "ok", "ok", "ok", "ok"]})
+    test = hoffer.recipe_test(diverged)                              # would be reproduced on the 4 that finished
+    assert test.low > -0.01 and test.n_recipe_diverged == 1 and test.verdict == "partly"
+    with pytest.raises(ConfigError, match="no column 'test_acc'"):
+        hoffer.recipe_test(diverged.drop(columns="test_acc"))

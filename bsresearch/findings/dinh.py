@@ -2,18 +2,30 @@
 (a, 1/a) leaves the function unchanged but changes sharpness arbitrarily; adaptive sharpness does not move.
 
     same_function = relu_rescale(model, alpha=10.0)
-    reparameterisation_plot(ax, table, {"phi": "Keskar phi", ...})
+    test = rescaling_test(table)                      # the pre-registered test: smallest per-model ratio, verdict
+    absolute_and_ratios(table, ["top_eigenvalue"])    # SB and LB values at alpha 1 and 10 beside the ratios
+    measure_vs_alpha(ax, table, "top_eigenvalue")     # one panel per measure, absolute values
+
+`table`: one row per (model, alpha) with batch_size, seed, alpha, max_output_change, max_abs_logit and
+one column per measure (notebooks/26_dinh.py builds it).
 
 Setting and pre-registered test: docs/protocols.md#dinh.
 """
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
+from matplotlib.ticker import NullFormatter
+
+from ..config import ConfigError
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
@@ -52,15 +64,124 @@ def relu_rescale(model: nn.Module, alpha: float, pair: int = 0) -> nn.Module:
     return out
 
 
+# ----------------------------------------------------------------------------- the pre-registered test
+MODEL = ("batch_size", "seed")   # the columns that name one trained model
+
+
+def per_model_ratios(table: pd.DataFrame, measure: str = "top_eigenvalue", alpha: float = 10.0,
+                     reference_alpha: float = 1.0, model: Sequence[str] = MODEL) -> pd.DataFrame:
+    """Per model: `measure` at reference_alpha (value_ref), at alpha (value_alpha), and their ratio.
+    Models without both alphas are left out. Columns: the model columns, value_ref, value_alpha, ratio."""
+    model = list(model)
+    ref = table[np.isclose(table["alpha"], reference_alpha)].set_index(model)[measure].rename("value_ref")
+    other = table[np.isclose(table["alpha"], alpha)].set_index(model)[measure].rename("value_alpha")
+    out = pd.concat([ref, other], axis=1, join="inner").reset_index()
+    out["ratio"] = out["value_alpha"] / out["value_ref"]
+    return out
+
+
+@dataclass(frozen=True)
+class RescalingTest:
+    """docs/protocols.md#dinh: Lambda = the smallest, over models, of measure(alpha) / measure(1)."""
+    smallest_ratio: float         # Lambda (the primary statistic)
+    smallest_model: tuple         # (batch size, seed) of the model that gives it
+    largest_ratio: float
+    n_models: int
+    max_relative_change: float    # validity: max over models and alphas of max|output change| / max|logit|
+    tolerance: float              # validity holds when max_relative_change <= tolerance
+    reproduced_at: float          # Lambda >= this: reproduced
+    partly_at: float              # partly_at <= Lambda < reproduced_at: partly; below: not reproduced
+    verdict: str                  # reproduced | partly | not reproduced | not testable
+    why: str
+
+
+def rescaling_test(table: pd.DataFrame, measure: str = "top_eigenvalue", alpha: float = 10.0,
+                   reference_alpha: float = 1.0, reproduced_at: float = 10.0, partly_at: float = 2.0,
+                   tolerance: float = 1e-4, n_models: int | None = None) -> RescalingTest:
+    """The pre-registered test of docs/protocols.md#dinh from one row per (model, alpha).
+
+    Lambda = min over models of measure(alpha) / measure(reference_alpha); reproduced when Lambda >=
+    reproduced_at, partly when partly_at <= Lambda < reproduced_at, not reproduced below. Not testable
+    when the function changed (for some row, max_output_change > tolerance x max_abs_logit: the
+    rescaling is wrong), when a ratio is not finite, or when fewer than `n_models` models (if given) have
+    both alphas.
+    """
+    for column in ("batch_size", "seed", "alpha", measure, "max_output_change", "max_abs_logit"):
+        if column not in table:
+            raise ConfigError(f"rescaling_test: the table has no column {column!r}")
+    ratios = per_model_ratios(table, measure, alpha, reference_alpha)
+    relative = float((table["max_output_change"] / table["max_abs_logit"]).max()) if len(table) else math.nan
+    smallest = ratios.loc[ratios["ratio"].idxmin()] if len(ratios) and ratios["ratio"].notna().all() else None
+    lam = float(smallest["ratio"]) if smallest is not None else math.nan
+    where = (int(smallest["batch_size"]), int(smallest["seed"])) if smallest is not None else ()
+    largest = float(ratios["ratio"].max()) if len(ratios) else math.nan
+
+    def result(verdict: str, why: str) -> RescalingTest:
+        return RescalingTest(lam, where, largest, len(ratios), relative, tolerance, reproduced_at, partly_at,
+                             verdict, why)
+
+    if not relative <= tolerance:
+        return result("not testable", f"the function changed: max|output change| / max|logit| = {relative:.2g} "
+                                      f"> {tolerance:g}")
+    if not len(ratios) or (n_models is not None and len(ratios) < n_models):
+        return result("not testable", f"{len(ratios)} models with alpha {reference_alpha:g} and {alpha:g}"
+                                      + (f", {n_models} expected" if n_models is not None else ""))
+    if not (math.isfinite(lam) and np.isfinite(ratios["ratio"]).all()):
+        return result("not testable", f"a ratio of {measure} is not finite")
+    if lam >= reproduced_at:
+        return result("reproduced", f"Lambda {lam:.3g} >= {reproduced_at:g}")
+    if lam >= partly_at:
+        return result("partly", f"{partly_at:g} <= Lambda {lam:.3g} < {reproduced_at:g}")
+    return result("not reproduced", f"Lambda {lam:.3g} < {partly_at:g}")
+
+
+def absolute_and_ratios(table: pd.DataFrame, measures: Sequence[str], alpha: float = 10.0,
+                        reference_alpha: float = 1.0, by: str = "batch_size") -> pd.DataFrame:
+    """Per measure and `by` (batch size): the mean over models of the measure at reference_alpha and at
+    alpha (absolute values), and the smallest, mean and largest per-model ratio. One row per
+    (measure, batch size): measure, batch_size, n, value_ref, value_alpha, ratio_min, ratio_mean, ratio_max."""
+    out = []
+    for measure in measures:
+        ratios = per_model_ratios(table, measure, alpha, reference_alpha)
+        for b, group in ratios.groupby(by, sort=True):
+            out.append({"measure": measure, by: b, "n": len(group), "value_ref": group["value_ref"].mean(),
+                        "value_alpha": group["value_alpha"].mean(), "ratio_min": group["ratio"].min(),
+                        "ratio_mean": group["ratio"].mean(), "ratio_max": group["ratio"].max()})
+    return pd.DataFrame(out, columns=["measure", by, "n", "value_ref", "value_alpha", "ratio_min", "ratio_mean",
+                                      "ratio_max"])
+
+
 # ----------------------------------------------------------------------------- figures
-def reparameterisation_plot(ax: plt.Axes, table: pd.DataFrame, measures: dict[str, str]) -> plt.Axes:
-    """Each measure relative to its value at alpha = 1, against the rescaling alpha (log-log)."""
-    base = table.set_index("alpha").loc[1.0]
-    for column, label in measures.items():
-        ax.plot(table["alpha"], table[column] / base[column], "o-", markersize=3, label=label)
+def measure_vs_alpha(ax: plt.Axes, table: pd.DataFrame, measure: str, by: str = "batch_size",
+                     colors: dict | None = None, log_y: bool | None = None, reference_alpha: float = 1.0,
+                     invariant_below: float = 0.01, title: str | None = None) -> plt.Axes:
+    """One measure's absolute value against the rescaling alpha (log x), one colour per `by` value (batch
+    size): each model thin, the mean over models thick. The title's second line gives the largest relative
+    change from alpha = 1 over every model and alpha; below `invariant_below` it says "unchanged", so
+    measures that do not move read as such rather than as curves on top of each other. log_y: default
+    when the values are positive and span more than a factor 10."""
+    values = sorted(table[by].unique())
+    colors = colors or {v: f"C{i}" for i, v in enumerate(values)}
+    for v in values:
+        part = table[table[by] == v]
+        for _, run in part.groupby("seed", sort=True):
+            run = run.sort_values("alpha")
+            ax.plot(run["alpha"], run[measure], color=colors[v], linewidth=0.6, alpha=0.4)
+        mean = part.groupby("alpha", as_index=False)[measure].mean()
+        ax.plot(mean["alpha"], mean[measure], "o-", ms=3, color=colors[v], linewidth=1.6,
+                label=f"batch {v:g} (mean of {part['seed'].nunique()})")
+    ref = table[np.isclose(table["alpha"], reference_alpha)][[by, "seed", measure]]
+    both = table[[by, "seed", measure]].merge(ref, on=[by, "seed"], suffixes=("", "_ref"))
+    change = float((both[measure] / both[f"{measure}_ref"] - 1).abs().max())
+    note = (f"unchanged: max |x/x(1) - 1| = {change:.1g}" if change < invariant_below
+            else f"max |x/x(1) - 1| = {change:.3g}")
+    ax.set_title(f"{title or measure}\n{note}", fontsize="small")
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.axhline(1.0, color="0.6", linewidth=0.8)
-    ax.set(xlabel="rescaling alpha (layer k x alpha, layer k+1 / alpha)", ylabel="value / value at alpha = 1")
-    ax.legend(fontsize=8)
+    positive = bool((table[measure] > 0).all())
+    if log_y is None:
+        log_y = positive and float(table[measure].max() / table[measure].min()) > 10
+    if log_y and positive:
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel="alpha")
     return ax

@@ -1,10 +1,12 @@
 """Goyal et al. (2017), "Accurate, Large Minibatch SGD": linear lr scaling with gradual warmup keeps
 accuracy up to a breaking batch size. Analysis and figures; no torch import.
 
+    test = scaling_test(rows, "linear_warmup")               # the pre-registered test (B*), verdict first
+    holding_batches(rows, "linear_warmup")                     # its per-batch Welch intervals against B = 32
     table = stats.summarize_states(rows, ["variant", "batch_size"], ["test_acc"])  # rows: sweep.runs_per_variant
-    verdict = breaking_batch(table, "test_acc", drop=0.01)    # where each rule breaks
-    versus_baseline_batch(rows, "test_acc", 32)               # each rule at each batch minus itself at 32 (Welch)
-    rule_vs_batch(ax, rows, table)                            # the figure
+    verdict = breaking_batch(table, "test_acc", drop=0.01)    # secondary: where each rule breaks by the mean
+    diffs = versus_baseline_batch(rows, "test_acc", 32)       # each rule at each batch minus itself at 32 (Welch)
+    rule_vs_batch(ax, rows, table); difference_vs_batch(ax, rows, diffs)   # the figures
 
 A "rule" is a spec variant (lr scaling rule and warmup); a run diverged when its state is "diverged".
 Setting and pre-registered test: docs/protocols.md#goyal.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -29,7 +32,102 @@ from ..plots.sweeps import (
     present_in_order,
     variant_colors,
 )
-from ..stats import versus_within
+from ..stats import versus_within, welch_interval
+
+FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
+
+
+def holding_batches(rows: pd.DataFrame, rule_value: str, metric: str = "test_acc", margin: float = 0.01,
+                    baseline_batch: int = 32, rule: str = "variant", batch: str = "batch_size",
+                    confidence: float = 0.95) -> pd.DataFrame:
+    """Per batch size of one rule: mean `metric` minus the rule's at `baseline_batch`, Welch's interval over
+    the seeds that ended ok, and whether the batch size holds (docs/protocols.md#goyal): no seed diverged,
+    every run finished, and the interval's lower end is above -margin. The baseline holds by definition.
+
+    `rows`: one row per run and rule (sweep.runs_per_variant). Columns: batch, diff, low, high, n_ok,
+    n_diverged, n_unfinished, holds, why; sorted by batch size.
+    """
+    for column in (rule, batch, metric, "state"):
+        if column not in rows:
+            raise ConfigError(f"holding_batches: the runs table has no column {column!r}")
+    mine = rows[rows[rule] == rule_value]
+    ok = mine[mine["state"] == "ok"]
+    base = ok[ok[batch] == baseline_batch][metric]
+    out = []
+    for b, group in mine.groupby(batch, sort=True):
+        d = welch_interval(group[group["state"] == "ok"][metric], base, confidence)
+        n_div = int((group["state"] == "diverged").sum())
+        n_unf = int((~group["state"].isin(FINISHED)).sum())
+        if n_unf:
+            holds, why = False, f"{n_unf} runs not finished (rerun them)"
+        elif n_div:
+            holds, why = False, f"{n_div} of {len(group)} seeds diverged"
+        elif b == baseline_batch:
+            holds, why = True, "the baseline"
+        elif not math.isfinite(d.low):
+            holds, why = False, f"fewer than 2 finished seeds ({d.n_a}, baseline {d.n_b})"
+        elif d.low > -margin:
+            holds, why = True, f"lower end {100 * d.low:+.2f} points > {-100 * margin:+.2f}"
+        else:
+            holds, why = False, f"lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+        out.append({batch: b, "diff": d.diff, "low": d.low, "high": d.high, "n_ok": d.n_a, "n_diverged": n_div,
+                    "n_unfinished": n_unf, "holds": holds, "why": why})
+    return pd.DataFrame(out, columns=[batch, "diff", "low", "high", "n_ok", "n_diverged", "n_unfinished", "holds",
+                                      "why"])
+
+
+@dataclass(frozen=True)
+class ScalingTest:
+    """docs/protocols.md#goyal: B*, the largest batch size up to which a rule holds (holding_batches)."""
+    rule: str
+    baseline_batch: int
+    b_star: float          # the largest B such that it and every smaller B hold; NaN when not testable
+    first_failing: float   # the smallest B that does not hold (NaN: none fails)
+    why: str               # why it fails, or why the test cannot be computed
+    margin: float          # 0.01 = 1 point
+    reproduced_at: int     # B* >= this: reproduced
+    partly_at: int         # partly_at <= B* < reproduced_at: partly; B* below: not reproduced
+    verdict: str           # reproduced | partly | not reproduced | not testable
+    extend_seeds: bool     # an interval that decides B* contains -margin with < 8 seeds (protocol item 3)
+
+    @property
+    def b_star_over_base(self) -> float:
+        return self.b_star / self.baseline_batch
+
+
+def scaling_test(rows: pd.DataFrame, rule_value: str = "linear_warmup", metric: str = "test_acc",
+                 margin: float = 0.01, baseline_batch: int = 32, reproduced_at: int = 800, partly_at: int = 80,
+                 rule: str = "variant", batch: str = "batch_size") -> ScalingTest:
+    """The pre-registered test of docs/protocols.md#goyal for one rule: B* from holding_batches, and the
+    verdict: reproduced when B* >= reproduced_at, partly when partly_at <= B* < reproduced_at, not
+    reproduced below (B* = the baseline: no larger batch holds). Not testable when a run of the rule has
+    not finished, or the baseline has fewer than 2 seeds that ended ok."""
+    per = holding_batches(rows, rule_value, metric, margin, baseline_batch, rule, batch)
+    base = per[per[batch] == baseline_batch]
+
+    def result(b_star: float, first: float, why: str, verdict: str, extend: bool = False) -> ScalingTest:
+        return ScalingTest(rule_value, baseline_batch, b_star, first, why, margin, reproduced_at, partly_at,
+                           verdict, extend)
+
+    if not len(base) or int(base["n_ok"].iloc[0]) < 2:
+        return result(math.nan, math.nan, f"fewer than 2 finished seeds at the baseline batch {baseline_batch}",
+                      "not testable")
+    if per["n_unfinished"].sum():
+        return result(math.nan, math.nan, f"{int(per['n_unfinished'].sum())} runs not finished (rerun them)",
+                      "not testable")
+    if base["n_diverged"].iloc[0]:
+        return result(math.nan, math.nan, "a seed diverged at the baseline batch", "not testable")
+    grid = per[per[batch] >= baseline_batch]
+    failing = grid[~grid["holds"]]
+    first = float(failing[batch].iloc[0]) if len(failing) else math.nan
+    deciding = grid if not len(failing) else grid[grid[batch] <= first]
+    b_star = float(deciding[deciding["holds"]][batch].max())
+    why = str(failing["why"].iloc[0]) if len(failing) else "every batch size holds"
+    verdict = ("reproduced" if b_star >= reproduced_at else "partly" if b_star >= partly_at else "not reproduced")
+    few = int(grid["n_ok"].min()) < 8 or int(base["n_ok"].iloc[0]) < 8
+    compared = deciding[deciding[batch] != baseline_batch]     # the baseline holds by definition
+    extend = few and bool(((compared["low"] <= -margin) & (compared["high"] >= -margin)).any())
+    return result(b_star, first, why, verdict, extend)
 
 
 def breaking_batch(table: pd.DataFrame, metric: str = "test_acc", drop: float = 0.01, rule: str = "variant",
@@ -111,6 +209,87 @@ def rule_vs_batch(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, y: str 
         ax.set_yscale("log")
     else:
         plain_numbers(ax)
+    shown = table[table[hue].isin(names)]
+    seeds = rows[(rows["state"] == "ok") & rows[hue].isin(names)][y]
+    limits_from_intervals(ax, [shown[f"{y}_low"], shown[f"{y}_mean"], seeds], [shown[f"{y}_high"], seeds], log_y)
     ax.set(xlabel=axis_label("batch_size"), ylabel=axis_label(y))
     ax.legend(handles=handles, fontsize="small")
+    return ax
+
+
+def limits_from_intervals(ax: plt.Axes, lows: Sequence[Any], highs: Sequence[Any], log: bool = False,
+                          pad: float = 0.06) -> None:
+    """Set the y limits so every finite value of `lows` and `highs` (interval ends, points) lies inside
+    the axes, padded by `pad` of the range (of the log range on a log axis)."""
+    lo = np.concatenate([np.asarray(v, dtype=float).ravel() for v in lows])
+    hi = np.concatenate([np.asarray(v, dtype=float).ravel() for v in highs])
+    values = np.concatenate([lo, hi])
+    values = values[np.isfinite(values) & ((values > 0) if log else True)]
+    if not len(values):
+        return
+    bottom, top = float(values.min()), float(values.max())
+    if log:
+        span = math.log10(top / bottom) if top > bottom else 1.0
+        ax.set_ylim(bottom / 10 ** (pad * span), top * 10 ** (pad * span))
+    else:
+        span = top - bottom if top > bottom else max(abs(top), 1e-3)
+        ax.set_ylim(bottom - pad * span, top + pad * span)
+
+
+def difference_vs_batch(ax: plt.Axes, rows: pd.DataFrame, diffs: pd.DataFrame, margin: float = 0.01,
+                        hue: str = "variant", order: Sequence[str] | None = None,
+                        colors: dict[str, tuple] | None = None, baseline_batch: int = 32) -> plt.Axes:
+    """Each rule's mean metric minus its own at `baseline_batch` (versus_baseline_batch), in percentage
+    points, with Welch's 95% interval, against batch size (log2 axis); one dotted line at -margin, the
+    threshold of "holds" (docs/protocols.md#goyal), which applies to every rule because each is measured
+    from its own baseline. Diverged seeds: an x at the bottom in the rule's colour. Limits from the
+    intervals, so every bar lies inside the axes."""
+    names = present_in_order(diffs[hue], order)
+    colors = colors or variant_colors(names)
+    bottom = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+    ends: list[Any] = []
+    for i, name in enumerate(names):
+        shift = 2 ** (0.04 * (i - (len(names) - 1) / 2))
+        part = diffs[(diffs[hue] == name) & diffs["diff"].notna()].sort_values("batch_size")
+        y, low, high = 100 * part["diff"], 100 * part["low"], 100 * part["high"]
+        err = np.vstack([np.nan_to_num(y - low), np.nan_to_num(high - y)])
+        ax.errorbar(part["batch_size"] * shift, y, yerr=err, marker="o", ms=4, capsize=2, color=colors[name],
+                    label=name)
+        ends += [low, high, y]
+        diverged = rows[(rows[hue] == name) & (rows["state"] == "diverged")]
+        if len(diverged):
+            ax.scatter(diverged["batch_size"] * shift, np.full(len(diverged), 0.03), marker="x", s=30,
+                       color=colors[name], transform=bottom, zorder=4, clip_on=False, label=f"_diverged {name}")
+    ax.axhline(0.0, color="0.7", linewidth=0.8)
+    ax.axhline(-100 * margin, color="0.3", linestyle=":", linewidth=1.2,
+               label=f"-{100 * margin:g} point: holds above (lower end)")
+    limits_from_intervals(ax, ends + [[-100 * margin]], ends + [[0.0]])
+    log2_batch_axis(ax, "x", [int(b) for b in diffs["batch_size"].unique()])
+    ax.set(xlabel=axis_label("batch_size"), ylabel=f"test acc. - same rule at B={baseline_batch} (points)")
+    ax.legend(fontsize="x-small")
+    return ax
+
+
+def curves_by_batch(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", x: str = "epoch",
+                    hue: str = "batch_size", log_y: bool = True, colors: dict[Any, Any] | None = None,
+                    confidence: float = 0.95) -> plt.Axes:
+    """`y` against `x` from a long-form history, one line per `hue` value (batch size): the mean over seeds
+    at each evaluation and a band of its Student-t interval over seeds (stats.t_interval; no band where
+    only one seed is left). `colors`: hue value -> colour (default: viridis by rank)."""
+    from ..stats import t_interval
+    values = sorted(history[hue].dropna().unique())
+    cmap = plt.get_cmap("viridis")
+    colors = colors or {v: cmap(i / max(len(values) - 1, 1)) for i, v in enumerate(values)}
+    for v in values:
+        rows = []
+        for at, group in history[history[hue] == v].groupby(x, sort=True):
+            mean, _, low, high = t_interval(group[y], confidence)
+            rows.append((at, mean, low, high))
+        curve = pd.DataFrame(rows, columns=[x, "mean", "low", "high"])
+        label = f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v)
+        ax.plot(curve[x], curve["mean"], color=colors[v], label=label, linewidth=1.2)
+        ax.fill_between(curve[x], curve["low"], curve["high"], color=colors[v], alpha=0.2, linewidth=0)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
     return ax

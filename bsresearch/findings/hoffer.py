@@ -2,9 +2,11 @@
 adaptation close the large-batch gap; the distance from initialisation grows like log(t). Analysis and
 figures; no torch import.
 
+    test = recipe_test(rows)                                     # the pre-registered test: verdict first
     ingredient_effects(rows, "test_acc", ["lb", "lb_sqrt", "lb_gbn", "lb_sqrt_gbn"])  # each ingredient's effect
     fits = distance_fits(results.load_history(rows, ["variant", "seed"]))            # distance vs log(steps)
-    distance_vs_steps(ax, history, fits)
+    aic_table(fits)                                              # log t against a power law, per variant
+    distance_panel(ax, history[history.variant == "sb"], t_min=5)
 
 Distances are the history's `distance_from_init`: the L2 norm of (weights - initial weights) over all
 parameters. Setting and pre-registered test: docs/protocols.md#hoffer.
@@ -19,14 +21,97 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
+from ..config import ConfigError
 from ..plots.sweeps import (
     axis_label,
     interval_yerr,
     present_in_order,
-    variant_colors,
 )
 from ..stats import welch_interval
+
+# ----------------------------------------------------------------------------- the pre-registered test
+FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
+
+
+@dataclass(frozen=True)
+class RecipeTest:
+    """docs/protocols.md#hoffer: the recipe (LB with sqrt lr, ghost BN and regime adaptation) against SB.
+
+    Every difference is mean(first) - mean(second) of the final metric over the seeds that ended ok, with
+    Welch's 95% interval, in the metric's units (accuracy: a fraction; 0.01 = 1 point).
+    """
+    diff: float              # Delta: recipe - sb (the primary statistic)
+    low: float
+    high: float
+    gap: float               # lb - sb: the gap to close (validity: its interval lies below -margin)
+    gap_low: float
+    gap_high: float
+    closed: float            # recipe - lb: how much of the gap the recipe closes (decides "partly")
+    closed_low: float
+    closed_high: float
+    n_recipe: int            # seeds that ended ok
+    n_sb: int
+    n_lb: int
+    n_recipe_diverged: int   # a diverged seed of the recipe counts against it: never "reproduced"
+    n_unfinished: int        # runs of the three variants that failed, timed out, ... (rerun them)
+    margin: float            # 0.01 = 1 point
+    verdict: str             # reproduced | partly | not reproduced | not testable
+    why: str                 # the rule that decided, in words
+    extend_seeds: bool       # an interval that decides contains its threshold with < 8 seeds (protocol item 3)
+
+
+def _straddles(low: float, high: float, threshold: float) -> bool:
+    return bool(low <= threshold <= high)
+
+
+def recipe_test(rows: pd.DataFrame, metric: str = "test_acc", margin: float = 0.01, recipe: str = "lb_sqrt_gbn_ra",
+                small: str = "sb", large: str = "lb", by: str = "variant") -> RecipeTest:
+    """The pre-registered test of docs/protocols.md#hoffer, from one row per run (sweep.runs_per_variant).
+
+    reproduced: Delta = recipe - small has a Welch interval whose lower end is above -margin, and no seed of
+    the recipe diverged; partly: not so, but recipe - large has an interval above 0 (part of the gap is
+    closed); not reproduced: neither. not testable: a run of the three variants has not finished (state
+    other than ok or diverged), a variant has fewer than 2 finished seeds, or there is no gap to close
+    (large - small does not have its interval's upper end below -margin).
+    """
+    for column in (by, metric, "state"):
+        if column not in rows:
+            raise ConfigError(f"recipe_test: the runs table has no column {column!r}; it needs {by}, {metric}, state")
+    mine = rows[rows[by].isin([recipe, small, large])]
+    ok = mine[mine["state"] == "ok"]
+    unfinished = int((~mine["state"].isin(FINISHED)).sum())
+    diverged = int(((mine[by] == recipe) & (mine["state"] == "diverged")).sum())
+    d = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == small][metric])
+    gap = welch_interval(ok[ok[by] == large][metric], ok[ok[by] == small][metric])
+    closed = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == large][metric])
+    n_large = gap.n_a
+    if unfinished:
+        verdict, why = "not testable", f"{unfinished} runs have not finished (rerun them with --retry-failed)"
+    elif min(d.n_a, d.n_b, n_large) < 2 or not (math.isfinite(d.low) and math.isfinite(gap.high)):
+        verdict, why = "not testable", (f"fewer than 2 finished seeds (recipe {d.n_a}, {small} {d.n_b}, "
+                                        f"{large} {n_large})")
+    elif not gap.high < -margin:
+        verdict, why = "not testable", (f"no gap to close: {large} - {small} interval's upper end "
+                                        f"{100 * gap.high:+.2f} points is not below {-100 * margin:+.2f}")
+    elif d.low > -margin and not diverged:
+        verdict, why = "reproduced", f"Delta's lower end {100 * d.low:+.2f} points > {-100 * margin:+.2f}"
+    elif closed.low > 0:
+        verdict, why = "partly", (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                  + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                  + f"; recipe - {large} lower end {100 * closed.low:+.2f} > 0")
+    else:
+        verdict, why = "not reproduced", (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                          + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                          + f"; recipe - {large} lower end {100 * closed.low:+.2f} <= 0")
+    deciding = [(gap.low, gap.high, -margin), (d.low, d.high, -margin)]
+    if verdict in ("partly", "not reproduced"):
+        deciding.append((closed.low, closed.high, 0.0))
+    computed = not unfinished and min(d.n_a, d.n_b, n_large) >= 2
+    extend = computed and min(d.n_a, d.n_b, n_large) < 8 and any(_straddles(*x) for x in deciding)
+    return RecipeTest(d.diff, d.low, d.high, gap.diff, gap.low, gap.high, closed.diff, closed.low, closed.high,
+                      d.n_a, d.n_b, n_large, diverged, unfinished, margin, verdict, why, extend)
 
 
 # ----------------------------------------------------------------------------- ingredients of the recipe
@@ -70,9 +155,11 @@ class LogTimeFit:
     """Least-squares fits of the distance d(t) from initialisation against the step t, over t_min..t_max.
 
     log model:   d = intercept + slope * ln t       (Hoffer et al.: "ultra-slow diffusion")
-    power model: d = scale * t ** alpha             (fitted as ln d = ln scale + alpha ln t; a random walk
-                                                     at a fixed step size has alpha = 1/2)
-    Both R^2 are computed on d itself (the power model's prediction back-transformed), so they compare.
+    power model: d = scale * t ** alpha             (a random walk at a fixed step size has alpha = 1/2)
+    Both are fitted to the same points by least squares on d itself (the same error model: independent
+    Gaussian errors of one variance on d), so their R^2 and AIC compare. AIC = n ln(RSS/n) + 2k with k = 3
+    (two parameters and the variance) for both; delta_aic = aic_power - aic_log > 0 favours the log model
+    (by Burnham & Anderson's rule of thumb, > 2 is support, > 10 strong support).
     """
     slope: float        # distance per unit of ln t (per factor e of steps)
     intercept: float    # distance at t = 1 by the log model
@@ -80,15 +167,19 @@ class LogTimeFit:
     alpha: float        # power-law exponent
     scale: float        # power-law prefactor
     r2_power: float     # R^2 of the power model, on d
+    aic_log: float
+    aic_power: float
+    delta_aic: float    # aic_power - aic_log: > 0 favours d = a + b ln t
     n_points: int
-    t_min: float
+    t_min: float        # the smallest and largest step of the points fitted (the requested range before a fit)
     t_max: float
+    decades: float      # log10(t_max / t_min) of the points fitted
 
-    def predict(self, t: np.ndarray) -> np.ndarray:
+    def predict(self, t: Sequence[float] | np.ndarray) -> np.ndarray:
         """The log model's distance at steps t."""
         return self.intercept + self.slope * np.log(np.asarray(t, dtype=float))
 
-    def predict_power(self, t: np.ndarray) -> np.ndarray:
+    def predict_power(self, t: Sequence[float] | np.ndarray) -> np.ndarray:
         return self.scale * np.asarray(t, dtype=float) ** self.alpha
 
 
@@ -97,25 +188,48 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float:
     return 1.0 - float(((y - pred) ** 2).sum()) / total if total > 0 else math.nan
 
 
-def fit_log_time(steps: Sequence[float], distance: Sequence[float], t_min: float = 1.0,
-                 t_max: float = math.inf) -> LogTimeFit:
-    """Fit d = a + b ln t (and d = c t^alpha) to the points with t_min <= t <= t_max and d > 0.
+def gaussian_aic(residuals: np.ndarray, n_parameters: int) -> float:
+    """AIC of a least-squares fit with independent Gaussian errors of one unknown variance:
+    n ln(RSS/n) + 2k, k = n_parameters + 1 (the variance). RSS is floored at 1e-300 (an exact fit)."""
+    n = len(residuals)
+    rss = max(float(np.sum(np.square(residuals))), 1e-300)
+    return n * math.log(rss / n) + 2 * (n_parameters + 1)
 
-    Fewer than 3 such points give NaN parameters (n_points says how many there were).
+
+def _power_fit(t: np.ndarray, d: np.ndarray) -> tuple[float, float]:
+    """(scale, alpha) of d = scale t^alpha by least squares on d, started from the fit of ln d on ln t."""
+    from scipy.optimize import curve_fit
+    alpha0, log_scale0 = np.polyfit(np.log(t), np.log(d), 1)
+    try:
+        (scale, alpha), _ = curve_fit(lambda x, c, a: c * x ** a, t, d, p0=(math.exp(log_scale0), alpha0),
+                                      maxfev=10_000)
+    except RuntimeError:   # no convergence: keep the log-log fit (its RSS on d is then an upper bound)
+        scale, alpha = math.exp(log_scale0), alpha0
+    return float(scale), float(alpha)
+
+
+def fit_log_time(steps: Sequence[float] | np.ndarray, distance: Sequence[float] | np.ndarray, t_min: float = 1.0,
+                 t_max: float = math.inf) -> LogTimeFit:
+    """Fit d = a + b ln t and d = c t^alpha, both by least squares on d, to the points with
+    t_min <= t <= t_max and d > 0.
+
+    Fewer than 4 such points give NaN parameters (n_points says how many there were; the requested
+    t_min and t_max are kept).
     """
     t = np.asarray(steps, dtype=float)
     d = np.asarray(distance, dtype=float)
     keep = (t >= t_min) & (t <= t_max) & (t > 0) & np.isfinite(d) & (d > 0)
     t, d = t[keep], d[keep]
-    if len(t) < 3:
+    if len(t) < 4:
         nan = math.nan
-        return LogTimeFit(nan, nan, nan, nan, nan, nan, len(t), t_min, t_max)
+        return LogTimeFit(nan, nan, nan, nan, nan, nan, nan, nan, nan, len(t), t_min, t_max, nan)
     slope, intercept = np.polyfit(np.log(t), d, 1)
-    alpha, log_scale = np.polyfit(np.log(t), np.log(d), 1)
-    r2 = _r2(d, intercept + slope * np.log(t))
-    r2_power = _r2(d, math.exp(log_scale) * t ** alpha)
-    return LogTimeFit(float(slope), float(intercept), r2, float(alpha), math.exp(log_scale), r2_power,
-                      len(t), float(t.min()), float(t.max()))
+    scale, alpha = _power_fit(t, d)
+    pred_log, pred_power = intercept + slope * np.log(t), scale * t ** alpha
+    aic_log, aic_power = gaussian_aic(d - pred_log, 2), gaussian_aic(d - pred_power, 2)
+    return LogTimeFit(float(slope), float(intercept), _r2(d, pred_log), alpha, scale, _r2(d, pred_power),
+                      aic_log, aic_power, aic_power - aic_log, len(t), float(t.min()), float(t.max()),
+                      math.log10(float(t.max() / t.min())))
 
 
 def constant_lr_end(history: pd.DataFrame, rtol: float = 1e-6) -> float:
@@ -132,7 +246,11 @@ def constant_lr_end(history: pd.DataFrame, rtol: float = 1e-6) -> float:
     return float(rows[rows["lr"] >= peak * (1 - rtol)]["step"].max())
 
 
-def distance_fits(history: pd.DataFrame, by: Sequence[str] = ("variant", "seed"), t_min: float = 10.0,
+FIT_T_MIN = 5.0      # first step of the distance fits: the SB's first lr phase (to step ~750) then spans 2.2 decades
+MIN_DECADES = 2.0    # a log-t vs power-law comparison needs points over at least this many decades of steps
+
+
+def distance_fits(history: pd.DataFrame, by: Sequence[str] = ("variant", "seed"), t_min: float = FIT_T_MIN,
                   first_phase: bool = True) -> pd.DataFrame:
     """fit_log_time per run of a long-form history (results.load_history), one row per run.
 
@@ -151,13 +269,61 @@ def distance_fits(history: pd.DataFrame, by: Sequence[str] = ("variant", "seed")
     return pd.DataFrame(rows)
 
 
+def aic_table(fits: pd.DataFrame, by: str = "variant", min_decades: float = MIN_DECADES,
+              order: Sequence[str] | None = None) -> pd.DataFrame:
+    """Log t against the power law per run type, from distance_fits (one row per run).
+
+    Per value of `by`: n_runs, the fitted range (t_min, t_max, decades: the smallest over the runs),
+    the AICs summed over the runs (the AIC of fitting every run with its own parameters), their
+    difference aic_power - aic_log (> 0 favours log t), the mean per-run difference with its 95% t
+    interval over seeds, n_log_better (runs with delta_aic > 0), and `tested`: every run's points span at
+    least `min_decades` decades (otherwise the comparison says little and is not read as evidence).
+    """
+    from ..stats import t_interval
+
+    def total(values: pd.Series) -> float:
+        return float(values.sum()) if len(values) else math.nan
+
+    out = []
+    for name, group in fits.groupby(by, sort=False):
+        group = group.dropna(subset=["delta_aic"])
+        mean, _, low, high = t_interval(group["delta_aic"])
+        decades = float(group["decades"].min()) if len(group) else math.nan
+        out.append({by: name, "n_runs": len(group),
+                    "t_min": float(group["t_min"].min()) if len(group) else math.nan,
+                    "t_max": float(group["t_max"].max()) if len(group) else math.nan, "decades": decades,
+                    "aic_log": total(group["aic_log"]), "aic_power": total(group["aic_power"]),
+                    "delta_aic": total(group["delta_aic"]), "delta_aic_mean": mean,
+                    "delta_aic_low": low, "delta_aic_high": high,
+                    "n_log_better": int((group["delta_aic"] > 0).sum()),
+                    "r2_log": float(group["r2"].mean()), "r2_power": float(group["r2_power"].mean()),
+                    "alpha": float(group["alpha"].mean()),
+                    "tested": bool(len(group)) and decades >= min_decades})
+    table = pd.DataFrame(out)
+    if order is not None and len(table):
+        table = table.set_index(by).loc[[v for v in order if v in set(table[by])]].reset_index()
+    return table
+
+
 # ----------------------------------------------------------------------------- figures
+BASE_LABELS = {"sb": "SB", "lb": "LB"}
+INGREDIENT_LABELS = {"sqrt": "sqrt lr", "gbn": "ghost BN", "ra": "regime adaptation"}
+
+
+def variant_label(name: str, sep: str = "_") -> str:
+    """A readable name for a variant code: "lb_sqrt_gbn_ra" -> "LB + sqrt lr + ghost BN + regime adaptation".
+    Unknown parts are kept as they are."""
+    base, *ingredients = name.split(sep)
+    return " + ".join([BASE_LABELS.get(base, base), *[INGREDIENT_LABELS.get(i, i) for i in ingredients]])
+
+
 def variant_points(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, y: str = "test_acc",
-                   by: str = "variant", order: Sequence[str] | None = None) -> plt.Axes:
+                   by: str = "variant", order: Sequence[str] | None = None, labels: bool = True) -> plt.Axes:
     """One row of the y axis per variant: the mean of `y` over seeds with its t-interval, seeds as dots.
 
     `rows`: one row per run (state ok are drawn); `table`: stats.summarize_states (or stats.summarize)
-    by `by`. Variants are listed top to bottom in `order` (default: the table's order).
+    by `by`. Variants are listed top to bottom in `order` (default: the table's order); `labels`: tick
+    labels by variant_label (else the codes).
     """
     names = present_in_order(table[by], order)
     positions = {name: len(names) - 1 - i for i, name in enumerate(names)}
@@ -168,39 +334,49 @@ def variant_points(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, y: str
     jitter = np.linspace(-0.12, 0.12, 5)
     ax.scatter(ok[y], [positions[n] + jitter[i % 5] for i, n in enumerate(ok[by])], s=10, color="0.3",
                alpha=0.45, linewidths=0, label="seeds")
-    ax.set_yticks(list(positions.values()), list(positions.keys()))
+    ax.set_yticks(list(positions.values()), [variant_label(n) if labels else n for n in positions])
     ax.set_ylim(-0.6, len(names) - 0.4)
     ax.set(xlabel=axis_label(y))
     ax.grid(axis="x", alpha=0.3)
     return ax
 
 
-def distance_vs_steps(ax: plt.Axes, history: pd.DataFrame, fits: pd.DataFrame | None = None,
-                      hue: str = "variant", order: Sequence[str] | None = None, x: str = "step",
-                      colors: dict[str, tuple] | None = None) -> plt.Axes:
-    """Distance from initialisation against steps on a log x axis (so d = a + b ln t is a straight line).
+def distance_panel(ax: plt.Axes, history: pd.DataFrame, t_min: float = FIT_T_MIN, color: object = "C0",
+                   x: str = "step", min_decades: float = MIN_DECADES) -> LogTimeFit:
+    """One variant's distance from initialisation against steps (log x axis), with the two fits drawn.
 
-    `history`: long form (results.load_history with the `hue` column); the line is the mean over seeds
-    at each evaluated step, the band the range over seeds. `fits` (distance_fits, one row per run
-    with `hue`): the log model with the seeds' mean slope and intercept is drawn dashed over the fitted
-    range, its mean R^2 in the legend. `colors`: hue value -> colour (default: variant_colors of the order).
+    `history`: the long-form history (results.load_history) of ONE variant's runs. Drawn: each run thin,
+    the mean over runs at each step thick; the fitted range shaded; over that range, the log model
+    (dashed) and the power law (dotted) fitted to the drawn mean curve (fit_log_time from t_min to the
+    end of the first lr phase), so the R^2 and AIC in the legend are those of the lines drawn. Returns
+    that fit.
     """
-    names = present_in_order(history[hue], order)
-    colors = colors or variant_colors(names)
-    for name in names:
-        curve = (history[(history[hue] == name) & (history[x] > 0)]
-                 .groupby(x)["distance_from_init"].agg(["mean", "min", "max"]).reset_index())
-        label = name
-        if fits is not None and (fits[hue] == name).any():
-            mine = fits[fits[hue] == name].dropna(subset=["slope"])
-            if len(mine):
-                t = np.geomspace(mine["t_min"].min(), mine["t_max"].max(), 50)
-                ax.plot(t, mine["intercept"].mean() + mine["slope"].mean() * np.log(t), "--", color=colors[name],
-                        linewidth=1)
-                label = f"{name} (log fit R$^2$ {mine['r2'].mean():.3f})"
-        ax.plot(curve[x], curve["mean"], color=colors[name], label=label)
-        ax.fill_between(curve[x], curve["min"], curve["max"], color=colors[name], alpha=0.15, linewidth=0)
+    keys = [c for c in ("run_id", "seed") if c in history] or [x]
+    curves = history[history[x] > 0]
+    for _, run in curves.groupby(keys[0], sort=False):
+        run = run.sort_values(x)
+        ax.plot(run[x], run["distance_from_init"], color=color, linewidth=0.6, alpha=0.4)
+    mean = curves.groupby(x, as_index=False)["distance_from_init"].mean()
+    ax.plot(mean[x], mean["distance_from_init"], color=color, linewidth=2,
+            label=f"mean of {curves[keys[0]].nunique()} runs")
+    ends = [constant_lr_end(run) for _, run in history.groupby(keys[0], sort=False)] if "lr" in history else []
+    fit = fit_log_time(mean[x], mean["distance_from_init"], t_min, min(ends) if ends else math.inf)
+    if fit.n_points >= 4:
+        ax.axvspan(fit.t_min, fit.t_max, color="0.9", zorder=0, linewidth=0)
+        t = np.geomspace(fit.t_min, fit.t_max, 60)
+        ax.plot(t, fit.predict(t), "--", color="k", linewidth=1.2, label=f"a + b ln t, R$^2$ {fit.r2:.3f}")
+        ax.plot(t, fit.predict_power(t), ":", color="k", linewidth=1.5,
+                label=f"c t^{fit.alpha:.2f}, R$^2$ {fit.r2_power:.3f}")
+        verdict = "log better" if fit.delta_aic > 0 else "power better"
+        note = (f"AIC power - log {fit.delta_aic:+.1f} ({verdict})" if fit.decades >= min_decades
+                else f"fit over {fit.decades:.1f} decades < {min_decades:g}: not compared")
+        ax.text(0.02, 0.98, f"fitted: steps {fit.t_min:g}-{fit.t_max:g}\n{note}", transform=ax.transAxes,
+                va="top", fontsize="x-small")
+    else:
+        ax.text(0.02, 0.98, f"{fit.n_points} evaluations from step {t_min:g} to the first lr decay: no fit",
+                transform=ax.transAxes, va="top", fontsize="x-small")
     ax.set_xscale("log")
-    ax.set(xlabel=axis_label(x), ylabel="distance from initialisation |w - w0|")
-    ax.legend(fontsize="small")
-    return ax
+    ax.xaxis.set_minor_formatter(NullFormatter())   # a short run's axis would label every minor tick
+    ax.set(xlabel=axis_label(x), ylabel="|w - w0|")
+    ax.legend(fontsize="x-small", loc="lower right")
+    return fit
