@@ -172,6 +172,167 @@ def fit_tuned_lr(table: pd.DataFrame, lr: str = "lr", by: str = "batch_size", co
                  rms_log_residual=fit.rms_log_residual, confidence=confidence)
 
 
+# ----------------------------------------------------------------------------- the two-stage design and the tests
+SELECTION_SEEDS = (1, 2)       # the best lr of a batch size is chosen on these (docs/protocols.md#steps-to-target)
+MIN_REACHED = 3                # a batch size where fewer seeds reached the target is left out of the fit
+MIN_BATCH_SIZES = 6            # validity: batch sizes in the fit
+NOISE_RATIO_RANGE = (0.1, 10.0)  # r = B_simple,target / B_crit must lie within this (McCandlish: "order of magnitude")
+
+
+def add_confirmation_seeds(per_seed: pd.DataFrame, confirmation: pd.DataFrame | None, best: pd.DataFrame,
+                           by: str = "batch_size", lr: str = "lr") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The selection runs at their best lr (at_best_lr) plus the confirmation seeds' runs (the seeds sweep, one
+    lr per batch size) that were run at that best lr. Returns (runs with a `stage` column, "selection" or
+    "confirmation"; mismatches: one row per batch size whose confirmation runs used another lr, with
+    lr_run, lr_best and n_runs, those runs being left out)."""
+    selection = per_seed.assign(stage="selection")
+    empty = pd.DataFrame(columns=[by, "lr_run", "lr_best", "n_runs"])
+    if confirmation is None or not len(confirmation):
+        return selection, empty
+    best_lr = best.set_index(by)[lr]
+    chosen = confirmation[by].map(best_lr)
+    keep = confirmation[np.isclose(confirmation[lr].astype(float), chosen.astype(float))]
+    off = confirmation[~confirmation.index.isin(keep.index)]
+    mismatches = (off.groupby([by, lr]).size().rename("n_runs").reset_index().rename(columns={lr: "lr_run"})
+                  .assign(lr_best=lambda d: d[by].map(best_lr)))[[by, "lr_run", "lr_best", "n_runs"]]
+    runs = pd.concat([selection, keep.assign(stage="confirmation")], ignore_index=True)
+    return runs.sort_values([by, "seed"]).reset_index(drop=True), (mismatches if len(mismatches) else empty)
+
+
+def fit_points(per_seed: pd.DataFrame, steps: str = "steps_to_target", by: str = "batch_size",
+               min_reached: int = MIN_REACHED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The protocol's points of the B_crit fit from the runs at the best lr: a run that did not reach the
+    target (diverged or capped: no steps) is left out, and a batch size where fewer than `min_reached` seeds
+    reached it is left out altogether. Returns (points: the rows that enter the fit; per batch size:
+    n_seeds, n_reached, in_fit)."""
+    reached = pd.to_numeric(per_seed[steps], errors="coerce").notna()
+    counts = per_seed.assign(_reached=reached).groupby(by).agg(n_seeds=("seed", "size"), n_reached=("_reached", "sum"))
+    counts["n_reached"] = counts["n_reached"].astype(int)
+    counts["in_fit"] = counts["n_reached"] >= min_reached
+    points = per_seed[reached & per_seed[by].map(counts["in_fit"]).astype(bool)]
+    return points.reset_index(drop=True), counts.reset_index()
+
+
+@dataclass(frozen=True)
+class CriticalBatchTest:
+    """The pre-registered steps-to-target test (docs/protocols.md#steps-to-target): B_crit's interval against
+    [4 B_min, B_max/4], B_min and B_max the smallest and largest batch sizes in the fit."""
+    b_crit: float
+    b_crit_low: float
+    b_crit_high: float
+    lower: float                # 4 B_min
+    upper: float                # B_max / 4
+    n_batch_sizes: int
+    all_interior: bool          # every best lr strictly inside its grid
+    valid: bool
+    verdict: str                # reproduced | partly | not reproduced | not testable
+    reason: str                 # why, in words
+
+
+def critical_batch_test(fit: CriticalBatchFit, batch_sizes: Sequence[float], all_interior: bool,
+                        min_batch_sizes: int = MIN_BATCH_SIZES) -> CriticalBatchTest:
+    """The verdict of the steps-to-target test from the fit on the protocol's points (fit_points) and the
+    batch sizes in it: reproduced if B_crit's interval lies within [4 B_min, B_max/4], partly if only the
+    point does, not reproduced if the point does not; not testable when a best lr is on its grid's edge or
+    fewer than `min_batch_sizes` batch sizes are in the fit."""
+    sizes = sorted({float(b) for b in batch_sizes})
+    lower, upper = 4 * sizes[0], sizes[-1] / 4
+    low, high = fit.b_crit_interval
+    problems = ([] if all_interior else ["a best lr is on its grid's edge"]) + (
+        [] if len(sizes) >= min_batch_sizes else [f"{len(sizes)} batch sizes in the fit (< {min_batch_sizes})"])
+    inside = f"[4 B_min, B_max/4] = [{lower:.3g}, {upper:.3g}]"
+    if problems:
+        verdict, reason = "not testable", "; ".join(problems)
+    elif not lower <= fit.b_crit <= upper:
+        verdict, reason = "not reproduced", f"B_crit {fit.b_crit:.3g} outside {inside}"
+    elif lower <= low and high <= upper:
+        verdict, reason = "reproduced", f"B_crit's interval [{low:.3g}, {high:.3g}] within {inside}"
+    else:
+        verdict, reason = "partly", f"B_crit {fit.b_crit:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not"
+    return CriticalBatchTest(fit.b_crit, low, high, lower, upper, len(sizes), all_interior, not problems, verdict,
+                             reason)
+
+
+@dataclass(frozen=True)
+class NoiseRatioTest:
+    """The pre-registered noise-scale test (docs/protocols.md#steps-to-target-noise): r = B_simple,target /
+    B_crit, B_simple,target = mean tr(Sigma) / mean |G|^2 over the fit's runs at their target weights."""
+    b_simple: float
+    n_runs: int
+    ratio: float
+    ratio_low: float            # B_simple / B_crit,high
+    ratio_high: float           # B_simple / B_crit,low
+    lower: float
+    upper: float
+    verdict: str
+    reason: str
+
+
+def noise_ratio_test(at_weights: pd.DataFrame, b_crit: CriticalBatchTest,
+                     bounds: tuple[float, float] = NOISE_RATIO_RANGE) -> NoiseRatioTest:
+    """r and its interval [B_simple / B_crit,high, B_simple / B_crit,low] against `bounds`: reproduced if r
+    and both ends lie within, partly if r does, not reproduced if not; not testable when the B_crit test is
+    (`at_weights`: one row per run of the fit with trace_cov and grad_sq_norm at its target weights)."""
+    b_simple = float(at_weights["trace_cov"].mean() / at_weights["grad_sq_norm"].mean())
+    ratio = b_simple / b_crit.b_crit
+    low = b_simple / b_crit.b_crit_high if b_crit.b_crit_high > 0 else math.nan
+    high = b_simple / b_crit.b_crit_low if b_crit.b_crit_low > 0 else math.inf
+    lo, hi = bounds
+    inside = f"[{lo:g}, {hi:g}]"
+    if not b_crit.valid:
+        verdict, reason = "not testable", f"the B_crit test is not testable ({b_crit.reason})"
+    elif not lo <= ratio <= hi:
+        verdict, reason = "not reproduced", f"r = {ratio:.3g} outside {inside}"
+    elif lo <= low and high <= hi:
+        verdict, reason = "reproduced", f"r = {ratio:.3g} and its interval [{low:.3g}, {high:.3g}] within {inside}"
+    else:
+        verdict, reason = "partly", f"r = {ratio:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not"
+    return NoiseRatioTest(b_simple, len(at_weights), ratio, low, high, lo, hi, verdict, reason)
+
+
+def largest_batch_fraction(runs: pd.DataFrame) -> tuple[float, int, int]:
+    """(B/N, B, N) for the largest batch size of `runs`, N the training examples (n_train)."""
+    b = int(runs["batch_size"].max())
+    n = int(runs.loc[runs["batch_size"] == b, "n_train"].iloc[0])
+    return b / n, b, n
+
+
+# ----------------------------------------------------------------------------- B_crit at several targets
+def steps_at_targets(history: pd.DataFrame, targets: Sequence[float], loss: str = "train_loss") -> pd.DataFrame:
+    """Per run (of load_history) and target: steps_to_target = the step of the first evaluation with `loss`
+    <= target (no interpolation; NaN if none: diverged, capped, or the run stopped at a tighter target
+    first, which cannot happen for a looser one). Columns: run_id, batch_size, lr (the config's), seed,
+    target, steps_to_target."""
+    frames = []
+    for target in targets:
+        table = results.to_target(history, float(target), loss)
+        table = table.drop(columns=["lr"], errors="ignore").rename(columns={"config_lr": "lr"})  # the config's lr
+        frames.append(table[["run_id", "batch_size", "lr", "seed",
+                                                                   "target", "steps_to_target"]])
+    return pd.concat(frames, ignore_index=True)
+
+
+def b_crit_by_target(steps: pd.DataFrame, selection_seeds: Sequence[int] = SELECTION_SEEDS,
+                     confidence: float = 0.95, min_reached: int = MIN_REACHED) -> pd.DataFrame:
+    """Per target of steps_at_targets: the best lr per batch size by the same rule (fewest mean steps over
+    the selection seeds, failures worst), the runs of every seed at it, the protocol's points (fit_points) and
+    the fit. Columns: target, b_crit, b_crit_low, b_crit_high, s_min, rms_log_residual, n_points,
+    n_batch_sizes, all_interior (NaN fit values with fewer than 2 batch sizes)."""
+    rows = []
+    for target, group in steps.groupby("target", sort=True):
+        best = stats.best_lr(group[group["seed"].isin(selection_seeds)], "steps_to_target", minimize=True)
+        points, _ = fit_points(at_best_lr(group, best), min_reached=min_reached)
+        row = {"target": target, "n_points": len(points), "n_batch_sizes": points["batch_size"].nunique(),
+               "all_interior": bool(best["interior"].all()), "b_crit": math.nan, "b_crit_low": math.nan,
+               "b_crit_high": math.nan, "s_min": math.nan, "rms_log_residual": math.nan}
+        if row["n_batch_sizes"] >= 2:
+            fit = results.critical_batch(points, confidence=confidence)
+            row.update(b_crit=fit.b_crit, b_crit_low=fit.b_crit_interval[0], b_crit_high=fit.b_crit_interval[1],
+                       s_min=fit.s_min, rms_log_residual=fit.rms_log_residual)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 # ----------------------------------------------------------------------------- the noise scale along training
 NOISE_COLUMNS = {"noise_b_simple": "b_simple", "noise_b_noise": "b_noise",
                  "noise_b_noise_std_error": "b_noise_std_error", "noise_trace_cov": "trace_cov",
@@ -221,6 +382,48 @@ def value_at_loss(table: pd.DataFrame, target: float, value: str = "b_simple", l
                 row[value] = math.exp(math.log(values[i]) + t * (math.log(values[j]) - math.log(values[i])))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- the two-batch estimator at checkpoints
+def two_batch_pairs(model, x, y, b_small: int, b_big: int, n_pairs: int, generator) -> pd.DataFrame:
+    """|G_small|^2 and |G_big|^2 of `n_pairs` independent batch pairs at the model's weights, drawn as
+    measure.noise.two_batch_noise_scale draws them (b_big examples with replacement, the small batch the first
+    b_small of them; eval-mode BatchNorm), with each pair's two-batch |G|^2 and tr(Sigma)
+    (noise_tracker.two_batch_estimate). Columns: pair, sq_norm_small, sq_norm_big, grad_sq_norm, trace_cov.
+    Needs torch (imported here: the rest of this module does not)."""
+    from ..measure.noise import two_batch_noise_scale
+    from ..noise_tracker import two_batch_estimate
+    rows = []
+    for i in range(n_pairs):
+        one = two_batch_noise_scale(model, x, y, b_small, b_big, n_draws=1, generator=generator)
+        grad_sq, trace = two_batch_estimate(one.sq_norm_small, one.sq_norm_big, b_small, b_big)
+        rows.append({"pair": i, "sq_norm_small": one.sq_norm_small, "sq_norm_big": one.sq_norm_big,
+                     "grad_sq_norm": grad_sq, "trace_cov": trace})
+    return pd.DataFrame(rows)
+
+
+def two_batch_summary(pairs: pd.DataFrame, n_bootstrap: int = 2000, confidence: float = 0.95,
+                      seed: int = 0) -> dict[str, float]:
+    """The two-batch B_simple of `pairs` (two_batch_pairs) as the tracker forms it, mean tr(Sigma) / mean |G|^2
+    (a ratio of averages), with a percentile bootstrap interval over the pairs (`n_bootstrap` resamples, NumPy
+    generator seeded `seed`; a resample whose mean |G|^2 <= 0 gives inf; the ends are order statistics).
+    Keys: b_simple, low, high, n_pairs, grad_sq_norm, trace_cov, frac_pairs_negative (pairs whose own |G|^2
+    estimate is <= 0)."""
+    g2 = pairs["grad_sq_norm"].to_numpy(float)
+    tr = pairs["trace_cov"].to_numpy(float)
+
+    def ratio(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(g > 0, t / g, np.inf)
+
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(pairs), size=(n_bootstrap, len(pairs)))
+    boot = ratio(tr[idx].mean(axis=1), g2[idx].mean(axis=1))
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(boot, [alpha, 1 - alpha], method="inverted_cdf")  # an order statistic: inf stays inf
+    return {"b_simple": float(ratio(np.array(tr.mean()), np.array(g2.mean()))), "low": float(low),
+            "high": float(high), "n_pairs": len(pairs), "grad_sq_norm": float(g2.mean()),
+            "trace_cov": float(tr.mean()), "frac_pairs_negative": float((g2 <= 0).mean())}
 
 
 # ----------------------------------------------------------------------------- figures
