@@ -21,6 +21,7 @@ from bsresearch.findings.steps_to_target import (
     add_confirmation_seeds,
     at_best_lr,
     b_crit_by_target,
+    b_crit_vs_target,
     critical_batch_fits,
     critical_batch_test,
     examples_vs_batch,
@@ -44,6 +45,7 @@ from bsresearch.findings.steps_to_target import (
     tuned_table,
     two_batch_pairs,
     two_batch_summary,
+    two_batch_vs_exact,
     value_at_loss,
 )
 from bsresearch.measure.critical import fit_critical_batch
@@ -408,21 +410,30 @@ def test_mark_regimes_leaves_out_regimes_beyond_the_axis():
 def test_tuned_lr_and_steps_vs_lr_plots():
     runs, table, _, _ = fitted()
     table.loc[table.batch_size == 1024, "interior"] = False
+    capped = runs.copy()
+    capped.loc[(capped.batch_size == 1024) & (capped.lr == 0.05) & (capped.seed == 2), "steps_to_target"] = None
     fig, (ax1, ax2) = plt.subplots(1, 2)
     tuned_lr_vs_batch(ax1, table, runs, lr_fit=fit_tuned_lr(table))
     open_markers = [c for c in ax1.collections if len(c.get_offsets()) == 1]
     assert len(open_markers) == 1 and tuple(open_markers[0].get_offsets()[0]) == (1024, 0.4)
-    steps_vs_lr(ax2, runs)
-    crosses = [c for c in ax2.collections if len(c.get_offsets())]
-    assert len(crosses) == 1 and tuple(crosses[0].get_offsets()[0]) == (0.8, 20000)  # batch 4 diverged at 0.8
+    steps_vs_lr(ax2, capped)
+    marks = {c.get_label(): c for c in ax2.collections if len(c.get_offsets())}
+    # batch 4 diverged at 0.8 (x), batch 1024 at 0.05 has a capped seed (triangle): both in the top strip, in
+    # axes fractions, not at a number of steps
+    diverged, cap = marks["a seed diverged (top strip)"], marks["a seed hit its step cap (top strip)"]
+    assert tuple(diverged.get_offsets()[0]) == (0.8, 0.96) and tuple(cap.get_offsets()[0]) == (0.05, 0.91)
+    assert diverged.get_offset_transform() == ax2.get_xaxis_transform()
     assert len(ax2.get_lines()) == len(SIZES)
+    colours = [tuple(line.get_color()) for line in ax2.get_lines()]
+    assert len(set(colours)) == len(SIZES)                 # one colour per batch size, from the colour bar
+    assert any(a.get_ylabel() == "batch size (examples per update)" for a in fig.axes)
     plt.close(fig)
 
 
-def test_noise_vs_training_draws_each_seed_marks_b_crit_and_orders_loss_as_training():
+def test_noise_vs_training_draws_each_seed_marks_b_crit_and_keeps_non_positive_values():
     _, _, _, fit = fitted()
     table = noise_checkpoints(noise_runs())
-    table.loc[(table.seed == 2) & (table.step == 1), "b_noise"] = -50.0   # negative curvature: not drawn
+    table.loc[(table.seed == 2) & (table.step == 1), "b_noise"] = -50.0   # negative curvature
     fig, (ax1, ax2) = plt.subplots(1, 2)
     noise_vs_training(ax1, table, fit, x="step")
     lines = {line.get_label(): line for line in ax1.get_lines()}
@@ -430,10 +441,12 @@ def test_noise_vs_training_draws_each_seed_marks_b_crit_and_orders_loss_as_train
     assert np.allclose(lines["B_simple, seed 1"].get_xdata(), seed1["step"])
     assert np.allclose(lines["B_simple, seed 1"].get_ydata(), seed1["b_simple"])
     assert len(lines["B_noise, seed 2"].get_xdata()) == 4 and min(lines["B_noise, seed 2"].get_ydata()) > 0
+    edge = [c for c in ax1.collections if c.get_label() == "B_noise <= 0, seed 2 (bottom edge)"]
+    assert len(edge) == 1 and tuple(edge[0].get_offsets()[0]) == (1, 0.02)   # at its step, on the bottom edge
     assert lines["B_simple, seed 2"].get_linestyle() != lines["B_simple, seed 1"].get_linestyle()
     assert any(np.allclose(line.get_ydata(), fit.b_crit) for line in ax1.get_lines())
     noise_vs_training(ax2, table, fit, x="train_loss", target_loss=0.3)
-    assert ax2.xaxis_inverted()
+    assert not ax2.xaxis_inverted() and ax2.get_xscale() == "log"
     assert any(np.allclose(line.get_xdata(), 0.3) for line in ax2.get_lines())
     plt.close(fig)
 
@@ -455,3 +468,22 @@ def test_fit_tuned_lr_needs_two_interior_points():
     table = pd.DataFrame({"batch_size": [8.0, 64.0], "lr": [0.1, 0.4], "interior": [True, False]})
     with pytest.raises(ConfigError, match="2 or more batch sizes"):
         fit_tuned_lr(table)
+
+
+def test_b_crit_vs_target_and_two_batch_vs_exact_draw_their_tables():
+    table = pd.DataFrame({"target": [0.5, 0.3, 0.4], "b_crit": [20.0, 40.0, 30.0], "b_crit_low": [10.0, 30.0, 20.0],
+                          "b_crit_high": [30.0, math.inf, 45.0], "n_batch_sizes": [8, 10, 9]})
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    b_crit_vs_target(ax1, table)
+    line = ax1.get_lines()[0]
+    assert list(np.asarray(line.get_xdata())) == [0.3, 0.4, 0.5] and list(np.asarray(line.get_ydata())) == [40, 30, 20]
+    arrows = [c for c in ax1.collections if c.get_label() == "upper end unbounded"]
+    assert len(arrows) == 1 and tuple(arrows[0].get_offsets()[0]) == (0.3, 0.97)
+    assert not ax1.xaxis_inverted()
+    checkpoints = pd.DataFrame({"seed": [1, 1, 2, 2], "step": [10, 100, 10, 100], "exact": [5.0, 50.0, 6.0, 60.0],
+                                "two_batch": [4.0, 55.0, 7.0, 58.0], "two_batch_low": [3.0, 40.0, 5.0, -1.0],
+                                "two_batch_high": [5.0, 70.0, 9.0, math.inf]})
+    two_batch_vs_exact(ax2, checkpoints)
+    exact = [line for line in ax2.get_lines() if line.get_label().startswith("exact")]
+    assert len(exact) == 2 and list(np.asarray(exact[1].get_ydata())) == [6.0, 60.0]
+    plt.close(fig)

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -471,14 +472,14 @@ def _draw_measured(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, co
         low, high = table[f"{column}_low"].to_numpy(float), table[f"{column}_high"].to_numpy(float)
     low = np.where(np.isfinite(low) & (low > 0), low, mean)   # a log axis cannot show a bar below 0
     high = np.where(np.isfinite(high), high, mean)
-    label = "mean over seeds +- std" if spread == "std" else "mean over seeds, t-interval"
+    label = "mean over seeds +- std" if spread == "std" else "mean over seeds, t interval"
     ax.errorbar(table["batch_size"], mean, yerr=np.vstack([mean - low, high - mean]), fmt="o", color="C0",
                 capsize=3, zorder=4, label=label)
 
 
 def steps_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fit: CriticalBatchFit | None = None,
                    regimes: bool = True, steps: str = "steps_to_target", perfect: float = PERFECT_EXPONENT,
-                   maximal: float = MAXIMAL_EXPONENT, spread: str = "std") -> plt.Axes:
+                   maximal: float = MAXIMAL_EXPONENT, spread: str = "interval") -> plt.Axes:
     """Steps to the target at the tuned lr against batch size: each seed (grey), the mean over seeds with
     error bars (`spread`: +- std, or the t-interval of tuned_table's steps_low/high), the fit
     S_min (1 + B_crit/B), B_crit (dotted line) with its interval (a bar along the bottom) and, with regimes,
@@ -493,7 +494,7 @@ def steps_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fi
 
 def examples_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fit: CriticalBatchFit | None = None,
                       regimes: bool = True, examples: str = "examples_to_target", perfect: float = PERFECT_EXPONENT,
-                      maximal: float = MAXIMAL_EXPONENT, spread: str = "std") -> plt.Axes:
+                      maximal: float = MAXIMAL_EXPONENT, spread: str = "interval") -> plt.Axes:
     """Examples to the target (E = S x B) at the tuned lr against batch size, with E_min (1 + B/B_crit);
     the same marks as steps_vs_batch."""
     curve = None if fit is None else (
@@ -557,42 +558,57 @@ def tuned_lr_vs_batch(ax: plt.Axes, table: pd.DataFrame, runs: pd.DataFrame | No
     return ax
 
 
-def steps_vs_lr(ax: plt.Axes, runs: pd.DataFrame, steps: str = "steps_to_target", cap: str = "max_steps"
-                ) -> plt.Axes:
-    """Steps to the target against the lr, one line per batch size (mean over seeds that reached it);
-    an lr at which some seed never reached the target (diverged or hit its cap) is drawn as an x at the
-    batch size's cap."""
+def steps_vs_lr(ax: plt.Axes, runs: pd.DataFrame, steps: str = "steps_to_target") -> plt.Axes:
+    """Steps to the target against the lr, one line per batch size (mean over seeds that reached it),
+    coloured by batch size on a log colour bar. An lr at which some seed never reached the target is not a
+    number of steps: it is drawn in a strip along the top edge of the axes, an x where a seed diverged and a
+    triangle where a seed hit its step cap (neither is stacked at the cap)."""
     cmap = plt.get_cmap("viridis")
     sizes = sorted(runs["batch_size"].unique())
-    for i, b in enumerate(sizes):
-        color = cmap(i / max(1, len(sizes) - 1))
-        group = runs[runs["batch_size"] == b]
-        per_lr = group.groupby("lr")[steps].agg(lambda s: pd.to_numeric(s, errors="coerce").mean(skipna=False))
+    norm = matplotlib.colors.LogNorm(vmin=min(sizes), vmax=max(sizes) if max(sizes) > min(sizes) else min(sizes) * 2)
+    edge = ax.get_xaxis_transform()        # x in data, y in axes fractions
+    marked = set()
+    for b in sizes:
+        color = cmap(norm(b))
+        group = runs[runs["batch_size"] == b].assign(_steps=lambda d: pd.to_numeric(d[steps], errors="coerce"))
+        per_lr = group.groupby("lr")["_steps"].agg(lambda v: v.mean(skipna=False))
         reached = per_lr.dropna()
-        ax.plot(reached.index, reached.to_numpy(), "o-", color=color, markersize=3, label=f"{int(b)}")
-        failed = per_lr[per_lr.isna()].index
-        if len(failed):
-            ax.scatter(failed, [group[cap].max()] * len(failed), marker="x", color=color, zorder=3)
+        ax.plot(reached.index, reached.to_numpy(), "o-", color=color, markersize=3, linewidth=1)
+        for lr_value in per_lr[per_lr.isna()].index:
+            diverged = (group.loc[group["lr"] == lr_value, "state"] == "diverged").any()
+            kind = "diverged" if diverged else "capped"
+            ax.scatter([lr_value], [0.96 if diverged else 0.91], transform=edge, marker="x" if diverged else "^",
+                       color=color, s=22, zorder=3, clip_on=False,
+                       label=None if kind in marked else
+                       ("a seed diverged (top strip)" if diverged else "a seed hit its step cap (top strip)"))
+            marked.add(kind)
+    ax.axhspan(0.88, 1.0, xmin=0, xmax=1, transform=ax.transAxes, color="0.92", zorder=0, linewidth=0)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set(xlabel="learning rate", ylabel="steps to target")
-    ax.legend(title="batch size", fontsize=6, title_fontsize=7, ncols=2)
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * (high / low) ** 0.15)    # room for the strip above the highest mean
+    ax.set(xlabel="learning rate", ylabel="steps to target (mean over seeds)")
+    bar = ax.figure.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02)
+    bar.set_label("batch size (examples per update)")
+    if marked:
+        ax.legend(fontsize=6, loc="lower left")
     return ax
 
 
 def noise_vs_training(ax: plt.Axes, noise: pd.DataFrame, fit: CriticalBatchFit | None = None, x: str = "step",
                       target_loss: float | None = None, b_noise: bool = True) -> plt.Axes:
     """B_simple (and B_noise with its Hutchinson standard error) at the checkpoints of a run (noise_checkpoints)
-    against `x` ("step" or "train_loss"), one line per seed in training order (seeds differ by line style);
-    B_crit from the fit as a dashed line with its interval as a grey band. Values <= 0 (B_noise where
-    G^T H G < 0, i.e. negative curvature along the gradient, or a Hutchinson estimate below 0) have no
-    meaning as a noise scale and are not drawn. With x = train_loss the axis runs from high loss to low
-    (training order), and target_loss is marked."""
+    against `x` ("step" or "train_loss", both on ordinary increasing log axes), one line per seed in training
+    order (seeds differ by line style); B_crit from the fit as a dashed line with its interval as a grey band.
+    A value <= 0 (B_noise where G^T H G < 0, negative curvature along the gradient, or a Hutchinson estimate
+    below 0) cannot sit on a log axis: it is drawn as an open downward triangle on the bottom edge at its x,
+    so none is dropped (count them with (noise[column] <= 0).sum() for the caption)."""
     data = noise[noise[x] > 0] if x == "step" else noise
     series = [("b_simple", "B_simple", "C0", "o")]
     if b_noise and "b_noise" in data and data["b_noise"].notna().any():
         series.append(("b_noise", "B_noise", "C3", "s"))
     styles = ("-", "--", ":", "-.")
+    edge = ax.get_xaxis_transform()
     for i, (seed, run) in enumerate(data.sort_values("step").groupby("seed", sort=True)):
         for column, name, color, marker in series:
             drawn = run[run[column] > 0]
@@ -601,15 +617,16 @@ def noise_vs_training(ax: plt.Axes, noise: pd.DataFrame, fit: CriticalBatchFit |
             if column == "b_noise" and "b_noise_std_error" in drawn:
                 ax.errorbar(drawn[x], drawn[column], yerr=np.minimum(drawn["b_noise_std_error"], 0.95 * drawn[column]),
                             fmt="none", color=color, capsize=2, linewidth=0.8, zorder=3)
+            below = run[run[column] <= 0]
+            if len(below):
+                ax.scatter(below[x], [0.02] * len(below), transform=edge, marker="v", facecolors="white",
+                           edgecolors=color, s=25, zorder=5, clip_on=False,
+                           label=f"{name} <= 0, seed {seed:g} (bottom edge)")
     if fit is not None:
         _b_crit_band(ax, fit)
     ax.set_yscale("log")
     ax.set_xscale("log")
-    if x == "step":
-        ax.set_xlabel("step (updates)")
-    else:
-        ax.invert_xaxis()
-        ax.set_xlabel("full-train loss (decreasing: training order)")
+    ax.set_xlabel("step (updates)" if x == "step" else "full-train loss (training runs right to left)")
     if target_loss is not None and x == "train_loss":
         ax.axvline(target_loss, color="0.4", linestyle=":", linewidth=1, label=f"target {target_loss:g}")
     ax.set_ylabel("noise scale (examples)")
@@ -636,6 +653,48 @@ def noise_at_target_vs_batch(ax: plt.Axes, table: pd.DataFrame, fit: CriticalBat
     return ax
 
 
+def b_crit_vs_target(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
+    """B_crit against the target loss (b_crit_by_target): the fitted B_crit with its interval as error bars; an
+    end the data cannot bound (inf) is drawn as an arrow to the top edge. Both axes log, the loss increasing
+    to the right (training moves right to left); annotated with the batch sizes in each fit."""
+    data = table.dropna(subset=["b_crit"]).sort_values("target")
+    b, low, high = (data[c].to_numpy(float) for c in ("b_crit", "b_crit_low", "b_crit_high"))
+    bounded = np.isfinite(high)
+    ax.errorbar(data["target"], b, yerr=np.vstack([b - np.where(np.isfinite(low), low, b),
+                                                    np.where(bounded, high, b) - b]),
+                fmt="o-", color="C0", capsize=3, label="B_crit with its fit interval")
+    if (~bounded).any():
+        ax.scatter(data["target"][~bounded], [0.97] * int((~bounded).sum()), marker="^", color="C0",
+                   transform=ax.get_xaxis_transform(), clip_on=False, label="upper end unbounded")
+    for target, n in zip(data["target"], data["n_batch_sizes"]):
+        ax.annotate(f"{int(n)} B", (target, 0.03), xycoords=ax.get_xaxis_transform(), ha="center", fontsize=6,
+                    color="0.4")
+    ax.set(xscale="log", yscale="log", xlabel="target full-train loss (training runs right to left)",
+           ylabel="B_crit (examples)")
+    ax.legend(fontsize=6)
+    return ax
+
+
+def two_batch_vs_exact(ax: plt.Axes, table: pd.DataFrame, x: str = "step") -> plt.Axes:
+    """The two-batch B_simple (mean over pairs, with its bootstrap interval: columns two_batch, two_batch_low,
+    two_batch_high) against the exact per-example B_simple (column exact) at the checkpoints of a run, one
+    marker style per seed, both on a log axis against `x`. An interval end at inf is drawn to the top edge."""
+    for i, (seed, run) in enumerate(table.sort_values(x).groupby("seed", sort=True)):
+        run = run[run[x] > 0]
+        ax.plot(run[x], run["exact"], marker="o", color="0.2", markersize=3, linewidth=1,
+                label=f"exact (per example), seed {seed:g}", linestyle=("-", "--", ":")[i % 3])
+        est, low, high = (run[c].to_numpy(float) for c in ("two_batch", "two_batch_low", "two_batch_high"))
+        top = np.nanmax(np.where(np.isfinite(high), high, est)) * 3
+        yerr = np.vstack([est - np.where((low > 0) & np.isfinite(low), low, est),
+                          np.where(np.isfinite(high), high, top) - est])
+        ax.errorbar(run[x], est, yerr=yerr, fmt="s", color=f"C{i}", markersize=3, capsize=2, linewidth=0.8,
+                    label=f"two-batch (mean of pairs, bootstrap interval), seed {seed:g}")
+    ax.set(xscale="log", yscale="log", xlabel="step (updates)" if x == "step" else x,
+           ylabel="B_simple (examples)")
+    ax.legend(fontsize=6)
+    return ax
+
+
 def _b_crit_band(ax: plt.Axes, fit: CriticalBatchFit) -> None:
     ax.axhline(fit.b_crit, color="0.2", linestyle="--", linewidth=1, label=f"B_crit from S(B): {fit.b_crit:.3g}")
     low, high = fit.b_crit_interval
@@ -652,4 +711,5 @@ def regime_legend_text(perfect: float = PERFECT_EXPONENT, maximal: float = MAXIM
 
 
 __all__ = ["mark_regimes", "steps_vs_batch", "examples_vs_batch", "tuned_lr_vs_batch", "steps_vs_lr",
-           "noise_vs_training", "noise_at_target_vs_batch", "regime_legend_text"]
+           "noise_vs_training", "noise_at_target_vs_batch", "b_crit_vs_target", "two_batch_vs_exact",
+           "regime_legend_text"]
