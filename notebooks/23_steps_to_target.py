@@ -49,7 +49,7 @@ confidence: float = 0.95                   # level of every interval (t-interval
 perfect_exponent: float = 0.8              # regime boundary: fitted scaling exponent above this is perfect scaling
 maximal_exponent: float = 0.2              # ... and below this, maximal data parallelism
 measure_at_target: bool = True             # B_simple at each fitted run's target weights (torch, ~2-4 s each)
-targets: list = [0.5, 0.4, 0.35, 0.3]      # secondary: B_crit at each of these losses (>= the sweep's target)
+targets: list = [0.5, 0.4, 0.35, 0.3]      # secondary: B_crit at each of these losses (not below the target)
 two_batch_sizes: list = [20, 80]           # (B_small, B_big) of the two-batch estimator at the noise checkpoints
 two_batch_pairs: int = 200                 # independent batch pairs per checkpoint (0: skip)
 
@@ -108,7 +108,7 @@ if seeds_name:
     except ConfigError as exc:   # SweepMissing: names the command
         print(f"seeds sweep {seeds_name!r} has not run ({exc}); going on with the selection seeds "
               f"{selection_seeds} only: FEWER THAN 5 SEEDS per batch size")
-print(f"target: full-train loss <= {target:g}; batch sizes {sorted(tried.batch_size.unique())}; "
+print(f"target: full-train loss <= {target:g}; batch sizes {sorted(int(b) for b in tried.batch_size.unique())}; "
       f"{results.budget_description(tried)}")
 
 # %% [markdown]
@@ -123,12 +123,15 @@ for m in mismatches.itertuples():
 seeds_per_batch = per_seed.groupby("batch_size")["seed"].nunique()
 min_reached = min(stt.MIN_REACHED, int(seeds_per_batch.max()))   # with 2 seeds only: both must reach it
 points, counts = stt.fit_points(per_seed, min_reached=min_reached)
+display(counts)
+if points["batch_size"].nunique() < 2:
+    raise ConfigError(f"PRIMARY 1: NOT TESTABLE: {points['batch_size'].nunique()} batch size(s) with >= {min_reached} "
+                      f"seeds at the best lr that reached the target (table above); rerun the missing seeds")
 fit = results.critical_batch(points, confidence=confidence)
 b_test = stt.critical_batch_test(fit, points["batch_size"].unique(), bool(tuned["interior"].all()))
 fraction, b_largest, n_train = stt.largest_batch_fraction(tried)
 seed_counts = sorted(set(seeds_per_batch))
 left_out = counts[counts["n_reached"] < counts["n_seeds"]]
-display(counts)
 
 # %%
 # B_simple at the weights where each run of the fit first reached the target (its final checkpoint)
@@ -179,9 +182,10 @@ primary = [
 if len(left_out):
     primary.append("Runs at the best lr that did not reach the target (left out of the fit): "
                    + ", ".join(f"B {r.batch_size:g}: {r.n_seeds - r.n_reached} of {r.n_seeds}"
-                               for r in left_out.itertuples())
-                   + ("" if counts["in_fit"].all() else "; batch sizes left out altogether (fewer than "
-                      f"{min_reached} reached): {counts.loc[~counts['in_fit'], 'batch_size'].tolist()}") + ".")
+                               for r in left_out.itertuples()) + ".")
+if not counts["in_fit"].all():
+    primary.append(f"Batch sizes left out of the fit altogether (fewer than {min_reached} seeds at the best lr "
+                   f"reached the target): {[int(b) for b in counts.loc[~counts['in_fit'], 'batch_size']]}.")
 if len(mismatches):
     primary.append(f"Seeds-sweep runs at another lr than the re-selected best (left out): batch sizes "
                    f"{mismatches['batch_size'].tolist()}.")
@@ -484,11 +488,11 @@ lines = ["## Pre-registered tests (docs/protocols.md#steps-to-target)", "", *[f"
          f"({fit.e_min / n_train:.2g} epochs); rms log residual {fit.rms_log_residual:.3f}.",
          f"Regimes (fitted exponent {perfect_exponent:g} / {maximal_exponent:g}): perfect scaling B <= {low:.3g}, "
          f"diminishing returns up to {high:.3g}, maximal data parallelism beyond.", "",
-         f"| batch size | best lr | interior | seeds reached / run | steps (mean, {confidence:.0%} t interval) "
-         "| examples (mean) | regime (fit) |",
-         "|---|---|---|---|---|---|---|"]
+         f"| batch size | best lr | interior | seeds reached / run | in fit | steps (mean, {confidence:.0%} t "
+         "interval) | examples (mean) | regime (fit) |",
+         "|---|---|---|---|---|---|---|---|"]
 for _, r in tuned.iterrows():
-    lines.append(f"| {r.batch_size:g} | {r.lr:g} | {r.interior} | {r.n_reached} / {r.n_seeds} | "
+    lines.append(f"| {r.batch_size:g} | {r.lr:g} | {r.interior} | {r.n_reached} / {r.n_seeds} | {r.in_fit} | "
                  f"{r.steps_mean:.4g} [{r.steps_low:.4g}, {r.steps_high:.4g}] | {r.examples_mean:.4g} | {r.regime} |")
 if len(by_target):
     lines += ["", "B_crit by target loss (secondary): " + "; ".join(

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -582,11 +584,12 @@ def steps_vs_lr(ax: plt.Axes, runs: pd.DataFrame, steps: str = "steps_to_target"
                        label=None if kind in marked else
                        ("a seed diverged (top strip)" if diverged else "a seed hit its step cap (top strip)"))
             marked.add(kind)
-    ax.axhspan(0.88, 1.0, xmin=0, xmax=1, transform=ax.transAxes, color="0.92", zorder=0, linewidth=0)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     low, high = ax.get_ylim()
     ax.set_ylim(low, high * (high / low) ** 0.15)    # room for the strip above the highest mean
+    ax.add_patch(matplotlib.patches.Rectangle((0, 0.88), 1, 0.12, transform=ax.transAxes, color="0.92", zorder=0,
+                                              linewidth=0))
     ax.set(xlabel="learning rate", ylabel="steps to target (mean over seeds)")
     bar = ax.figure.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02)
     bar.set_label("batch size (examples per update)")
@@ -627,6 +630,10 @@ def noise_vs_training(ax: plt.Axes, noise: pd.DataFrame, fit: CriticalBatchFit |
     ax.set_yscale("log")
     ax.set_xscale("log")
     ax.set_xlabel("step (updates)" if x == "step" else "full-train loss (training runs right to left)")
+    if x == "train_loss" and len(data):       # a short log range: a few plain ticks, no minor labels
+        ticks = np.unique([float(f"{v:.2g}") for v in np.geomspace(data[x].min(), data[x].max(), 5)])
+        ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     if target_loss is not None and x == "train_loss":
         ax.axvline(target_loss, color="0.4", linestyle=":", linewidth=1, label=f"target {target_loss:g}")
     ax.set_ylabel("noise scale (examples)")
