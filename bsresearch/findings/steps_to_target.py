@@ -678,6 +678,10 @@ def b_crit_vs_target(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
                     color="0.4")
     ax.set(xscale="log", yscale="log", xlabel="target full-train loss (training runs right to left)",
            ylabel="B_crit (examples)")
+    ax.set_xticks(data["target"].to_numpy(float), [f"{v:g}" for v in data["target"]])  # a short log range: plain
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.legend(fontsize=6)
     return ax
 
