@@ -17,23 +17,35 @@ from scipy import stats
 from bsresearch.config import ConfigError
 from bsresearch.findings.steps_to_target import (
     REGIMES,
+    CriticalBatchTest,
+    add_confirmation_seeds,
     at_best_lr,
+    b_crit_by_target,
+    b_crit_vs_target,
     critical_batch_fits,
+    critical_batch_test,
     examples_vs_batch,
     exponent_regime,
+    fit_points,
     fit_tuned_lr,
+    largest_batch_fraction,
     local_exponents,
     mark_regimes,
     noise_at_target_vs_batch,
     noise_checkpoints,
+    noise_ratio_test,
     noise_vs_training,
     regime_boundaries,
     regime_legend_text,
     regime_of,
+    steps_at_targets,
     steps_vs_batch,
     steps_vs_lr,
     tuned_lr_vs_batch,
     tuned_table,
+    two_batch_pairs,
+    two_batch_summary,
+    two_batch_vs_exact,
     value_at_loss,
 )
 from bsresearch.measure.critical import fit_critical_batch
@@ -114,6 +126,158 @@ def test_critical_batch_fits_recover_b_crit():
     assert row.b_crit_low < row.b_crit < row.b_crit_high
     with pytest.raises(ConfigError, match="2 or more batch sizes"):
         critical_batch_fits(noisy[noisy.batch_size == 4])
+
+
+# ----------------------------------------------------------------------------- the two-stage design and the tests
+def test_confirmation_seeds_join_at_the_best_lr_and_a_different_lr_is_named_and_left_out():
+    runs = make_runs(seeds=(1, 2))
+    best = tuned_table(runs)
+    confirmation = pd.DataFrame([{"batch_size": b, "seed": s, "lr": best_lr_of(b) if b != 64 else 0.8,
+                                  "steps_to_target": 100.0} for b in SIZES for s in (3, 4, 5)])
+    combined, mismatches = add_confirmation_seeds(at_best_lr(runs, best), confirmation, best)
+    assert len(combined) == len(SIZES) * 2 + (len(SIZES) - 1) * 3          # batch 64's three runs are out
+    assert set(combined[combined.batch_size == 64]["seed"]) == {1, 2}
+    assert (combined[combined.seed >= 3]["stage"] == "confirmation").all()
+    assert (combined[combined.seed <= 2]["stage"] == "selection").all()
+    assert mismatches.to_dict("records") == [{"batch_size": 64, "lr_run": 0.8, "lr_best": 0.2, "n_runs": 3}]
+    alone, none = add_confirmation_seeds(at_best_lr(runs, best), None, best)
+    assert len(alone) == len(SIZES) * 2 and none.empty
+
+
+def test_fit_points_leave_out_failed_runs_and_batch_sizes_with_fewer_than_3_reached():
+    per_seed = pd.DataFrame({"batch_size": [8] * 5 + [64] * 5, "seed": list(range(1, 6)) * 2,
+                             "steps_to_target": [10, 11, None, 12, 13, 5, None, None, None, 6]})
+    points, counts = fit_points(per_seed)
+    assert list(points["batch_size"]) == [8, 8, 8, 8]          # 64: 2 of 5 reached, out altogether
+    assert counts.set_index("batch_size")[["n_seeds", "n_reached", "in_fit"]].to_dict("index") == {
+        8: {"n_seeds": 5, "n_reached": 4, "in_fit": True}, 64: {"n_seeds": 5, "n_reached": 2, "in_fit": False}}
+    assert len(fit_points(per_seed, min_reached=2)[0]) == 6
+
+
+def fake_fit(b_crit: float, low: float, high: float):
+    """A CriticalBatchFit with a given B_crit and interval (the verdict reads only these)."""
+    from bsresearch.measure.critical import CriticalBatchFit
+    nan = math.nan
+    return CriticalBatchFit(s_min=nan, b_crit=b_crit, e_min=nan, s_min_std_error=nan, b_crit_std_error=nan,
+                            e_min_std_error=nan, s_min_interval=(nan, nan), b_crit_interval=(low, high),
+                            confidence=0.95, n_points=30, rms_log_residual=nan)
+
+
+@pytest.mark.parametrize("b_crit, low, high, verdict", [
+    (32, 25, 41, "reproduced"),          # [4 B_min, B_max/4] = [8, 1000]
+    (32, 6, 41, "partly"),               # the interval crosses 4 B_min
+    (900, 500, math.inf, "partly"),      # an end the data cannot bound
+    (1200, 900, 1500, "not reproduced"),
+    (5, 3, 9, "not reproduced"),
+])
+def test_critical_batch_verdicts_against_4_b_min_and_b_max_over_4(b_crit, low, high, verdict):
+    sizes = [2, 4, 8, 16, 40, 80, 200, 400, 1000, 4000]
+    test = critical_batch_test(fake_fit(b_crit, low, high), sizes, all_interior=True)
+    assert (test.lower, test.upper) == (8, 1000) and test.n_batch_sizes == 10
+    assert test.verdict == verdict and test.valid
+
+
+def test_critical_batch_is_not_testable_with_an_edge_lr_or_fewer_than_6_batch_sizes():
+    fit = fake_fit(32, 25, 41)
+    edge = critical_batch_test(fit, [2, 4, 8, 16, 40, 80, 200, 4000], all_interior=False)
+    assert edge.verdict == "not testable" and "edge" in edge.reason
+    few = critical_batch_test(fit, [2, 8, 40, 200, 4000], all_interior=True)
+    assert few.verdict == "not testable" and "5 batch sizes" in few.reason and not few.valid
+
+
+@pytest.mark.parametrize("b_simple_scale, low, high, verdict", [
+    (1.0, 20, 50, "reproduced"),            # b_simple = 100, B_crit 32: r = 3.1, interval [2, 5]
+    (1.0, 5, 50, "partly"),                  # 100 / 5 = 20 > 10
+    (50.0, 20, 50, "not reproduced"),        # r = 156
+])
+def test_noise_ratio_is_the_ratio_of_means_over_b_crit(b_simple_scale, low, high, verdict):
+    at_weights = pd.DataFrame({"trace_cov": [100.0, 300.0], "grad_sq_norm": [1.0, 3.0]}) \
+        .assign(trace_cov=lambda d: d.trace_cov * b_simple_scale)
+    # ratio of means: (100 + 300)/(1 + 3) = 100, not the mean of the ratios (also 100 here: see below)
+    b_test = critical_batch_test(fake_fit(32, low, high), [2, 4, 8, 16, 40, 80, 200, 4000], True)
+    test = noise_ratio_test(at_weights, b_test)
+    assert test.b_simple == pytest.approx(100 * b_simple_scale)
+    assert test.ratio == pytest.approx(100 * b_simple_scale / 32)
+    assert (test.ratio_low, test.ratio_high) == pytest.approx((100 * b_simple_scale / high, 100 * b_simple_scale / low))
+    assert test.verdict == verdict and test.n_runs == 2
+    mixed = pd.DataFrame({"trace_cov": [100.0, 100.0], "grad_sq_norm": [1.0, 9.0]})
+    assert noise_ratio_test(mixed, b_test).b_simple == pytest.approx(20.0)   # not (100 + 100/9) / 2
+
+
+def test_noise_ratio_is_not_testable_when_b_crit_is_not():
+    b_test = CriticalBatchTest(32, 25, 41, 8, 1000, 4, True, False, "not testable", "4 batch sizes")
+    test = noise_ratio_test(pd.DataFrame({"trace_cov": [64.0], "grad_sq_norm": [1.0]}), b_test)
+    assert test.verdict == "not testable" and test.ratio == pytest.approx(2.0)
+
+
+def test_largest_batch_fraction():
+    runs = pd.DataFrame({"batch_size": [2, 400, 4000], "n_train": [4000] * 3})
+    assert largest_batch_fraction(runs) == (1.0, 4000, 4000)
+
+
+def make_history() -> pd.DataFrame:
+    """Train loss of every run of make_runs(noise=0) as loss = 0.3 (S/step) at evaluations every 10 steps up to
+    the step where it reached 0.3, so the first evaluation at or below target L is at ceil(0.3 S/(L 10)) x 10."""
+    rows = []
+    for i, run in make_runs(noise=0.0).iterrows():
+        steps = run.steps_to_target
+        last = 5000 if pd.isna(steps) else int(math.ceil(steps / 10) * 10)
+        for step in range(10, last + 1, 10):
+            loss = 9.0 if pd.isna(steps) else 0.3 * steps / step
+            rows.append({"run_id": f"r{i}", "batch_size": run.batch_size, "config_lr": run.lr, "lr": run.lr,
+                         "seed": run.seed, "step": step, "examples": step * run.batch_size,
+                         "epoch": step / 100, "train_loss": loss})
+    return pd.DataFrame(rows)
+
+
+def test_steps_at_targets_take_the_first_evaluation_at_or_below_each_target():
+    history = make_history()
+    table = steps_at_targets(history, [0.6, 0.3])
+    runs = make_runs(noise=0.0).reset_index(drop=True)
+    for target in (0.6, 0.3):
+        got = table[table.target == target].set_index("run_id")["steps_to_target"]
+        for i, run in runs.iterrows():
+            s = run.steps_to_target
+            expected = math.nan if pd.isna(s) else math.ceil(0.3 * s / target / 10) * 10
+            assert (math.isnan(expected) and math.isnan(got[f"r{i}"])) or got[f"r{i}"] == expected
+
+
+def test_b_crit_by_target_fits_each_target():
+    table = steps_at_targets(make_history(), [0.6, 0.3])
+    out = b_crit_by_target(table, selection_seeds=(1, 2)).set_index("target")
+    assert list(out.index) == [0.3, 0.6]
+    # at 0.3 the steps are S_min (1 + B_crit/B) x the lr penalty (1 at the best lr), to a 10-step resolution
+    assert out.loc[0.3, "b_crit"] == pytest.approx(B_CRIT, rel=0.02)
+    assert out.loc[0.6, "b_crit"] == pytest.approx(B_CRIT, rel=0.05)   # half the steps, the same B_crit
+    assert out.loc[0.6, "s_min"] == pytest.approx(S_MIN / 2, rel=0.05)
+    assert (out["n_batch_sizes"] == len(SIZES)).all() and (out["n_points"] == len(SIZES) * 3).all()
+
+
+def test_two_batch_summary_is_a_ratio_of_means_with_a_bootstrap_interval():
+    pairs = pd.DataFrame({"grad_sq_norm": [1.0, 3.0, -1.0, 1.0], "trace_cov": [10.0, 50.0, 20.0, 0.0]})
+    out = two_batch_summary(pairs, n_bootstrap=500)
+    assert out["b_simple"] == pytest.approx(80.0 / 4.0)      # mean tr / mean |G|^2 = 20 / 1
+    assert out["frac_pairs_negative"] == 0.25 and out["n_pairs"] == 4
+    rng = np.random.default_rng(0)                          # oracle: the same resamples by hand
+    idx = rng.integers(0, 4, size=(500, 4))
+    g, t = pairs.grad_sq_norm.to_numpy()[idx].mean(1), pairs.trace_cov.to_numpy()[idx].mean(1)
+    boot = np.where(g > 0, t / np.where(g > 0, g, 1), np.inf)
+    ordered = np.sort(boot)    # the ends: the 13th and 488th of 500 sorted values (ceil(500 q))
+    assert (out["low"], out["high"]) == (ordered[12], ordered[487])
+    assert out["high"] == math.inf   # resamples of mostly the negative pair: no finite upper end
+
+
+def test_two_batch_pairs_match_the_library_estimator_drawn_the_same_way():
+    torch = pytest.importorskip("torch")
+    from bsresearch.measure.noise import two_batch_noise_scale
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 5, generator=g), torch.randint(0, 3, (64,), generator=g)
+    model = torch.nn.Linear(5, 3)
+    pairs = two_batch_pairs(model, x, y, 4, 16, 6, torch.Generator().manual_seed(1))
+    oracle = two_batch_noise_scale(model, x, y, 4, 16, n_draws=6, generator=torch.Generator().manual_seed(1))
+    assert pairs["sq_norm_small"].mean() == pytest.approx(oracle.sq_norm_small, rel=1e-6)
+    assert pairs["sq_norm_big"].mean() == pytest.approx(oracle.sq_norm_big, rel=1e-6)
+    assert two_batch_summary(pairs)["b_simple"] == pytest.approx(oracle.b_simple, rel=1e-6)
 
 
 # ----------------------------------------------------------------------------- regimes and exponents
@@ -224,7 +388,8 @@ def test_error_bars_are_the_seed_std_or_the_t_interval(spread):
     _, table, per_seed, fit = fitted()
     fig, ax = plt.subplots()
     steps_vs_batch(ax, per_seed, table, fit, spread=spread, regimes=False)
-    bars = [c for c in ax.collections if c.__class__.__name__ == "LineCollection"][0]
+    from matplotlib.collections import LineCollection
+    bars = [c for c in ax.collections if isinstance(c, LineCollection)][0]
     tops = np.array([seg[1][1] for seg in bars.get_segments()])
     expected = (table["steps_mean"] + table["steps_std"]) if spread == "std" else table["steps_high"]
     assert np.allclose(tops, expected)
@@ -245,21 +410,33 @@ def test_mark_regimes_leaves_out_regimes_beyond_the_axis():
 def test_tuned_lr_and_steps_vs_lr_plots():
     runs, table, _, _ = fitted()
     table.loc[table.batch_size == 1024, "interior"] = False
+    capped = runs.copy()
+    capped.loc[(capped.batch_size == 1024) & (capped.lr == 0.05) & (capped.seed == 2), "steps_to_target"] = None
     fig, (ax1, ax2) = plt.subplots(1, 2)
     tuned_lr_vs_batch(ax1, table, runs, lr_fit=fit_tuned_lr(table))
     open_markers = [c for c in ax1.collections if len(c.get_offsets()) == 1]
     assert len(open_markers) == 1 and tuple(open_markers[0].get_offsets()[0]) == (1024, 0.4)
-    steps_vs_lr(ax2, runs)
-    crosses = [c for c in ax2.collections if len(c.get_offsets())]
-    assert len(crosses) == 1 and tuple(crosses[0].get_offsets()[0]) == (0.8, 20000)  # batch 4 diverged at 0.8
+    steps_vs_lr(ax2, capped)
+    marks = {c.get_label(): c for c in ax2.collections if len(c.get_offsets())}
+    # batch 4 diverged at 0.8 (x), batch 1024 at 0.05 has a capped seed (triangle): both in the top strip, in
+    # axes fractions, not at a number of steps
+    diverged, cap = marks["a seed diverged (top strip)"], marks["a seed hit its step cap (top strip)"]
+    assert tuple(diverged.get_offsets()[0]) == (0.8, 0.96) and tuple(cap.get_offsets()[0]) == (0.05, 0.91)
+    assert diverged.get_offset_transform() == ax2.get_xaxis_transform()
+    strip = [patch for patch in ax2.patches if patch.get_height() == 0.12]         # in axes fractions
+    assert len(strip) == 1 and strip[0].get_y() == 0.88               # the grey strip along the top edge
+    assert ax2.get_ylim()[0] > 1                                       # not stretched down to the strip
     assert len(ax2.get_lines()) == len(SIZES)
+    colours = [tuple(line.get_color()) for line in ax2.get_lines()]
+    assert len(set(colours)) == len(SIZES)                 # one colour per batch size, from the colour bar
+    assert any(a.get_ylabel() == "batch size (examples per update)" for a in fig.axes)
     plt.close(fig)
 
 
-def test_noise_vs_training_draws_each_seed_marks_b_crit_and_orders_loss_as_training():
+def test_noise_vs_training_draws_each_seed_marks_b_crit_and_keeps_non_positive_values():
     _, _, _, fit = fitted()
     table = noise_checkpoints(noise_runs())
-    table.loc[(table.seed == 2) & (table.step == 1), "b_noise"] = -50.0   # negative curvature: not drawn
+    table.loc[(table.seed == 2) & (table.step == 1), "b_noise"] = -50.0   # negative curvature
     fig, (ax1, ax2) = plt.subplots(1, 2)
     noise_vs_training(ax1, table, fit, x="step")
     lines = {line.get_label(): line for line in ax1.get_lines()}
@@ -267,10 +444,12 @@ def test_noise_vs_training_draws_each_seed_marks_b_crit_and_orders_loss_as_train
     assert np.allclose(lines["B_simple, seed 1"].get_xdata(), seed1["step"])
     assert np.allclose(lines["B_simple, seed 1"].get_ydata(), seed1["b_simple"])
     assert len(lines["B_noise, seed 2"].get_xdata()) == 4 and min(lines["B_noise, seed 2"].get_ydata()) > 0
+    edge = [c for c in ax1.collections if c.get_label() == "B_noise <= 0, seed 2 (bottom edge)"]
+    assert len(edge) == 1 and tuple(edge[0].get_offsets()[0]) == (1, 0.02)   # at its step, on the bottom edge
     assert lines["B_simple, seed 2"].get_linestyle() != lines["B_simple, seed 1"].get_linestyle()
     assert any(np.allclose(line.get_ydata(), fit.b_crit) for line in ax1.get_lines())
     noise_vs_training(ax2, table, fit, x="train_loss", target_loss=0.3)
-    assert ax2.xaxis_inverted()
+    assert not ax2.xaxis_inverted() and ax2.get_xscale() == "log"
     assert any(np.allclose(line.get_xdata(), 0.3) for line in ax2.get_lines())
     plt.close(fig)
 
@@ -281,7 +460,7 @@ def test_noise_at_target_vs_batch_draws_the_geometric_mean():
     fig, ax = plt.subplots()
     noise_at_target_vs_batch(ax, table, fit)
     line = [line for line in ax.get_lines() if line.get_label() == "geometric mean over seeds"][0]
-    assert np.allclose(line.get_ydata(), [100.0, 100.0]) and list(line.get_xdata()) == [8, 64]
+    assert np.allclose(line.get_ydata(), [100.0, 100.0]) and list(np.asarray(line.get_xdata())) == [8, 64]
     assert ax.get_yscale() == "log"
     plt.close(fig)
 
@@ -292,3 +471,22 @@ def test_fit_tuned_lr_needs_two_interior_points():
     table = pd.DataFrame({"batch_size": [8.0, 64.0], "lr": [0.1, 0.4], "interior": [True, False]})
     with pytest.raises(ConfigError, match="2 or more batch sizes"):
         fit_tuned_lr(table)
+
+
+def test_b_crit_vs_target_and_two_batch_vs_exact_draw_their_tables():
+    table = pd.DataFrame({"target": [0.5, 0.3, 0.4], "b_crit": [20.0, 40.0, 30.0], "b_crit_low": [10.0, 30.0, 20.0],
+                          "b_crit_high": [30.0, math.inf, 45.0], "n_batch_sizes": [8, 10, 9]})
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    b_crit_vs_target(ax1, table)
+    line = ax1.get_lines()[0]
+    assert list(np.asarray(line.get_xdata())) == [0.3, 0.4, 0.5] and list(np.asarray(line.get_ydata())) == [40, 30, 20]
+    arrows = [c for c in ax1.collections if c.get_label() == "upper end unbounded"]
+    assert len(arrows) == 1 and tuple(arrows[0].get_offsets()[0]) == (0.3, 0.97)
+    assert not ax1.xaxis_inverted()
+    checkpoints = pd.DataFrame({"seed": [1, 1, 2, 2], "step": [10, 100, 10, 100], "exact": [5.0, 50.0, 6.0, 60.0],
+                                "two_batch": [4.0, 55.0, 7.0, 58.0], "two_batch_low": [3.0, 40.0, 5.0, -1.0],
+                                "two_batch_high": [5.0, 70.0, 9.0, math.inf]})
+    two_batch_vs_exact(ax2, checkpoints)
+    exact = [line for line in ax2.get_lines() if line.get_label().startswith("exact")]
+    assert len(exact) == 2 and list(np.asarray(exact[1].get_ydata())) == [6.0, 60.0]
+    plt.close(fig)

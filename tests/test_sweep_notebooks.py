@@ -91,7 +91,7 @@ def test_steps_to_target_report_without_a_noise_sweep_measures_b_simple_at_the_t
     spec.write_text(f"""
 name: tiny_stt
 analysis: {ROOT / 'notebooks' / '23_steps_to_target.ipynb'}
-analysis_parameters: {{noise_sweep: "", measure_at_target: true}}
+analysis_parameters: {{noise_sweep: "", measure_at_target: true, selection_seeds: [0, 1]}}
 base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: sgd, momentum: 0.0,
        budget: target, target_loss: 0.9, max_steps: 3000, eval_schedule: every, eval_every: 5}}
 grid: {{batch_size: [4, 16, 64], lr: [0.1, 0.2, 0.4, 0.8, 1.6]}}

@@ -106,8 +106,8 @@ BAD = [
      "analysis_parameters.sweep: set by `bsresearch report` itself"),
     ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"noise_swep": ""}},
      "analysis_parameters.noise_swep: not a parameter of 23_steps_to_target.ipynb (did you mean 'noise_sweep'?); "
-     "accepted: noise_sweep, "
-     "confidence, perfect_exponent, maximal_exponent, measure_at_target"),
+     "accepted: seeds_sweep, selection_seeds, noise_sweep, confidence, perfect_exponent, maximal_exponent, "
+     "measure_at_target, targets, two_batch_sizes, two_batch_pairs"),
 ]
 
 

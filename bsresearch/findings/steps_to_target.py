@@ -19,7 +19,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import matplotlib
+import matplotlib.patches
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -172,6 +175,167 @@ def fit_tuned_lr(table: pd.DataFrame, lr: str = "lr", by: str = "batch_size", co
                  rms_log_residual=fit.rms_log_residual, confidence=confidence)
 
 
+# ----------------------------------------------------------------------------- the two-stage design and the tests
+SELECTION_SEEDS = (1, 2)       # the best lr of a batch size is chosen on these (docs/protocols.md#steps-to-target)
+MIN_REACHED = 3                # a batch size where fewer seeds reached the target is left out of the fit
+MIN_BATCH_SIZES = 6            # validity: batch sizes in the fit
+NOISE_RATIO_RANGE = (0.1, 10.0)  # r = B_simple,target / B_crit must lie within this (McCandlish: "order of magnitude")
+
+
+def add_confirmation_seeds(per_seed: pd.DataFrame, confirmation: pd.DataFrame | None, best: pd.DataFrame,
+                           by: str = "batch_size", lr: str = "lr") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The selection runs at their best lr (at_best_lr) plus the confirmation seeds' runs (the seeds sweep, one
+    lr per batch size) that were run at that best lr. Returns (runs with a `stage` column, "selection" or
+    "confirmation"; mismatches: one row per batch size whose confirmation runs used another lr, with
+    lr_run, lr_best and n_runs, those runs being left out)."""
+    selection = per_seed.assign(stage="selection")
+    empty = pd.DataFrame(columns=[by, "lr_run", "lr_best", "n_runs"])
+    if confirmation is None or not len(confirmation):
+        return selection, empty
+    best_lr = best.set_index(by)[lr]
+    chosen = confirmation[by].map(best_lr)
+    keep = confirmation[np.isclose(confirmation[lr].astype(float), chosen.astype(float))]
+    off = confirmation[~confirmation.index.isin(keep.index)]
+    mismatches = (off.groupby([by, lr]).size().rename("n_runs").reset_index().rename(columns={lr: "lr_run"})
+                  .assign(lr_best=lambda d: d[by].map(best_lr)))[[by, "lr_run", "lr_best", "n_runs"]]
+    runs = pd.concat([selection, keep.assign(stage="confirmation")], ignore_index=True)
+    return runs.sort_values([by, "seed"]).reset_index(drop=True), (mismatches if len(mismatches) else empty)
+
+
+def fit_points(per_seed: pd.DataFrame, steps: str = "steps_to_target", by: str = "batch_size",
+               min_reached: int = MIN_REACHED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The protocol's points of the B_crit fit from the runs at the best lr: a run that did not reach the
+    target (diverged or capped: no steps) is left out, and a batch size where fewer than `min_reached` seeds
+    reached it is left out altogether. Returns (points: the rows that enter the fit; per batch size:
+    n_seeds, n_reached, in_fit)."""
+    reached = pd.to_numeric(per_seed[steps], errors="coerce").notna()
+    counts = per_seed.assign(_reached=reached).groupby(by).agg(n_seeds=("seed", "size"), n_reached=("_reached", "sum"))
+    counts["n_reached"] = counts["n_reached"].astype(int)
+    counts["in_fit"] = counts["n_reached"] >= min_reached
+    points = per_seed[reached & per_seed[by].map(counts["in_fit"]).astype(bool)]
+    return points.reset_index(drop=True), counts.reset_index()
+
+
+@dataclass(frozen=True)
+class CriticalBatchTest:
+    """The pre-registered steps-to-target test (docs/protocols.md#steps-to-target): B_crit's interval against
+    [4 B_min, B_max/4], B_min and B_max the smallest and largest batch sizes in the fit."""
+    b_crit: float
+    b_crit_low: float
+    b_crit_high: float
+    lower: float                # 4 B_min
+    upper: float                # B_max / 4
+    n_batch_sizes: int
+    all_interior: bool          # every best lr strictly inside its grid
+    valid: bool
+    verdict: str                # reproduced | partly | not reproduced | not testable
+    reason: str                 # why, in words
+
+
+def critical_batch_test(fit: CriticalBatchFit, batch_sizes: Sequence[float], all_interior: bool,
+                        min_batch_sizes: int = MIN_BATCH_SIZES) -> CriticalBatchTest:
+    """The verdict of the steps-to-target test from the fit on the protocol's points (fit_points) and the
+    batch sizes in it: reproduced if B_crit's interval lies within [4 B_min, B_max/4], partly if only the
+    point does, not reproduced if the point does not; not testable when a best lr is on its grid's edge or
+    fewer than `min_batch_sizes` batch sizes are in the fit."""
+    sizes = sorted({float(b) for b in batch_sizes})
+    lower, upper = 4 * sizes[0], sizes[-1] / 4
+    low, high = fit.b_crit_interval
+    problems = ([] if all_interior else ["a best lr is on its grid's edge"]) + (
+        [] if len(sizes) >= min_batch_sizes else [f"{len(sizes)} batch sizes in the fit (< {min_batch_sizes})"])
+    inside = f"[4 B_min, B_max/4] = [{lower:.3g}, {upper:.3g}]"
+    if problems:
+        verdict, reason = "not testable", "; ".join(problems)
+    elif not lower <= fit.b_crit <= upper:
+        verdict, reason = "not reproduced", f"B_crit {fit.b_crit:.3g} outside {inside}"
+    elif lower <= low and high <= upper:
+        verdict, reason = "reproduced", f"B_crit's interval [{low:.3g}, {high:.3g}] within {inside}"
+    else:
+        verdict, reason = "partly", f"B_crit {fit.b_crit:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not"
+    return CriticalBatchTest(fit.b_crit, low, high, lower, upper, len(sizes), all_interior, not problems, verdict,
+                             reason)
+
+
+@dataclass(frozen=True)
+class NoiseRatioTest:
+    """The pre-registered noise-scale test (docs/protocols.md#steps-to-target-noise): r = B_simple,target /
+    B_crit, B_simple,target = mean tr(Sigma) / mean |G|^2 over the fit's runs at their target weights."""
+    b_simple: float
+    n_runs: int
+    ratio: float
+    ratio_low: float            # B_simple / B_crit,high
+    ratio_high: float           # B_simple / B_crit,low
+    lower: float
+    upper: float
+    verdict: str
+    reason: str
+
+
+def noise_ratio_test(at_weights: pd.DataFrame, b_crit: CriticalBatchTest,
+                     bounds: tuple[float, float] = NOISE_RATIO_RANGE) -> NoiseRatioTest:
+    """r and its interval [B_simple / B_crit,high, B_simple / B_crit,low] against `bounds`: reproduced if r
+    and both ends lie within, partly if r does, not reproduced if not; not testable when the B_crit test is
+    (`at_weights`: one row per run of the fit with trace_cov and grad_sq_norm at its target weights)."""
+    b_simple = float(at_weights["trace_cov"].mean() / at_weights["grad_sq_norm"].mean())
+    ratio = b_simple / b_crit.b_crit
+    low = b_simple / b_crit.b_crit_high if b_crit.b_crit_high > 0 else math.nan
+    high = b_simple / b_crit.b_crit_low if b_crit.b_crit_low > 0 else math.inf
+    lo, hi = bounds
+    inside = f"[{lo:g}, {hi:g}]"
+    if not b_crit.valid:
+        verdict, reason = "not testable", f"the B_crit test is not testable ({b_crit.reason})"
+    elif not lo <= ratio <= hi:
+        verdict, reason = "not reproduced", f"r = {ratio:.3g} outside {inside}"
+    elif lo <= low and high <= hi:
+        verdict, reason = "reproduced", f"r = {ratio:.3g} and its interval [{low:.3g}, {high:.3g}] within {inside}"
+    else:
+        verdict, reason = "partly", f"r = {ratio:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not"
+    return NoiseRatioTest(b_simple, len(at_weights), ratio, low, high, lo, hi, verdict, reason)
+
+
+def largest_batch_fraction(runs: pd.DataFrame) -> tuple[float, int, int]:
+    """(B/N, B, N) for the largest batch size of `runs`, N the training examples (n_train)."""
+    b = int(runs["batch_size"].max())
+    n = int(runs.loc[runs["batch_size"] == b, "n_train"].iloc[0])
+    return b / n, b, n
+
+
+# ----------------------------------------------------------------------------- B_crit at several targets
+def steps_at_targets(history: pd.DataFrame, targets: Sequence[float], loss: str = "train_loss") -> pd.DataFrame:
+    """Per run (of load_history) and target: steps_to_target = the step of the first evaluation with `loss`
+    <= target (no interpolation; NaN if none: diverged, capped, or the run stopped at a tighter target
+    first, which cannot happen for a looser one). Columns: run_id, batch_size, lr (the config's), seed,
+    target, steps_to_target."""
+    frames = []
+    for target in targets:
+        table = results.to_target(history, float(target), loss)
+        table = table.drop(columns=["lr"], errors="ignore").rename(columns={"config_lr": "lr"})  # the config's lr
+        frames.append(table[["run_id", "batch_size", "lr", "seed",
+                                                                   "target", "steps_to_target"]])
+    return pd.concat(frames, ignore_index=True)
+
+
+def b_crit_by_target(steps: pd.DataFrame, selection_seeds: Sequence[int] = SELECTION_SEEDS,
+                     confidence: float = 0.95, min_reached: int = MIN_REACHED) -> pd.DataFrame:
+    """Per target of steps_at_targets: the best lr per batch size by the same rule (fewest mean steps over
+    the selection seeds, failures worst), the runs of every seed at it, the protocol's points (fit_points) and
+    the fit. Columns: target, b_crit, b_crit_low, b_crit_high, s_min, rms_log_residual, n_points,
+    n_batch_sizes, all_interior (NaN fit values with fewer than 2 batch sizes)."""
+    rows = []
+    for target, group in steps.groupby("target", sort=True):
+        best = stats.best_lr(group[group["seed"].isin(selection_seeds)], "steps_to_target", minimize=True)
+        points, _ = fit_points(at_best_lr(group, best), min_reached=min_reached)
+        row = {"target": target, "n_points": len(points), "n_batch_sizes": points["batch_size"].nunique(),
+               "all_interior": bool(best["interior"].all()), "b_crit": math.nan, "b_crit_low": math.nan,
+               "b_crit_high": math.nan, "s_min": math.nan, "rms_log_residual": math.nan}
+        if row["n_batch_sizes"] >= 2:
+            fit = results.critical_batch(points, confidence=confidence)
+            row.update(b_crit=fit.b_crit, b_crit_low=fit.b_crit_interval[0], b_crit_high=fit.b_crit_interval[1],
+                       s_min=fit.s_min, rms_log_residual=fit.rms_log_residual)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 # ----------------------------------------------------------------------------- the noise scale along training
 NOISE_COLUMNS = {"noise_b_simple": "b_simple", "noise_b_noise": "b_noise",
                  "noise_b_noise_std_error": "b_noise_std_error", "noise_trace_cov": "trace_cov",
@@ -223,6 +387,48 @@ def value_at_loss(table: pd.DataFrame, target: float, value: str = "b_simple", l
     return pd.DataFrame(rows)
 
 
+# ----------------------------------------------------------------------------- the two-batch estimator at checkpoints
+def two_batch_pairs(model, x, y, b_small: int, b_big: int, n_pairs: int, generator) -> pd.DataFrame:
+    """|G_small|^2 and |G_big|^2 of `n_pairs` independent batch pairs at the model's weights, drawn as
+    measure.noise.two_batch_noise_scale draws them (b_big examples with replacement, the small batch the first
+    b_small of them; eval-mode BatchNorm), with each pair's two-batch |G|^2 and tr(Sigma)
+    (noise_tracker.two_batch_estimate). Columns: pair, sq_norm_small, sq_norm_big, grad_sq_norm, trace_cov.
+    Needs torch (imported here: the rest of this module does not)."""
+    from ..measure.noise import two_batch_noise_scale
+    from ..noise_tracker import two_batch_estimate
+    rows = []
+    for i in range(n_pairs):
+        one = two_batch_noise_scale(model, x, y, b_small, b_big, n_draws=1, generator=generator)
+        grad_sq, trace = two_batch_estimate(one.sq_norm_small, one.sq_norm_big, b_small, b_big)
+        rows.append({"pair": i, "sq_norm_small": one.sq_norm_small, "sq_norm_big": one.sq_norm_big,
+                     "grad_sq_norm": grad_sq, "trace_cov": trace})
+    return pd.DataFrame(rows)
+
+
+def two_batch_summary(pairs: pd.DataFrame, n_bootstrap: int = 2000, confidence: float = 0.95,
+                      seed: int = 0) -> dict[str, float]:
+    """The two-batch B_simple of `pairs` (two_batch_pairs) as the tracker forms it, mean tr(Sigma) / mean |G|^2
+    (a ratio of averages), with a percentile bootstrap interval over the pairs (`n_bootstrap` resamples, NumPy
+    generator seeded `seed`; a resample whose mean |G|^2 <= 0 gives inf; the ends are order statistics).
+    Keys: b_simple, low, high, n_pairs, grad_sq_norm, trace_cov, frac_pairs_negative (pairs whose own |G|^2
+    estimate is <= 0)."""
+    g2 = pairs["grad_sq_norm"].to_numpy(float)
+    tr = pairs["trace_cov"].to_numpy(float)
+
+    def ratio(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(g > 0, t / g, np.inf)
+
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(pairs), size=(n_bootstrap, len(pairs)))
+    boot = ratio(tr[idx].mean(axis=1), g2[idx].mean(axis=1))
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(boot, [alpha, 1 - alpha], method="inverted_cdf")  # an order statistic: inf stays inf
+    return {"b_simple": float(ratio(np.array(tr.mean()), np.array(g2.mean()))), "low": float(low),
+            "high": float(high), "n_pairs": len(pairs), "grad_sq_norm": float(g2.mean()),
+            "trace_cov": float(tr.mean()), "frac_pairs_negative": float((g2 <= 0).mean())}
+
+
 # ----------------------------------------------------------------------------- figures
 REGIME_COLORS = ("#d8ecd8", "#f6efd2", "#f3d9d9")  # perfect scaling, diminishing returns, maximal parallelism
 
@@ -268,14 +474,14 @@ def _draw_measured(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, co
         low, high = table[f"{column}_low"].to_numpy(float), table[f"{column}_high"].to_numpy(float)
     low = np.where(np.isfinite(low) & (low > 0), low, mean)   # a log axis cannot show a bar below 0
     high = np.where(np.isfinite(high), high, mean)
-    label = "mean over seeds +- std" if spread == "std" else "mean over seeds, t-interval"
+    label = "mean over seeds +- std" if spread == "std" else "mean over seeds, t interval"
     ax.errorbar(table["batch_size"], mean, yerr=np.vstack([mean - low, high - mean]), fmt="o", color="C0",
                 capsize=3, zorder=4, label=label)
 
 
 def steps_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fit: CriticalBatchFit | None = None,
                    regimes: bool = True, steps: str = "steps_to_target", perfect: float = PERFECT_EXPONENT,
-                   maximal: float = MAXIMAL_EXPONENT, spread: str = "std") -> plt.Axes:
+                   maximal: float = MAXIMAL_EXPONENT, spread: str = "interval") -> plt.Axes:
     """Steps to the target at the tuned lr against batch size: each seed (grey), the mean over seeds with
     error bars (`spread`: +- std, or the t-interval of tuned_table's steps_low/high), the fit
     S_min (1 + B_crit/B), B_crit (dotted line) with its interval (a bar along the bottom) and, with regimes,
@@ -290,7 +496,7 @@ def steps_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fi
 
 def examples_vs_batch(ax: plt.Axes, per_seed: pd.DataFrame, table: pd.DataFrame, fit: CriticalBatchFit | None = None,
                       regimes: bool = True, examples: str = "examples_to_target", perfect: float = PERFECT_EXPONENT,
-                      maximal: float = MAXIMAL_EXPONENT, spread: str = "std") -> plt.Axes:
+                      maximal: float = MAXIMAL_EXPONENT, spread: str = "interval") -> plt.Axes:
     """Examples to the target (E = S x B) at the tuned lr against batch size, with E_min (1 + B/B_crit);
     the same marks as steps_vs_batch."""
     curve = None if fit is None else (
@@ -354,42 +560,58 @@ def tuned_lr_vs_batch(ax: plt.Axes, table: pd.DataFrame, runs: pd.DataFrame | No
     return ax
 
 
-def steps_vs_lr(ax: plt.Axes, runs: pd.DataFrame, steps: str = "steps_to_target", cap: str = "max_steps"
-                ) -> plt.Axes:
-    """Steps to the target against the lr, one line per batch size (mean over seeds that reached it);
-    an lr at which some seed never reached the target (diverged or hit its cap) is drawn as an x at the
-    batch size's cap."""
+def steps_vs_lr(ax: plt.Axes, runs: pd.DataFrame, steps: str = "steps_to_target") -> plt.Axes:
+    """Steps to the target against the lr, one line per batch size (mean over seeds that reached it),
+    coloured by batch size on a log colour bar. An lr at which some seed never reached the target is not a
+    number of steps: it is drawn in a strip along the top edge of the axes, an x where a seed diverged and a
+    triangle where a seed hit its step cap (neither is stacked at the cap)."""
     cmap = plt.get_cmap("viridis")
     sizes = sorted(runs["batch_size"].unique())
-    for i, b in enumerate(sizes):
-        color = cmap(i / max(1, len(sizes) - 1))
-        group = runs[runs["batch_size"] == b]
-        per_lr = group.groupby("lr")[steps].agg(lambda s: pd.to_numeric(s, errors="coerce").mean(skipna=False))
+    norm = matplotlib.colors.LogNorm(vmin=min(sizes), vmax=max(sizes) if max(sizes) > min(sizes) else min(sizes) * 2)
+    edge = ax.get_xaxis_transform()        # x in data, y in axes fractions
+    marked = set()
+    for b in sizes:
+        color = cmap(norm(b))
+        group = runs[runs["batch_size"] == b].assign(_steps=lambda d: pd.to_numeric(d[steps], errors="coerce"))
+        per_lr = group.groupby("lr")["_steps"].agg(lambda v: v.mean(skipna=False))
         reached = per_lr.dropna()
-        ax.plot(reached.index, reached.to_numpy(), "o-", color=color, markersize=3, label=f"{int(b)}")
-        failed = per_lr[per_lr.isna()].index
-        if len(failed):
-            ax.scatter(failed, [group[cap].max()] * len(failed), marker="x", color=color, zorder=3)
+        ax.plot(reached.index, reached.to_numpy(), "o-", color=color, markersize=3, linewidth=1)
+        for lr_value in per_lr[per_lr.isna()].index:
+            diverged = (group.loc[group["lr"] == lr_value, "state"] == "diverged").any()
+            kind = "diverged" if diverged else "capped"
+            ax.scatter([lr_value], [0.96 if diverged else 0.91], transform=edge, marker="x" if diverged else "^",
+                       color=color, s=22, zorder=3, clip_on=False,
+                       label=None if kind in marked else
+                       ("a seed diverged (top strip)" if diverged else "a seed hit its step cap (top strip)"))
+            marked.add(kind)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set(xlabel="learning rate", ylabel="steps to target")
-    ax.legend(title="batch size", fontsize=6, title_fontsize=7, ncols=2)
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * (high / low) ** 0.15)    # room for the strip above the highest mean
+    ax.add_patch(matplotlib.patches.Rectangle((0, 0.88), 1, 0.12, transform=ax.transAxes, color="0.92", zorder=0,
+                                              linewidth=0))
+    ax.set(xlabel="learning rate", ylabel="steps to target (mean over seeds)")
+    bar = ax.figure.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02)
+    bar.set_label("batch size (examples per update)")
+    if marked:
+        ax.legend(fontsize=6, loc="lower left")
     return ax
 
 
 def noise_vs_training(ax: plt.Axes, noise: pd.DataFrame, fit: CriticalBatchFit | None = None, x: str = "step",
                       target_loss: float | None = None, b_noise: bool = True) -> plt.Axes:
     """B_simple (and B_noise with its Hutchinson standard error) at the checkpoints of a run (noise_checkpoints)
-    against `x` ("step" or "train_loss"), one line per seed in training order (seeds differ by line style);
-    B_crit from the fit as a dashed line with its interval as a grey band. Values <= 0 (B_noise where
-    G^T H G < 0, i.e. negative curvature along the gradient, or a Hutchinson estimate below 0) have no
-    meaning as a noise scale and are not drawn. With x = train_loss the axis runs from high loss to low
-    (training order), and target_loss is marked."""
+    against `x` ("step" or "train_loss", both on ordinary increasing log axes), one line per seed in training
+    order (seeds differ by line style); B_crit from the fit as a dashed line with its interval as a grey band.
+    A value <= 0 (B_noise where G^T H G < 0, negative curvature along the gradient, or a Hutchinson estimate
+    below 0) cannot sit on a log axis: it is drawn as an open downward triangle on the bottom edge at its x,
+    so none is dropped (count them with (noise[column] <= 0).sum() for the caption)."""
     data = noise[noise[x] > 0] if x == "step" else noise
     series = [("b_simple", "B_simple", "C0", "o")]
     if b_noise and "b_noise" in data and data["b_noise"].notna().any():
         series.append(("b_noise", "B_noise", "C3", "s"))
     styles = ("-", "--", ":", "-.")
+    edge = ax.get_xaxis_transform()
     for i, (seed, run) in enumerate(data.sort_values("step").groupby("seed", sort=True)):
         for column, name, color, marker in series:
             drawn = run[run[column] > 0]
@@ -398,15 +620,20 @@ def noise_vs_training(ax: plt.Axes, noise: pd.DataFrame, fit: CriticalBatchFit |
             if column == "b_noise" and "b_noise_std_error" in drawn:
                 ax.errorbar(drawn[x], drawn[column], yerr=np.minimum(drawn["b_noise_std_error"], 0.95 * drawn[column]),
                             fmt="none", color=color, capsize=2, linewidth=0.8, zorder=3)
+            below = run[run[column] <= 0]
+            if len(below):
+                ax.scatter(below[x], [0.02] * len(below), transform=edge, marker="v", facecolors="white",
+                           edgecolors=color, s=25, zorder=5, clip_on=False,
+                           label=f"{name} <= 0, seed {seed:g} (bottom edge)")
     if fit is not None:
         _b_crit_band(ax, fit)
     ax.set_yscale("log")
     ax.set_xscale("log")
-    if x == "step":
-        ax.set_xlabel("step (updates)")
-    else:
-        ax.invert_xaxis()
-        ax.set_xlabel("full-train loss (decreasing: training order)")
+    ax.set_xlabel("step (updates)" if x == "step" else "full-train loss (training runs right to left)")
+    if x == "train_loss" and len(data):       # a short log range: a few plain ticks, no minor labels
+        ticks = np.unique([float(f"{v:.2g}") for v in np.geomspace(data[x].min(), data[x].max(), 5)])
+        ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     if target_loss is not None and x == "train_loss":
         ax.axvline(target_loss, color="0.4", linestyle=":", linewidth=1, label=f"target {target_loss:g}")
     ax.set_ylabel("noise scale (examples)")
@@ -433,6 +660,52 @@ def noise_at_target_vs_batch(ax: plt.Axes, table: pd.DataFrame, fit: CriticalBat
     return ax
 
 
+def b_crit_vs_target(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
+    """B_crit against the target loss (b_crit_by_target): the fitted B_crit with its interval as error bars; an
+    end the data cannot bound (inf) is drawn as an arrow to the top edge. Both axes log, the loss increasing
+    to the right (training moves right to left); annotated with the batch sizes in each fit."""
+    data = table.dropna(subset=["b_crit"]).sort_values("target")
+    b, low, high = (data[c].to_numpy(float) for c in ("b_crit", "b_crit_low", "b_crit_high"))
+    bounded = np.isfinite(high)
+    ax.errorbar(data["target"], b, yerr=np.vstack([b - np.where(np.isfinite(low), low, b),
+                                                    np.where(bounded, high, b) - b]),
+                fmt="o-", color="C0", capsize=3, label="B_crit with its fit interval")
+    if (~bounded).any():
+        ax.scatter(data["target"][~bounded], [0.97] * int((~bounded).sum()), marker="^", color="C0",
+                   transform=ax.get_xaxis_transform(), clip_on=False, label="upper end unbounded")
+    for target, n in zip(data["target"], data["n_batch_sizes"]):
+        ax.annotate(f"{int(n)} B", (target, 0.03), xycoords=ax.get_xaxis_transform(), ha="center", fontsize=6,
+                    color="0.4")
+    ax.set(xscale="log", yscale="log", xlabel="target full-train loss (training runs right to left)",
+           ylabel="B_crit (examples)")
+    ax.set_xticks(data["target"].to_numpy(float), [f"{v:g}" for v in data["target"]])  # a short log range: plain
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.legend(fontsize=6)
+    return ax
+
+
+def two_batch_vs_exact(ax: plt.Axes, table: pd.DataFrame, x: str = "step") -> plt.Axes:
+    """The two-batch B_simple (mean over pairs, with its bootstrap interval: columns two_batch, two_batch_low,
+    two_batch_high) against the exact per-example B_simple (column exact) at the checkpoints of a run, one
+    marker style per seed, both on a log axis against `x`. An interval end at inf is drawn to the top edge."""
+    for i, (seed, run) in enumerate(table.sort_values(x).groupby("seed", sort=True)):
+        run = run[run[x] > 0]
+        ax.plot(run[x], run["exact"], marker="o", color="0.2", markersize=3, linewidth=1,
+                label=f"exact (per example), seed {seed:g}", linestyle=("-", "--", ":")[i % 3])
+        est, low, high = (run[c].to_numpy(float) for c in ("two_batch", "two_batch_low", "two_batch_high"))
+        top = np.nanmax(np.where(np.isfinite(high), high, est)) * 3
+        yerr = np.vstack([est - np.where((low > 0) & np.isfinite(low), low, est),
+                          np.where(np.isfinite(high), high, top) - est])
+        ax.errorbar(run[x], est, yerr=yerr, fmt="s", color=f"C{i}", markersize=3, capsize=2, linewidth=0.8,
+                    label=f"two-batch (mean of pairs, bootstrap interval), seed {seed:g}")
+    ax.set(xscale="log", yscale="log", xlabel="step (updates)" if x == "step" else x,
+           ylabel="B_simple (examples)")
+    ax.legend(fontsize=6)
+    return ax
+
+
 def _b_crit_band(ax: plt.Axes, fit: CriticalBatchFit) -> None:
     ax.axhline(fit.b_crit, color="0.2", linestyle="--", linewidth=1, label=f"B_crit from S(B): {fit.b_crit:.3g}")
     low, high = fit.b_crit_interval
@@ -449,4 +722,5 @@ def regime_legend_text(perfect: float = PERFECT_EXPONENT, maximal: float = MAXIM
 
 
 __all__ = ["mark_regimes", "steps_vs_batch", "examples_vs_batch", "tuned_lr_vs_batch", "steps_vs_lr",
-           "noise_vs_training", "noise_at_target_vs_batch", "regime_legend_text"]
+           "noise_vs_training", "noise_at_target_vs_batch", "b_crit_vs_target", "two_batch_vs_exact",
+           "regime_legend_text"]
