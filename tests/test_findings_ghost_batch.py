@@ -49,7 +49,7 @@ def test_the_table_marks_whole_batch_statistics_as_the_batch_size():
     assert np.allclose(table["gap_loss_mean"], 0.1)
     assert best_ghost(table)["ghost"] == 32                     # 0.92 > 0.91, and 1024 is not a candidate
     fig, ax = plt.subplots()
-    accuracy_vs_ghost(ax, rows(BASE, BASE), table)
+    accuracy_vs_ghost(ax, rows(BASE, BASE), table, "gap_loss")
     assert ax.get_xticklabels()[-1].get_text() == "1024\n(none)"
     plt.close(fig)
 

@@ -82,14 +82,19 @@ def compare_ghost(rows: pd.DataFrame, ghost: int = 32, metric: str = "test_acc",
     return GhostComparison(ghost, batch, d.diff, d.low, d.high, d.n_a, d.n_b, margin, verdict, tuple(problems))
 
 
+def _with_gap(rows: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """`rows` with gap_loss = test_loss - train_loss when a metric asks for it and it is absent."""
+    if "gap_loss" in metrics and "gap_loss" not in rows:
+        return rows.assign(gap_loss=rows["test_loss"] - rows["train_loss"])
+    return rows
+
+
 def by_ghost_size(rows: pd.DataFrame, metrics: tuple[str, ...] = ("test_acc", "train_loss", "test_loss", "gap_loss"),
                   metric: str = "test_acc", confidence: float = 0.95) -> pd.DataFrame:
     """Per ghost size (runs that ended ok): n and each metric's mean, std and t interval (gap_loss = test
     minus train loss, computed when absent), then `metric` minus whole-batch BatchNorm with Welch's interval
     (`vs_none`, `vs_none_low`, `vs_none_high`; 0 width at the reference itself)."""
-    data = rows.assign(ghost=ghost_sizes(rows))
-    if "gap_loss" in metrics and "gap_loss" not in data:
-        data = data.assign(gap_loss=data["test_loss"] - data["train_loss"])
+    data = _with_gap(rows.assign(ghost=ghost_sizes(rows)), metrics)
     data = data[data["state"] == "ok"]
     table = stats.summarize(data, "ghost", list(metrics), confidence)
     batch = float(rows["batch_size"].iloc[0])
@@ -128,10 +133,10 @@ def ghost_slope(rows: pd.DataFrame, metric: str = "test_acc", confidence: float 
 
 # ----------------------------------------------------------------------------- figure
 def accuracy_vs_ghost(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, metric: str = "test_acc") -> plt.Axes:
-    """`metric` against the ghost size (log2 axis; whole-batch BatchNorm at x = the batch size, marked
+    """`metric` (a column of by_ghost_size's table, e.g. test_acc, train_loss, gap_loss) against the ghost size (log2 axis; whole-batch BatchNorm at x = the batch size, marked
     "none"): each run (grey), the mean over seeds with its t interval, and the whole-batch mean as a dashed
     line."""
-    data = rows.assign(ghost=ghost_sizes(rows))
+    data = _with_gap(rows.assign(ghost=ghost_sizes(rows)), (metric,))
     data = data[data["state"] == "ok"]
     ax.scatter(data["ghost"], data[metric], s=10, color="0.4", alpha=0.5, linewidths=0, label="each seed")
     mean = table[f"{metric}_mean"].to_numpy(float)
