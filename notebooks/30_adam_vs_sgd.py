@@ -121,7 +121,7 @@ for ax, name in zip(axes[1:], sorted(selection["optimizer"].unique())):
     steps_vs_lr(ax, results.finished(selection[selection["optimizer"] == name], include_diverged=True))
     ax.set_title(f"{name}: selection seeds")
 save_figure(fig, out / "steps_vs_batch",
-            "Left: steps to the target (train loss on the first 4000 signals) at the lr tuned per batch size, "
+            "Left: steps to the target (train loss on the eval_train_size subset) at the lr tuned per batch size, "
             "each seed in the fit (faint) and the mean, with S_min (1 + B_crit/B) per optimizer; B_crit dotted, "
             f"its {confidence:.0%} interval as a bar at the bottom. Middle, right: steps against the lr on the "
             "selection seeds, x = a seed that never reached the target.", runs=runs)

@@ -85,7 +85,7 @@ accuracy_vs_ghost(axes[0], rows, table, "test_acc")
 accuracy_vs_ghost(axes[1], rows, table, "train_loss")
 accuracy_vs_ghost(axes[2], rows, table, "gap_loss")
 save_figure(fig, out / "by_ghost_size",
-            f"Final test accuracy, train loss (first 4000 signals) and test minus train loss against the ghost batch "
-            f"size at batch {test.batch_size} (none: BatchNorm statistics over the whole batch). Grey: each seed; "
-            "blue: mean over seeds with its t interval; dashed: the whole-batch mean.", runs=ok)
+            "Final test accuracy, train loss (on the eval_train_size subset) and test minus train loss against the "
+            f"ghost batch size at batch {test.batch_size} (none: BatchNorm statistics over the whole batch). "
+            "Grey: each seed; blue: mean over seeds with its t interval; dashed: the whole-batch mean.", runs=ok)
 plt.show()

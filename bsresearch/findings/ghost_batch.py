@@ -133,9 +133,9 @@ def ghost_slope(rows: pd.DataFrame, metric: str = "test_acc", confidence: float 
 
 # ----------------------------------------------------------------------------- figure
 def accuracy_vs_ghost(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, metric: str = "test_acc") -> plt.Axes:
-    """`metric` (a column of by_ghost_size's table, e.g. test_acc, train_loss, gap_loss) against the ghost size (log2 axis; whole-batch BatchNorm at x = the batch size, marked
-    "none"): each run (grey), the mean over seeds with its t interval, and the whole-batch mean as a dashed
-    line."""
+    """`metric` (a column of by_ghost_size's table: test_acc, train_loss, gap_loss, ...) against the ghost
+    size (log2 axis; whole-batch BatchNorm at x = the batch size, marked "none"): each run (grey), the mean
+    over seeds with its t interval, and the whole-batch mean as a dashed line."""
     data = _with_gap(rows.assign(ghost=ghost_sizes(rows)), (metric,))
     data = data[data["state"] == "ok"]
     ax.scatter(data["ghost"], data[metric], s=10, color="0.4", alpha=0.5, linewidths=0, label="each seed")
