@@ -42,6 +42,7 @@ from bsresearch import results
 from bsresearch.findings.adam_vs_sgd import (
     compare_critical_batches,
     fit_points,
+    fittable,
     optimizer_fit,
     seeds_overrides,
     steps_by_optimizer,
@@ -54,7 +55,7 @@ from bsresearch.plots import save_figure
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
 require_sweep(sweep, runs_dir)
-sweeps = [sweep] + ([seeds_sweep] if seeds_sweep and results.sweep_dir(seeds_sweep, runs_dir).exists() else [])
+sweeps = [sweep] + ([seeds_sweep] if seeds_sweep and (runs_dir / seeds_sweep).is_dir() else [])   # before stage 2: none
 runs = results.load(sweeps, runs_root=runs_dir)
 print(f"sweeps {sweeps}: {len(runs)} runs:", dict(runs["state"].value_counts()), "|", results.budget_description(runs))
 selection = runs[runs["seed"].isin(selection_seeds)]
@@ -95,26 +96,29 @@ print(overrides)
 best.to_csv(out / "tuned.csv", index=False)
 display(best[["optimizer", "batch_size", "lr", "interior", "lr_min", "lr_max", "n_seeds", "n_reached",
               "steps_mean", "steps_std"]])
-fits = pd.concat([critical_batch_fits(points[(points["optimizer"] == name) & points["in_fit"]],
-                                      confidence=confidence).assign(optimizer=name)
-                  for name in sorted(points["optimizer"].unique())], ignore_index=True)
+names = fittable(points)   # optimizers with fit points at 2 or more batch sizes (none before the second stage)
+fits = pd.concat([pd.DataFrame(columns=["optimizer", "fit"])] +
+                 [critical_batch_fits(points[(points["optimizer"] == name) & points["in_fit"]],
+                                      confidence=confidence).assign(optimizer=name) for name in names],
+                 ignore_index=True)
 second = points[~points["seed"].isin(selection_seeds) & points["in_fit"]]
 if len(second):   # the fit on seeds 3-5 alone: free of the selection's optimism
     fits = pd.concat([fits] + [critical_batch_fits(g, confidence=confidence).query("fit == 'all seeds'")
                                .assign(optimizer=name, fit="second-stage seeds")
-                               for name, g in second.groupby("optimizer")], ignore_index=True)
+                               for name, g in second.groupby("optimizer") if g["batch_size"].nunique() >= 2],
+                     ignore_index=True)
 fits.to_csv(out / "fits.csv", index=False)
-display(fits[["optimizer", "fit", "n_points", "b_crit", "b_crit_low", "b_crit_high", "s_min", "e_min",
-              "rms_log_residual"]])
+display(fits.reindex(columns=["optimizer", "fit", "n_points", "b_crit", "b_crit_low", "b_crit_high", "s_min",
+                              "e_min", "rms_log_residual"]))
 exponents = pd.concat([local_exponents(points[(points["optimizer"] == name) & points["in_fit"]]
                                        .groupby("batch_size", as_index=False)["steps_to_target"].mean(),
                                        steps="steps_to_target").assign(optimizer=name)
-                       for name in sorted(points["optimizer"].unique())], ignore_index=True)
+                       for name in names] + [pd.DataFrame(columns=["optimizer"])], ignore_index=True)
 exponents.to_csv(out / "exponents.csv", index=False)
 display(exponents)
 
 # %%
-fitted = {name: optimizer_fit(points, name, confidence=confidence) for name in sorted(points["optimizer"].unique())}
+fitted = {name: optimizer_fit(points, name, confidence=confidence) for name in names}
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
 steps_by_optimizer(axes[0], points, fitted)
 for ax, name in zip(axes[1:], sorted(selection["optimizer"].unique())):

@@ -13,6 +13,7 @@ from bsresearch.findings.adam_vs_sgd import (
     compare_critical_batches,
     critical_batch_ratio,
     fit_points,
+    fittable,
     optimizer_fit,
     seeds_overrides,
     steps_by_optimizer,
@@ -126,3 +127,13 @@ def test_a_best_lr_on_the_grid_edge_makes_it_not_testable():
 def test_missing_columns_are_one_clear_error():
     with pytest.raises(ConfigError, match="no column 'optimizer'"):
         tuned_by_optimizer(runs().drop(columns="optimizer"))
+
+
+def test_before_the_second_stage_the_test_is_not_testable_without_an_error():
+    table = runs(second=())                        # selection seeds only: 2 seeds < 3 per batch size
+    best = tuned_by_optimizer(table)
+    points = fit_points(table, best)
+    assert not points["in_fit"].any() and fittable(points) == []
+    test = compare_critical_batches(points, best)
+    assert test.verdict == "not testable" and math.isnan(test.ratio)
+    assert "0 batch sizes in the fit" in test.problems[0]

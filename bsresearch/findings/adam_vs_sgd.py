@@ -75,6 +75,12 @@ def fit_points(runs: pd.DataFrame, best: pd.DataFrame, optimizer: str = OPTIMIZE
     return pd.concat(parts, ignore_index=True)
 
 
+def fittable(points: pd.DataFrame, optimizer: str = OPTIMIZER) -> list[str]:
+    """The optimizers with points in the fit at 2 or more batch sizes (optimizer_fit needs that)."""
+    return [str(name) for name, group in points.groupby(optimizer, sort=True)
+            if group.loc[group["in_fit"].astype(bool), "batch_size"].nunique() >= 2]
+
+
 def optimizer_fit(points: pd.DataFrame, name: str, optimizer: str = OPTIMIZER,
                   confidence: float = 0.95) -> CriticalBatchFit:
     """S = S_min (1 + B_crit/B) on every (batch size, seed) point of one optimizer that is in the fit."""
@@ -154,10 +160,16 @@ def compare_critical_batches(points: pd.DataFrame, best: pd.DataFrame, a: str = 
                              optimizer: str = OPTIMIZER, factor: float = 2.0,
                              confidence: float = 0.95) -> CriticalBatchRatio:
     """The pre-registered test: the two fits, their ratio and verdict; "not testable" (with the reasons in
-    `problems`) when a validity check fails."""
-    ratio = critical_batch_ratio(optimizer_fit(points, a, optimizer, confidence),
-                                 optimizer_fit(points, b, optimizer, confidence), factor, confidence)
+    `problems`, and NaN numbers when a fit cannot be made, e.g. before the second stage has run) when a
+    validity check fails."""
     problems = validity_problems(best, points, optimizer)
+    try:
+        ratio = critical_batch_ratio(optimizer_fit(points, a, optimizer, confidence),
+                                     optimizer_fit(points, b, optimizer, confidence), factor, confidence)
+    except ConfigError as error:
+        nan = (math.nan, math.nan)
+        return CriticalBatchRatio(math.nan, math.nan, math.nan, math.nan, math.nan, nan, math.nan, nan, True,
+                                  factor, "not testable", False, tuple(problems) or (str(error),))
     if problems:
         return dataclasses.replace(ratio, verdict="not testable", problems=tuple(problems))
     return ratio
@@ -167,12 +179,16 @@ def compare_critical_batches(points: pd.DataFrame, best: pd.DataFrame, a: str = 
 def steps_by_optimizer(ax: plt.Axes, points: pd.DataFrame, fits: dict[str, CriticalBatchFit],
                        optimizer: str = OPTIMIZER, y: str = STEPS) -> plt.Axes:
     """Steps to the target at the tuned lr against batch size, one colour per optimizer: each seed in the
-    fit (faint), the mean over them, the fitted S_min (1 + B_crit/B) and B_crit (dotted) with its interval
+    fit (faint; x: reached the target but its batch size is left out of the fit), the mean over them, the fitted S_min (1 + B_crit/B) and B_crit (dotted) with its interval
     (a bar along the bottom, one height per optimizer)."""
     for i, (name, group) in enumerate(points.groupby(optimizer, sort=True)):
         color = f"C{i}"
         data = group[group["in_fit"].astype(bool)]
         ax.scatter(data["batch_size"], data[y], s=10, color=color, alpha=0.4, linewidths=0)
+        left_out = group[group["reached"].astype(bool) & ~group["in_fit"].astype(bool)]
+        if len(left_out):
+            ax.scatter(left_out["batch_size"], left_out[y], s=14, marker="x", color=color, linewidths=0.8,
+                       label=f"{name}: reached, not in the fit")
         mean = data.groupby("batch_size")[y].mean()
         ax.plot(mean.index, mean.to_numpy(), "o", color=color, label=f"{name}: mean over seeds")
         if name in fits:
@@ -186,7 +202,8 @@ def steps_by_optimizer(ax: plt.Axes, points: pd.DataFrame, fits: dict[str, Criti
                 ax.plot([low, high], [0.03 + 0.04 * i] * 2, transform=ax.get_xaxis_transform(), color=color,
                         linewidth=4, solid_capstyle="butt", label=f"{name}: B_crit {fit.confidence:.0%} interval")
     log2_batch_axis(ax, "x", [int(v) for v in sorted(points["batch_size"].unique())])
-    ax.set_yscale("log")
+    if (pd.to_numeric(points.loc[points["reached"].astype(bool), y], errors="coerce") > 0).any():
+        ax.set_yscale("log")
     ax.set(xlabel="batch size (examples per update)", ylabel="steps to target")
     ax.legend(fontsize=7)
     return ax
