@@ -179,8 +179,9 @@ def compare_critical_batches(points: pd.DataFrame, best: pd.DataFrame, a: str = 
 def steps_by_optimizer(ax: plt.Axes, points: pd.DataFrame, fits: dict[str, CriticalBatchFit],
                        optimizer: str = OPTIMIZER, y: str = STEPS) -> plt.Axes:
     """Steps to the target at the tuned lr against batch size, one colour per optimizer: each seed in the
-    fit (faint; x: reached the target but its batch size is left out of the fit), the mean over them, the fitted S_min (1 + B_crit/B) and B_crit (dotted) with its interval
-    (a bar along the bottom, one height per optimizer)."""
+    fit (faint; x: reached the target but its batch size is left out of the fit), the mean over them, the
+    fitted S_min (1 + B_crit/B) and B_crit (dotted) with its interval (a bar along the bottom, one height
+    per optimizer)."""
     for i, (name, group) in enumerate(points.groupby(optimizer, sort=True)):
         color = f"C{i}"
         data = group[group["in_fit"].astype(bool)]
@@ -190,7 +191,8 @@ def steps_by_optimizer(ax: plt.Axes, points: pd.DataFrame, fits: dict[str, Criti
             ax.scatter(left_out["batch_size"], left_out[y], s=14, marker="x", color=color, linewidths=0.8,
                        label=f"{name}: reached, not in the fit")
         mean = data.groupby("batch_size")[y].mean()
-        ax.plot(mean.index, mean.to_numpy(), "o", color=color, label=f"{name}: mean over seeds")
+        if len(mean):
+            ax.plot(mean.index, mean.to_numpy(), "o", color=color, label=f"{name}: mean over seeds")
         if name in fits:
             fit = fits[name]
             grid = np.geomspace(points["batch_size"].min() / 1.5, points["batch_size"].max() * 1.5, 200)
