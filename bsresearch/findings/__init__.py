@@ -9,6 +9,8 @@ notebooks/2x_<name>.py (the analysis notebook), experiments/<name>*.yaml (its sw
     steps_to_target  Shallue et al. 2019 / McCandlish et al. 2018: steps to a target vs batch size, B_crit
     smith_le         Smith & Le 2018 / Jastrzebski et al. 2017: the optimal batch size follows lr N
     nqm              Zhang et al. 2019: the noisy quadratic model's critical batch
+    adam_vs_sgd      Zhang et al. 2019 / Nado et al. 2021: B_crit of Adam against momentum SGD
+    ghost_batch      Hoffer et al. 2017: test accuracy against the ghost batch size at one large batch
 
 `runs` holds what several findings share: a measurement applied to every finished run's weights.
 Settings and pre-registered tests: docs/protocols.md. keskar, dinh and runs import torch (they load
