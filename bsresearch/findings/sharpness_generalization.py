@@ -3,7 +3,9 @@ Andriushchenko et al. 2023): over runs that differ in batch size and learning ra
 the runs by their generalization gap? Analysis and figure; no torch import.
 
     table = rank_correlations(ok, "gap_loss", MEASURES, axes=("batch_size", "lr"))
+    test = finding_test(table)                      # the pre-registered verdict
     correlation_plot(ax, table)
+    gap_scatter(ax, ok, "sharpness_worst_rho0.05", "gap_loss")
 
 Kendall's tau between each measure and the gap, over all runs ("all") and, as Jiang et al.'s granulated
 coefficient, within slices where only one axis varies ("fixed lr": the runs sharing an lr and a seed,
@@ -16,13 +18,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 from scipy import stats as scipy_stats
 
 from ..config import ConfigError
+from ..plots.sweeps import axis_label
 
 # The measures the toolkit records per run (metrics.json keys of the after-training registry, and the
 # final history's distance from initialisation), with the sign predicted for their relation to the gap.
@@ -33,6 +38,12 @@ MEASURES: dict[str, int] = {
     "m_sharpness_m128_rho0.05": +1, "m_sharpness_adaptive_m128_rho0.5": +1,
     "noise_b_simple": 0, "distance_from_init": 0,
 }
+
+
+# The measures whose relation decides the verdict (docs/protocols.md#sharpness-generalization): worst-case
+# sharpness and adaptive m-sharpness, in every scope.
+DECIDING = ("sharpness_worst_rho0.05", "m_sharpness_adaptive_m128_rho0.5")
+SCOPES = ("all", "varying batch_size", "varying lr")
 
 
 def _tau(x: np.ndarray, y: np.ndarray) -> float:
@@ -111,7 +122,37 @@ def _verdict(low: float, high: float, predicted: int) -> str:
     return "yes" if sign == predicted else "opposite" if sign == -predicted else "no"
 
 
-# ----------------------------------------------------------------------------- figure
+@dataclass(frozen=True)
+class FindingTest:
+    """The pre-registered verdict over a rank_correlations table (with axes batch_size and lr)."""
+    verdict: str          # reproduced | partly | not reproduced | not testable
+    reason: str           # which measures and scopes decided it
+    deciding: pd.DataFrame  # the rows of the deciding measures, every scope
+
+
+def finding_test(table: pd.DataFrame, deciding: Sequence[str] = DECIDING,
+                 scopes: Sequence[str] = SCOPES) -> FindingTest:
+    """Reproduced when every `deciding` measure holds ("yes") in every scope; partly when some sharpness
+    measure (predicted +1) holds in some scope (the protocol names "the 'all' scope only"; a measure that
+    holds within slices but not overall, which its table does not name, is counted here as well); not
+    reproduced when no sharpness measure holds in any scope; not testable when a deciding measure or scope
+    is missing from the table (not measured) or its tau is undefined (NaN)."""
+    rows = table[table["measure"].isin(deciding) & table["scope"].isin(scopes)]
+    have = set(zip(rows["measure"], rows["scope"]))
+    missing = [f"{m} ({s})" for m in deciding for s in scopes if (m, s) not in have]
+    undefined = [f"{r.measure} ({r.scope})" for r in rows.itertuples() if not math.isfinite(r.tau)]
+    if missing or undefined:
+        what = f"not in the table: {', '.join(missing)}" if missing else f"tau undefined: {', '.join(undefined)}"
+        return FindingTest("not testable", what, rows)
+    if (rows["holds"] == "yes").all():
+        return FindingTest("reproduced", f"{' and '.join(deciding)} hold in every scope", rows)
+    held = table[(table["predicted"] > 0) & (table["holds"] == "yes")]
+    if len(held):
+        return FindingTest("partly", "holds: " + ", ".join(f"{r.measure} ({r.scope})" for r in held.itertuples()), rows)
+    return FindingTest("not reproduced", "no sharpness measure holds in any scope", rows)
+
+
+# ----------------------------------------------------------------------------- figures
 def correlation_plot(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
     """Kendall tau with its bootstrap interval per measure (rows), one marker per scope; 0 marked."""
     measures = list(dict.fromkeys(table["measure"]))
@@ -126,4 +167,29 @@ def correlation_plot(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
     ax.invert_yaxis()
     ax.set(xlabel="Kendall tau with the generalization gap", xlim=(-1, 1))
     ax.legend(fontsize="small")
+    return ax
+
+
+def gap_scatter(ax: plt.Axes, runs: pd.DataFrame, measure: str, gap: str = "gap_loss", hue: str = "batch_size",
+                style: str = "lr", legend: bool = True) -> plt.Axes:
+    """The gap against one measure, one point per run: colour by `hue` (batch size), marker by `style` (lr).
+    A measure that is positive and spans more than a factor 10 gets a log x axis."""
+    data = runs[[measure, gap, hue, style]].apply(pd.to_numeric, errors="coerce").dropna()
+    markers = "osD^vP*X"
+    hues, styles = sorted(data[hue].unique()), sorted(data[style].unique())
+    for i, h in enumerate(hues):
+        for j, v in enumerate(styles):
+            part = data[(data[hue] == h) & (data[style] == v)]
+            ax.plot(part[measure], part[gap], markers[j % len(markers)], color=f"C{i}", ms=4, alpha=0.8, ls="none")
+    x = data[measure].to_numpy(float)
+    if len(x) and x.min() > 0 and x.max() > 10 * x.min():
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    handles = [plt.Line2D([], [], marker="o", color=f"C{i}", ls="none", ms=4, label=f"B = {h:g}")
+               for i, h in enumerate(hues)]
+    handles += [plt.Line2D([], [], marker=markers[j % len(markers)], color="0.3", ls="none", ms=4,
+                           label=f"{style} = {v:g}") for j, v in enumerate(styles)]
+    if legend:
+        ax.legend(handles=handles, fontsize="x-small")
+    ax.set(xlabel=axis_label(measure), ylabel=axis_label(gap))
     return ax
