@@ -131,3 +131,13 @@ def test_the_pipeline_the_notebook_runs_on_synthetic_runs():
     assert [t.get_text() for t in ax.get_legend().get_texts()][:5] == ["B = 16", "B = 64", "B = 256", "B = 1024",
                                                                         "lr = 0.01"]
     plt.close(fig)
+
+
+def test_tau_is_scipys_tau_b_with_ties_and_missing_values():
+    from bsresearch.findings.sharpness_generalization import _tau
+    rng = np.random.default_rng(3)
+    x, y = np.round(rng.standard_normal(40), 1), np.round(rng.standard_normal(40), 1)   # many ties in both
+    x[[2, 9]], y[5] = np.nan, np.inf
+    keep = np.isfinite(x) & np.isfinite(y)
+    assert _tau(x, y) == pytest.approx(scipy_stats.kendalltau(x[keep], y[keep]).statistic, abs=1e-12)
+    assert math.isnan(_tau(np.ones(5), np.arange(5.0))) and math.isnan(_tau(np.arange(2.0), np.arange(2.0)))

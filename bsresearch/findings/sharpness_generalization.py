@@ -24,7 +24,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullFormatter
-from scipy import stats as scipy_stats
 
 from ..config import ConfigError
 from ..plots.sweeps import axis_label
@@ -47,27 +46,16 @@ SCOPES = ("all", "varying batch_size", "varying lr")
 
 
 def _tau(x: np.ndarray, y: np.ndarray) -> float:
+    """Kendall's tau-b (ties in either variable corrected for, as scipy.stats.kendalltau) over the pairs
+    where both are finite; NaN with fewer than 3 such pairs or a constant variable. Pairwise sign matrices:
+    the samples here are small (tens of runs), and this runs thousands of times in a bootstrap."""
     keep = np.isfinite(x) & np.isfinite(y)
-    if keep.sum() < 3 or np.ptp(x[keep]) == 0 or np.ptp(y[keep]) == 0:
+    x, y = x[keep], y[keep]
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
-    return float(scipy_stats.kendalltau(x[keep], y[keep]).statistic)
-
-
-def _scores(runs: pd.DataFrame, gap: str, measures: Sequence[str], axes: Sequence[str],
-            seed_column: str) -> dict[tuple[str, str], float]:
-    """(measure, scope) -> tau on this table: scope 'all', and 'fixed <axis>' for each axis held fixed
-    (the others and the seed too), averaged over the slices that vary."""
-    out = {}
-    g = pd.to_numeric(runs[gap], errors="coerce").to_numpy(float)
-    for m in measures:
-        values = pd.to_numeric(runs[m], errors="coerce").to_numpy(float)
-        out[(m, "all")] = _tau(values, g)
-        for axis in axes:
-            fixed = [a for a in axes if a != axis] + [seed_column]
-            taus = [_tau(values[idx], g[idx]) for idx in runs.groupby(fixed, sort=False).indices.values()]
-            taus = [t for t in taus if math.isfinite(t)]
-            out[(m, f"varying {axis}")] = float(np.mean(taus)) if taus else math.nan
-    return out
+    sx, sy = np.sign(x[:, None] - x[None, :]), np.sign(y[:, None] - y[None, :])
+    # every pair counted twice in the numerator and in both factors of the denominator: the ratio is tau-b
+    return float((sx * sy).sum() / math.sqrt((sx * sx).sum() * (sy * sy).sum()))
 
 
 def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Sequence[str] | None = None,
@@ -91,15 +79,40 @@ def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Seque
     seeds = np.array(sorted(runs[seed_column].dropna().unique()))
     if len(seeds) < 2:
         raise ConfigError(f"rank_correlations needs runs of 2 or more seeds for its intervals; got {len(seeds)}")
-    point = _scores(runs, gap, measures, axes, seed_column)
-    by_seed = {s: runs[runs[seed_column] == s] for s in seeds}
+    # Every slice lies within one seed, so a resample's slices are those of the seeds it drew (a seed drawn
+    # twice gives its slices twice): slice taus are computed once per seed; only "all" is recomputed.
+    g = pd.to_numeric(runs[gap], errors="coerce").to_numpy(float)
+    values = {m: pd.to_numeric(runs[m], errors="coerce").to_numpy(float) for m in measures}
+    seed_of = runs[seed_column].to_numpy()
+    rows_of = {s: np.flatnonzero(seed_of == s) for s in seeds}
+    slices: dict[tuple[str, str], dict[object, list[float]]] = {}
+    for axis in axes:
+        fixed = [a for a in axes if a != axis] + [seed_column]
+        for m in measures:
+            slices[(m, f"varying {axis}")] = {s: [] for s in seeds}
+        for key, idx in runs.groupby(fixed, sort=False).indices.items():
+            s = key[-1] if isinstance(key, tuple) else key
+            for m in measures:
+                t = _tau(values[m][idx], g[idx])
+                if math.isfinite(t):
+                    slices[(m, f"varying {axis}")][s].append(t)
+
+    def scores(pick: Sequence[object]) -> dict[tuple[str, str], float]:
+        idx = np.concatenate([rows_of[s] for s in pick])
+        out = {}
+        for m in measures:
+            out[(m, "all")] = _tau(values[m][idx], g[idx])
+            for axis in axes:
+                taus = [t for s in pick for t in slices[(m, f"varying {axis}")][s]]
+                out[(m, f"varying {axis}")] = float(np.mean(taus)) if taus else math.nan
+        return out
+
+    point = scores(list(seeds))
+    point.update({(m, "all"): _tau(values[m], g) for m in measures})   # every run, a run without a seed too
     rng = np.random.default_rng(seed)
     boots: dict[tuple[str, str], list[float]] = {k: [] for k in point}
     for _ in range(n_boot):
-        pick = rng.choice(seeds, size=len(seeds), replace=True)
-        # relabel the resampled seeds so a seed drawn twice forms two slices, not one merged slice
-        sample = pd.concat([by_seed[s].assign(**{seed_column: i}) for i, s in enumerate(pick)], ignore_index=True)
-        for k, v in _scores(sample, gap, measures, axes, seed_column).items():
+        for k, v in scores(list(rng.choice(seeds, size=len(seeds), replace=True))).items():
             boots[k].append(v)
     tail = (1 - confidence) / 2
     rows = []
