@@ -141,3 +141,9 @@ def test_tau_is_scipys_tau_b_with_ties_and_missing_values():
     keep = np.isfinite(x) & np.isfinite(y)
     assert _tau(x, y) == pytest.approx(scipy_stats.kendalltau(x[keep], y[keep]).statistic, abs=1e-12)
     assert math.isnan(_tau(np.ones(5), np.arange(5.0))) and math.isnan(_tau(np.arange(2.0), np.arange(2.0)))
+
+
+def test_an_interval_ending_at_zero_up_to_rounding_contains_zero():
+    from bsresearch.findings.sharpness_generalization import _verdict
+    assert _verdict(-0.3, -1.2e-18, 1) == "no" and _verdict(1e-17, 0.4, 0) == "no"
+    assert _verdict(-0.3, -0.01, 1) == "opposite" and _verdict(0.01, 0.4, 1) == "yes"

@@ -104,7 +104,8 @@ def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Seque
             out[(m, "all")] = _tau(values[m][idx], g[idx])
             for axis in axes:
                 taus = [t for s in pick for t in slices[(m, f"varying {axis}")][s]]
-                out[(m, f"varying {axis}")] = float(np.mean(taus)) if taus else math.nan
+                # fsum: the same mean whatever the order the seeds were drawn in
+                out[(m, f"varying {axis}")] = math.fsum(taus) / len(taus) if taus else math.nan
         return out
 
     point = scores(list(seeds))
@@ -126,10 +127,15 @@ def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Seque
     return pd.DataFrame(rows)
 
 
+# Slice taus are fractions of small integers: a mean of them that is 0 can come out as +-1e-17. An interval
+# ending within this of 0 ends at 0, and so does not exclude it.
+ZERO = 1e-9
+
+
 def _verdict(low: float, high: float, predicted: int) -> str:
     if not (math.isfinite(low) and math.isfinite(high)):
         return "no"
-    sign = 1 if low > 0 else -1 if high < 0 else 0
+    sign = 1 if low > ZERO else -1 if high < -ZERO else 0
     if predicted == 0:
         return {1: "positive", -1: "negative", 0: "no"}[sign]
     return "yes" if sign == predicted else "opposite" if sign == -predicted else "no"
