@@ -68,7 +68,7 @@ pct = int(round(100 * confidence))
 verdict = pd.DataFrame([{
     "statistic": f"slope of {name} against log2(B)", "estimate": t.slope,
     f"{pct}% bootstrap interval": f"[{t.low:.3f}, {t.high:.3f}]", "threshold": "interval below 0",
-    "below 0": t.high < 0, "batch sizes": t.n_batch_sizes, "resamples": t.n_boot}
+    "below 0": ml.below_zero(t), "batch sizes": t.n_batch_sizes, "resamples": t.n_boot}
     for name, t in (("log2(largest stable lr)", test.max_stable_lr), ("window width (octaves)", test.window_octaves))])
 verdict["verdict"] = test.verdict
 verdict["not testable because"] = test.reason

@@ -169,6 +169,16 @@ def stable_lr_intervals(runs: pd.DataFrame, metric: str = "test_acc", margin: fl
     return pd.DataFrame(rows)
 
 
+# Grid lrs are powers of 2 and widths whole octaves: a slope that is 0 can come out of the fit as -3e-16.
+# An interval ending within this of 0 ends at 0, and so does not lie below it.
+ZERO = 1e-9
+
+
+def below_zero(trend: Trend) -> bool:
+    """The trend's interval lies below 0 (its upper end below -ZERO)."""
+    return trend.high < -ZERO
+
+
 @dataclass(frozen=True)
 class RangeTest:
     """The pre-registered test (docs/protocols.md#masters-luschi): both slopes' intervals below 0."""
@@ -194,7 +204,7 @@ def range_test(table: pd.DataFrame, trend: dict[str, Trend], by: str = "batch_si
         problems.append("a slope has no bootstrap interval (fewer than 2 batch sizes with a value)")
     if problems:
         return RangeTest(a, w, "not testable", "; ".join(problems))
-    below = (a.high < 0) + (w.high < 0)
+    below = int(below_zero(a)) + int(below_zero(w))
     return RangeTest(a, w, {2: "reproduced", 1: "partly", 0: "not reproduced"}[below], "")
 
 
