@@ -57,7 +57,7 @@ require_sweep(sweep, runs_dir)
 runs = results.load(sweep, runs_root=runs_dir)
 rows = variants.runs_per_variant(runs, load_spec(project_path(spec_path))) if spec_path else runs
 # the protocol's population: runs that ended ok and reached the target train loss (equally fit)
-ok = rows[(rows["state"] == "ok") & rows["reached_target"].fillna(False).astype(bool)].reset_index(drop=True)
+ok = rows[(rows["state"] == "ok") & rows["reached_target"].eq(True)].reset_index(drop=True)
 n_train = int(rows["n_train"].iloc[0])
 setting = (f"{rows['dataset'].iloc[0]} ({n_train} training examples; largest B/N = "
            f"{rows['batch_size'].max() / n_train:.3g}), {rows['model'].iloc[0]}, target train loss "
@@ -115,7 +115,7 @@ summary.to_csv(out / "summary.csv", index=False)
     summary, ["batch_size", "lr"], [gap, secondary_gap, "steps", *measures], digits=3))
 # runs per cell that reached the target train loss (the others are left out of every tau)
 rows.pivot_table(index="batch_size", columns="lr", values="reached_target",
-                 aggfunc=lambda s: int(s.fillna(False).astype(bool).sum())).rename_axis("runs at the target")
+                 aggfunc=lambda s: int(s.eq(True).sum())).rename_axis("runs at the target")
 
 # %% [markdown]
 # ## Figures: tau per measure and scope; the gap against each measure
