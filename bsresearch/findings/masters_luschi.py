@@ -213,12 +213,13 @@ def accuracy_vs_lr_plot(ax: plt.Axes, runs: pd.DataFrame, metric: str = "test_ac
                         lr: str = "lr") -> plt.Axes:
     """Mean `metric` over the seeds that finished against the lr (log axis), one line per batch size; an
     lr where some seed diverged is marked with a cross at the bottom of the axes in its batch size's
-    colour (its finished seeds, if any, are not drawn: the lr counts as unstable)."""
+    colour, and the line breaks there (its finished seeds, if any, are not drawn: the lr counts as unstable)."""
     cells = _cells(runs, metric, by, lr)
     bottom = ax.get_xaxis_transform()   # x in data, y in axes fractions
     for i, (b, group) in enumerate(cells.groupby(by, sort=True)):
-        stable = group[group["n_diverged"] == 0]
-        ax.plot(stable[lr], stable["mean"], "o-", color=f"C{i}", ms=4, label=f"B = {b}")
+        # NaN at an unstable lr: the line breaks there instead of joining the stable lrs on either side
+        mean = group["mean"].where(group["n_diverged"] == 0)
+        ax.plot(group[lr], mean, "o-", color=f"C{i}", ms=4, label=f"B = {b}")
         failed = group[group["n_diverged"] > 0]
         ax.plot(failed[lr], np.full(len(failed), 0.03 + 0.04 * i), "x", color=f"C{i}", ms=6, mew=1.5,
                 transform=bottom)
