@@ -184,3 +184,14 @@ def markdown_table(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[s
                 cells.append(f"{mean:.{digits}g}" + (f" ± {std:.2g}" if np.isfinite(std) else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def frame_markdown(table: pd.DataFrame, digits: int = 4) -> str:
+    """Any table as Markdown, cell by cell: floats to `digits` significant digits, NaN as "-"."""
+    def cell(value: object) -> str:
+        if isinstance(value, (float, np.floating)):
+            return "-" if not np.isfinite(value) else f"{value:.{digits}g}"
+        return str(value)
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"

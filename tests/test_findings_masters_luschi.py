@@ -6,8 +6,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bsresearch import stats
 from bsresearch.config import ConfigError
-from bsresearch.findings.masters_luschi import stable_lr_table, stable_range_plot, stable_range_trend
+from bsresearch.findings.masters_luschi import (
+    Trend,
+    accuracy_vs_lr_plot,
+    range_test,
+    stable_lr_intervals,
+    stable_lr_table,
+    stable_range_plot,
+    stable_range_trend,
+    window_width_plot,
+)
 
 LRS = [2.0 ** k for k in range(-8, 1)]   # 2^-8 .. 1
 
@@ -65,4 +75,71 @@ def test_plot_draws_the_window_best_and_boundary():
     assert ax.get_yscale() == "log" and ax.get_xscale() == "log"
     boundary = [line for line in ax.get_lines() if line.get_label() == "largest lr without divergence"]
     assert len(boundary) == 1 and list(boundary[0].get_ydata()) == [0.5, 0.25, 0.125, 2.0 ** -4]
+    plt.close(fig)
+
+
+def test_intervals_per_batch_size_bracket_the_point_values_and_are_exact_without_noise():
+    runs = sweep(noise=0.0)
+    point = stable_lr_table(runs, margin=0.011).set_index("batch_size")
+    # every seed identical: each resample gives the same table, so each interval is the point value
+    exact = stable_lr_intervals(runs, margin=0.011, n_boot=20).set_index("batch_size")
+    for c in ("max_stable_lr", "best_lr", "window_octaves"):
+        assert list(exact[f"{c}_low"]) == list(point[c]) == list(exact[f"{c}_high"])
+    noisy = stable_lr_intervals(sweep(noise=0.01), margin=0.011, n_boot=20).set_index("batch_size")
+    assert (noisy["window_octaves_low"] <= noisy["window_octaves_high"]).all()
+    with pytest.raises(ConfigError, match="stable_lr_intervals needs runs of 2 or more seeds"):
+        stable_lr_intervals(sweep(seeds=(0,)))
+
+
+def trend(column, low, high):
+    return Trend(column, (low + high) / 2, low, high, 0.95, 100, 4)
+
+
+def test_the_verdict_follows_both_intervals_and_the_validity_checks():
+    table = stable_lr_table(sweep(noise=0.0), margin=0.011)
+    both = {"max_stable_lr": trend("max_stable_lr", -0.6, -0.4), "window_octaves": trend("window_octaves", -1, -0.2)}
+    assert range_test(table, both).verdict == "reproduced" and range_test(table, both).reason == ""
+    one = {**both, "window_octaves": trend("window_octaves", -0.5, 0.3)}
+    assert range_test(table, one).verdict == "partly"
+    none = {"max_stable_lr": trend("max_stable_lr", -0.1, 0.2), "window_octaves": trend("window_octaves", 0.0, 1.0)}
+    assert range_test(table, none).verdict == "not reproduced"
+    # a slope of 0 that the fit returns as -3e-16 (every resample alike) is not below 0
+    flat = {**both, "window_octaves": trend("window_octaves", -3e-16, -3e-16)}
+    assert range_test(table, flat).verdict == "partly"
+    # at B = 512 no lr diverges once the grid stops below the boundary: the boundary is not measured there
+    cut = sweep(noise=0.0)
+    cut = cut[~((cut["batch_size"] == 512) & (cut["lr"] > 2.0 ** -4))]
+    result = range_test(stable_lr_table(cut, margin=0.011), both)
+    assert result.verdict == "not testable" and result.reason == "no lr of the grid diverged at B = 512"
+    edge = table.assign(best_at_edge=table["batch_size"] == 8)
+    assert range_test(edge, both).reason == "the best lr is at the grid's edge at B = 8"
+
+
+def test_the_pipeline_the_notebook_runs_gives_reproduced_on_a_shrinking_range():
+    runs = sweep(noise=0.002)
+    table = stable_lr_table(runs, margin=0.011)
+    test = range_test(table, stable_range_trend(runs, margin=0.011, n_boot=40))
+    assert test.verdict == "reproduced" and test.max_stable_lr.high < 0 and test.window_octaves.high < 0
+    # the same runs with the boundary and the window growing with B instead: not reproduced
+    grown = runs.assign(batch_size=runs["batch_size"].map({8: 512, 32: 128, 128: 32, 512: 8}))
+    assert range_test(stable_lr_table(grown, margin=0.011),
+                      stable_range_trend(grown, margin=0.011, n_boot=40)).verdict == "not reproduced"
+    text = stats.frame_markdown(table)
+    assert text.splitlines()[0].startswith("| batch_size | n_lrs | max_stable_lr") and len(text.splitlines()) == 6
+
+
+def test_accuracy_plot_marks_diverged_lrs_and_width_plot_draws_the_trend():
+    runs = sweep(batch_sizes=(8, 32), noise=0.0)
+    fig, (a, b) = plt.subplots(1, 2)
+    accuracy_vs_lr_plot(a, runs)
+    lines = {line.get_label(): line for line in a.get_lines()}
+    y = np.asarray(lines["B = 8"].get_ydata(), float)
+    assert np.isnan(y[-1]) and np.isfinite(y[:-1]).all()             # 2^0 diverges at B = 8: no point, a break
+    crosses = [line for line in a.get_lines() if line.get_marker() == "x" and len(line.get_xdata())]
+    assert [list(c.get_xdata()) for c in crosses] == [[1.0], [0.5, 1.0]]
+    table = stable_lr_table(sweep(noise=0.0), margin=0.011)
+    window_width_plot(b, table, stable_lr_intervals(sweep(noise=0.0), margin=0.011, n_boot=10),
+                      trend("window_octaves", -2.0, -1.0))
+    fit = [line for line in b.get_lines() if line.get_label().startswith("slope")]
+    assert len(fit) == 1 and fit[0].get_label() == "slope -1.50 per doubling [-2.00, -1.00]"
     plt.close(fig)

@@ -65,3 +65,9 @@ def test_t_interval_matches_scipy_and_drops_missing_values():
     single = stats.t_interval([0.5])
     assert single[0] == 0.5 and all(math.isnan(v) for v in single[1:])
     assert math.isnan(stats.t_interval([])[0])
+
+
+def test_frame_markdown_writes_every_cell_with_nan_as_a_dash():
+    import pandas as pd
+    text = stats.frame_markdown(pd.DataFrame({"B": [8, 32], "slope": [-0.123456, math.nan], "ok": [True, False]}), 3)
+    assert text == "| B | slope | ok |\n|---|---|---|\n| 8 | -0.123 | True |\n| 32 | - | False |\n"

@@ -4,7 +4,8 @@ batches. Analysis and figure; no torch import.
 
     table = stable_lr_table(runs, "test_acc", margin=0.01)   # per batch size: largest stable lr, best lr, window
     trend = stable_range_trend(runs, "test_acc", margin=0.01)  # log2 slopes vs log2 B, bootstrap over seeds
-    stable_range_plot(ax, table)
+    test = range_test(table, trend)                            # the pre-registered verdict
+    stable_range_plot(ax, table, stable_lr_intervals(runs, "test_acc", margin=0.01))
 
 `runs` is a results.load table over a (batch size x lr) grid with seeds, all states included: a run that
 diverged (state "diverged", or a non-finite metric) marks its lr unstable at its batch size. The lr
@@ -15,6 +16,7 @@ Setting and pre-registered test: docs/protocols.md#masters-luschi.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -106,6 +108,23 @@ def _slope(table: pd.DataFrame, column: str, by: str) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
+COLUMNS = ("max_stable_lr", "best_lr", "window_octaves")   # the columns with a trend and intervals
+
+
+def _bootstrap_tables(runs: pd.DataFrame, metric: str, margin: float, by: str, lr: str, seed_column: str,
+                      n_boot: int, seed: int, caller: str) -> Iterator[pd.DataFrame]:
+    """stable_lr_table of `n_boot` resamples of the seeds with replacement (a seed keeps all its runs,
+    which share their initial weights). The same `seed` gives the same resamples in every caller."""
+    seeds = np.array(sorted(runs[seed_column].dropna().unique()))
+    if len(seeds) < 2:
+        raise ConfigError(f"{caller} needs runs of 2 or more seeds; got {len(seeds)}")
+    by_seed = {s: runs[runs[seed_column] == s] for s in seeds}
+    rng = np.random.default_rng(seed)
+    for _ in range(n_boot):
+        pick = rng.choice(seeds, size=len(seeds), replace=True)
+        yield stable_lr_table(pd.concat([by_seed[s] for s in pick], ignore_index=True), metric, margin, by, lr)
+
+
 def stable_range_trend(runs: pd.DataFrame, metric: str = "test_acc", margin: float = 0.01,
                        by: str = "batch_size", lr: str = "lr", seed_column: str = "seed", n_boot: int = 1000,
                        confidence: float = 0.95, seed: int = 0) -> dict[str, Trend]:
@@ -113,20 +132,12 @@ def stable_range_trend(runs: pd.DataFrame, metric: str = "test_acc", margin: flo
     bootstrap interval: the seeds are resampled with replacement (a seed keeps all its runs, which share
     their initial weights) and the table recomputed. Predicted by Masters & Luschi: max_stable_lr and the
     window shrink with B (negative slopes) when the lr is the base rate of linear scaling."""
-    seeds = np.array(sorted(runs[seed_column].dropna().unique()))
-    if len(seeds) < 2:
-        raise ConfigError(f"stable_range_trend needs runs of 2 or more seeds; got {len(seeds)}")
-    columns = ("max_stable_lr", "best_lr", "window_octaves")
-    point = stable_lr_table(runs, metric, margin, by, lr)
-    by_seed = {s: runs[runs[seed_column] == s] for s in seeds}
-    rng = np.random.default_rng(seed)
+    columns = COLUMNS
     boots: dict[str, list[float]] = {c: [] for c in columns}
-    for _ in range(n_boot):
-        pick = rng.choice(seeds, size=len(seeds), replace=True)
-        sample = pd.concat([by_seed[s] for s in pick], ignore_index=True)
-        table = stable_lr_table(sample, metric, margin, by, lr)
+    for table in _bootstrap_tables(runs, metric, margin, by, lr, seed_column, n_boot, seed, "stable_range_trend"):
         for c in columns:
             boots[c].append(_slope(table, c, by))
+    point = stable_lr_table(runs, metric, margin, by, lr)
     tail = (1 - confidence) / 2
     out = {}
     for c in columns:
@@ -137,10 +148,93 @@ def stable_range_trend(runs: pd.DataFrame, metric: str = "test_acc", margin: flo
     return out
 
 
-# ----------------------------------------------------------------------------- figure
-def stable_range_plot(ax: plt.Axes, table: pd.DataFrame, by: str = "batch_size") -> plt.Axes:
+def stable_lr_intervals(runs: pd.DataFrame, metric: str = "test_acc", margin: float = 0.01,
+                        by: str = "batch_size", lr: str = "lr", seed_column: str = "seed", n_boot: int = 1000,
+                        confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Per batch size, percentile bootstrap intervals over seeds (the resamples of stable_range_trend with
+    the same `seed`) of max_stable_lr, best_lr and window_octaves: columns `by`, <column>_low, <column>_high.
+    Values are grid points, so an interval is a range of grid lrs; a resample in which no lr is stable (or
+    none scores) counts as NaN and is left out."""
+    boots = pd.concat(list(_bootstrap_tables(runs, metric, margin, by, lr, seed_column, n_boot, seed,
+                                             "stable_lr_intervals")), ignore_index=True)
+    tail = (1 - confidence) / 2
+    rows = []
+    for b, group in boots.groupby(by, sort=True):
+        row: dict[str, float] = {by: b}
+        for c in COLUMNS:
+            values = group[c].dropna().to_numpy(float)
+            low, high = np.quantile(values, [tail, 1 - tail]) if len(values) else (math.nan, math.nan)
+            row.update({f"{c}_low": float(low), f"{c}_high": float(high)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# Grid lrs are powers of 2 and widths whole octaves: a slope that is 0 can come out of the fit as -3e-16.
+# An interval ending within this of 0 ends at 0, and so does not lie below it.
+ZERO = 1e-9
+
+
+def below_zero(trend: Trend) -> bool:
+    """The trend's interval lies below 0 (its upper end below -ZERO)."""
+    return trend.high < -ZERO
+
+
+@dataclass(frozen=True)
+class RangeTest:
+    """The pre-registered test (docs/protocols.md#masters-luschi): both slopes' intervals below 0."""
+    max_stable_lr: Trend       # slope of log2(largest stable lr) against log2(B)
+    window_octaves: Trend      # slope of the good window's width (octaves) against log2(B)
+    verdict: str               # reproduced | partly | not reproduced | not testable
+    reason: str                # why not testable ("" otherwise)
+
+
+def range_test(table: pd.DataFrame, trend: dict[str, Trend], by: str = "batch_size") -> RangeTest:
+    """The verdict: not testable when at some B no lr of the grid diverged or the best lr is at the grid's
+    edge (the boundary or the window is cut by the grid), or when a slope has no interval; otherwise
+    reproduced when both intervals lie below 0, partly when one does, not reproduced when neither."""
+    a, w = trend["max_stable_lr"], trend["window_octaves"]
+    problems = []
+    no_boundary = table.loc[~table["unstable_in_grid"].astype(bool), by].tolist()
+    if no_boundary:
+        problems.append(f"no lr of the grid diverged at B = {', '.join(map(str, no_boundary))}")
+    edge = table.loc[table["best_at_edge"].astype(bool), by].tolist()
+    if edge:
+        problems.append(f"the best lr is at the grid's edge at B = {', '.join(map(str, edge))}")
+    if not all(math.isfinite(v) for v in (a.low, a.high, w.low, w.high)):
+        problems.append("a slope has no bootstrap interval (fewer than 2 batch sizes with a value)")
+    if problems:
+        return RangeTest(a, w, "not testable", "; ".join(problems))
+    below = int(below_zero(a)) + int(below_zero(w))
+    return RangeTest(a, w, {2: "reproduced", 1: "partly", 0: "not reproduced"}[below], "")
+
+
+# ----------------------------------------------------------------------------- figures
+def accuracy_vs_lr_plot(ax: plt.Axes, runs: pd.DataFrame, metric: str = "test_acc", by: str = "batch_size",
+                        lr: str = "lr") -> plt.Axes:
+    """Mean `metric` over the seeds that finished against the lr (log axis), one line per batch size; an
+    lr where some seed diverged is marked with a cross at the bottom of the axes in its batch size's
+    colour, and the line breaks there (its finished seeds, if any, are not drawn: the lr counts as unstable)."""
+    cells = _cells(runs, metric, by, lr)
+    bottom = ax.get_xaxis_transform()   # x in data, y in axes fractions
+    for i, (b, group) in enumerate(cells.groupby(by, sort=True)):
+        # NaN at an unstable lr: the line breaks there instead of joining the stable lrs on either side
+        mean = group["mean"].where(group["n_diverged"] == 0)
+        ax.plot(group[lr], mean, "o-", color=f"C{i}", ms=4, label=f"B = {b}")
+        failed = group[group["n_diverged"] > 0]
+        ax.plot(failed[lr], np.full(len(failed), 0.03 + 0.04 * i), "x", color=f"C{i}", ms=6, mew=1.5,
+                transform=bottom)
+    ax.plot([], [], "x", color="0.3", label="diverged (some seed)")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel=axis_label(lr), ylabel=axis_label(metric))
+    ax.legend(fontsize="small")
+    return ax
+
+
+def stable_range_plot(ax: plt.Axes, table: pd.DataFrame, intervals: pd.DataFrame | None = None,
+                      by: str = "batch_size") -> plt.Axes:
     """Per batch size (log2 axis): the window of good lrs as a vertical bar, the best lr as a dot and the
-    largest stable lr as a caret; a hollow dot marks a best lr at the grid's edge. Log lr axis."""
+    largest stable lr as a caret; a hollow dot marks a best lr at the grid's edge. Log lr axis. Given
+    `intervals` (stable_lr_intervals), the largest stable lr gets its bootstrap interval as an error bar."""
     data = table.dropna(subset=["best_lr"]).sort_values(by)
     b = data[by].to_numpy(float)
     ax.vlines(b, data["window_low"], data["window_high"], color="C0", lw=6, alpha=0.35,
@@ -151,8 +245,39 @@ def stable_range_plot(ax: plt.Axes, table: pd.DataFrame, by: str = "batch_size")
         ax.plot(b[edge], data["best_lr"][edge], "o", mfc="none", color="C0", label="best lr at the grid's edge")
     stable = table.dropna(subset=["max_stable_lr"]).sort_values(by)
     ax.plot(stable[by], stable["max_stable_lr"], "^-", color="C3", ms=5, lw=1, label="largest lr without divergence")
+    if intervals is not None:
+        merged = stable.merge(intervals, on=by, how="left")
+        err = np.vstack([merged["max_stable_lr"] - merged["max_stable_lr_low"],
+                         merged["max_stable_lr_high"] - merged["max_stable_lr"]])
+        ax.errorbar(merged[by], merged["max_stable_lr"], yerr=np.nan_to_num(np.clip(err, 0, None)), fmt="none",
+                    ecolor="C3", capsize=3, lw=1)
     ax.set_yscale("log")
     log2_batch_axis(ax, "x", [int(v) for v in table[by]])
     ax.set(xlabel=axis_label(by), ylabel="learning rate")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def window_width_plot(ax: plt.Axes, table: pd.DataFrame, intervals: pd.DataFrame | None = None,
+                      trend: Trend | None = None, by: str = "batch_size") -> plt.Axes:
+    """The good window's width in octaves against the batch size (log2 axis), with its bootstrap interval
+    per B (given `intervals`) and the least-squares line of the trend (given `trend`, its slope and
+    interval in the legend)."""
+    data = table.dropna(subset=["window_octaves"]).sort_values(by)
+    b = data[by].to_numpy(float)
+    ax.plot(b, data["window_octaves"], "o", color="C0", label="window width")
+    if intervals is not None:
+        merged = data.merge(intervals, on=by, how="left")
+        err = np.vstack([merged["window_octaves"] - merged["window_octaves_low"],
+                         merged["window_octaves_high"] - merged["window_octaves"]])
+        ax.errorbar(b, merged["window_octaves"], yerr=np.nan_to_num(np.clip(err, 0, None)), fmt="none",
+                    ecolor="C0", capsize=3, lw=1)
+    if trend is not None and math.isfinite(trend.slope) and len(b) >= 2:
+        x = np.log2(b)
+        intercept = float(np.mean(data["window_octaves"].to_numpy(float)) - trend.slope * np.mean(x))
+        ax.plot(b, intercept + trend.slope * x, "--", color="0.4",
+                label=f"slope {trend.slope:.2f} per doubling [{trend.low:.2f}, {trend.high:.2f}]")
+    log2_batch_axis(ax, "x", [int(v) for v in table[by]])
+    ax.set(xlabel=axis_label(by), ylabel="window of good lrs (octaves)")
     ax.legend(fontsize="small")
     return ax

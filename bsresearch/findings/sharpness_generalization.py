@@ -3,7 +3,9 @@ Andriushchenko et al. 2023): over runs that differ in batch size and learning ra
 the runs by their generalization gap? Analysis and figure; no torch import.
 
     table = rank_correlations(ok, "gap_loss", MEASURES, axes=("batch_size", "lr"))
+    test = finding_test(table)                      # the pre-registered verdict
     correlation_plot(ax, table)
+    gap_scatter(ax, ok, "sharpness_worst_rho0.05", "gap_loss")
 
 Kendall's tau between each measure and the gap, over all runs ("all") and, as Jiang et al.'s granulated
 coefficient, within slices where only one axis varies ("fixed lr": the runs sharing an lr and a seed,
@@ -16,13 +18,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
+from matplotlib.ticker import NullFormatter
 
 from ..config import ConfigError
+from ..plots.sweeps import axis_label
 
 # The measures the toolkit records per run (metrics.json keys of the after-training registry, and the
 # final history's distance from initialisation), with the sign predicted for their relation to the gap.
@@ -35,28 +39,23 @@ MEASURES: dict[str, int] = {
 }
 
 
+# The measures whose relation decides the verdict (docs/protocols.md#sharpness-generalization): worst-case
+# sharpness and adaptive m-sharpness, in every scope.
+DECIDING = ("sharpness_worst_rho0.05", "m_sharpness_adaptive_m128_rho0.5")
+SCOPES = ("all", "varying batch_size", "varying lr")
+
+
 def _tau(x: np.ndarray, y: np.ndarray) -> float:
+    """Kendall's tau-b (ties in either variable corrected for, as scipy.stats.kendalltau) over the pairs
+    where both are finite; NaN with fewer than 3 such pairs or a constant variable. Pairwise sign matrices:
+    the samples here are small (tens of runs), and this runs thousands of times in a bootstrap."""
     keep = np.isfinite(x) & np.isfinite(y)
-    if keep.sum() < 3 or np.ptp(x[keep]) == 0 or np.ptp(y[keep]) == 0:
+    x, y = x[keep], y[keep]
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
-    return float(scipy_stats.kendalltau(x[keep], y[keep]).statistic)
-
-
-def _scores(runs: pd.DataFrame, gap: str, measures: Sequence[str], axes: Sequence[str],
-            seed_column: str) -> dict[tuple[str, str], float]:
-    """(measure, scope) -> tau on this table: scope 'all', and 'fixed <axis>' for each axis held fixed
-    (the others and the seed too), averaged over the slices that vary."""
-    out = {}
-    g = pd.to_numeric(runs[gap], errors="coerce").to_numpy(float)
-    for m in measures:
-        values = pd.to_numeric(runs[m], errors="coerce").to_numpy(float)
-        out[(m, "all")] = _tau(values, g)
-        for axis in axes:
-            fixed = [a for a in axes if a != axis] + [seed_column]
-            taus = [_tau(values[idx], g[idx]) for idx in runs.groupby(fixed, sort=False).indices.values()]
-            taus = [t for t in taus if math.isfinite(t)]
-            out[(m, f"varying {axis}")] = float(np.mean(taus)) if taus else math.nan
-    return out
+    sx, sy = np.sign(x[:, None] - x[None, :]), np.sign(y[:, None] - y[None, :])
+    # every pair counted twice in the numerator and in both factors of the denominator: the ratio is tau-b
+    return float((sx * sy).sum() / math.sqrt((sx * sx).sum() * (sy * sy).sum()))
 
 
 def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Sequence[str] | None = None,
@@ -80,15 +79,41 @@ def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Seque
     seeds = np.array(sorted(runs[seed_column].dropna().unique()))
     if len(seeds) < 2:
         raise ConfigError(f"rank_correlations needs runs of 2 or more seeds for its intervals; got {len(seeds)}")
-    point = _scores(runs, gap, measures, axes, seed_column)
-    by_seed = {s: runs[runs[seed_column] == s] for s in seeds}
+    # Every slice lies within one seed, so a resample's slices are those of the seeds it drew (a seed drawn
+    # twice gives its slices twice): slice taus are computed once per seed; only "all" is recomputed.
+    g = pd.to_numeric(runs[gap], errors="coerce").to_numpy(float)
+    values = {m: pd.to_numeric(runs[m], errors="coerce").to_numpy(float) for m in measures}
+    seed_of = runs[seed_column].to_numpy()
+    rows_of = {s: np.flatnonzero(seed_of == s) for s in seeds}
+    slices: dict[tuple[str, str], dict[object, list[float]]] = {}
+    for axis in axes:
+        fixed = [a for a in axes if a != axis] + [seed_column]
+        for m in measures:
+            slices[(m, f"varying {axis}")] = {s: [] for s in seeds}
+        for key, idx in runs.groupby(fixed, sort=False).indices.items():
+            s = key[-1] if isinstance(key, tuple) else key
+            for m in measures:
+                t = _tau(values[m][idx], g[idx])
+                if math.isfinite(t):
+                    slices[(m, f"varying {axis}")][s].append(t)
+
+    def scores(pick: Sequence[object]) -> dict[tuple[str, str], float]:
+        idx = np.concatenate([rows_of[s] for s in pick])
+        out = {}
+        for m in measures:
+            out[(m, "all")] = _tau(values[m][idx], g[idx])
+            for axis in axes:
+                taus = [t for s in pick for t in slices[(m, f"varying {axis}")][s]]
+                # fsum: the same mean whatever the order the seeds were drawn in
+                out[(m, f"varying {axis}")] = math.fsum(taus) / len(taus) if taus else math.nan
+        return out
+
+    point = scores(list(seeds))
+    point.update({(m, "all"): _tau(values[m], g) for m in measures})   # every run, a run without a seed too
     rng = np.random.default_rng(seed)
     boots: dict[tuple[str, str], list[float]] = {k: [] for k in point}
     for _ in range(n_boot):
-        pick = rng.choice(seeds, size=len(seeds), replace=True)
-        # relabel the resampled seeds so a seed drawn twice forms two slices, not one merged slice
-        sample = pd.concat([by_seed[s].assign(**{seed_column: i}) for i, s in enumerate(pick)], ignore_index=True)
-        for k, v in _scores(sample, gap, measures, axes, seed_column).items():
+        for k, v in scores(list(rng.choice(seeds, size=len(seeds), replace=True))).items():
             boots[k].append(v)
     tail = (1 - confidence) / 2
     rows = []
@@ -102,16 +127,51 @@ def rank_correlations(runs: pd.DataFrame, gap: str = "gap_loss", measures: Seque
     return pd.DataFrame(rows)
 
 
+# Slice taus are fractions of small integers: a mean of them that is 0 can come out as +-1e-17. An interval
+# ending within this of 0 ends at 0, and so does not exclude it.
+ZERO = 1e-9
+
+
 def _verdict(low: float, high: float, predicted: int) -> str:
     if not (math.isfinite(low) and math.isfinite(high)):
         return "no"
-    sign = 1 if low > 0 else -1 if high < 0 else 0
+    sign = 1 if low > ZERO else -1 if high < -ZERO else 0
     if predicted == 0:
         return {1: "positive", -1: "negative", 0: "no"}[sign]
     return "yes" if sign == predicted else "opposite" if sign == -predicted else "no"
 
 
-# ----------------------------------------------------------------------------- figure
+@dataclass(frozen=True)
+class FindingTest:
+    """The pre-registered verdict over a rank_correlations table (with axes batch_size and lr)."""
+    verdict: str          # reproduced | partly | not reproduced | not testable
+    reason: str           # which measures and scopes decided it
+    deciding: pd.DataFrame  # the rows of the deciding measures, every scope
+
+
+def finding_test(table: pd.DataFrame, deciding: Sequence[str] = DECIDING,
+                 scopes: Sequence[str] = SCOPES) -> FindingTest:
+    """Reproduced when every `deciding` measure holds ("yes") in every scope; partly when some sharpness
+    measure (predicted +1) holds in some scope (the protocol names "the 'all' scope only"; a measure that
+    holds within slices but not overall, which its table does not name, is counted here as well); not
+    reproduced when no sharpness measure holds in any scope; not testable when a deciding measure or scope
+    is missing from the table (not measured) or its tau is undefined (NaN)."""
+    rows = table[table["measure"].isin(deciding) & table["scope"].isin(scopes)]
+    have = set(zip(rows["measure"], rows["scope"]))
+    missing = [f"{m} ({s})" for m in deciding for s in scopes if (m, s) not in have]
+    undefined = [f"{r.measure} ({r.scope})" for r in rows.itertuples() if not math.isfinite(r.tau)]
+    if missing or undefined:
+        what = f"not in the table: {', '.join(missing)}" if missing else f"tau undefined: {', '.join(undefined)}"
+        return FindingTest("not testable", what, rows)
+    if (rows["holds"] == "yes").all():
+        return FindingTest("reproduced", f"{' and '.join(deciding)} hold in every scope", rows)
+    held = table[(table["predicted"] > 0) & (table["holds"] == "yes")]
+    if len(held):
+        return FindingTest("partly", "holds: " + ", ".join(f"{r.measure} ({r.scope})" for r in held.itertuples()), rows)
+    return FindingTest("not reproduced", "no sharpness measure holds in any scope", rows)
+
+
+# ----------------------------------------------------------------------------- figures
 def correlation_plot(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
     """Kendall tau with its bootstrap interval per measure (rows), one marker per scope; 0 marked."""
     measures = list(dict.fromkeys(table["measure"]))
@@ -126,4 +186,29 @@ def correlation_plot(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
     ax.invert_yaxis()
     ax.set(xlabel="Kendall tau with the generalization gap", xlim=(-1, 1))
     ax.legend(fontsize="small")
+    return ax
+
+
+def gap_scatter(ax: plt.Axes, runs: pd.DataFrame, measure: str, gap: str = "gap_loss", hue: str = "batch_size",
+                style: str = "lr", legend: bool = True) -> plt.Axes:
+    """The gap against one measure, one point per run: colour by `hue` (batch size), marker by `style` (lr).
+    A measure that is positive and spans more than a factor 10 gets a log x axis."""
+    data = runs[[measure, gap, hue, style]].apply(pd.to_numeric, errors="coerce").dropna()
+    markers = "osD^vP*X"
+    hues, styles = sorted(data[hue].unique()), sorted(data[style].unique())
+    for i, h in enumerate(hues):
+        for j, v in enumerate(styles):
+            part = data[(data[hue] == h) & (data[style] == v)]
+            ax.plot(part[measure], part[gap], markers[j % len(markers)], color=f"C{i}", ms=4, alpha=0.8, ls="none")
+    x = data[measure].to_numpy(float)
+    if len(x) and x.min() > 0 and x.max() > 10 * x.min():
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    handles = [plt.Line2D([], [], marker="o", color=f"C{i}", ls="none", ms=4, label=f"B = {h:g}")
+               for i, h in enumerate(hues)]
+    handles += [plt.Line2D([], [], marker=markers[j % len(markers)], color="0.3", ls="none", ms=4,
+                           label=f"{style} = {v:g}") for j, v in enumerate(styles)]
+    if legend:
+        ax.legend(handles=handles, fontsize="x-small")
+    ax.set(xlabel=axis_label(measure), ylabel=axis_label(gap))
     return ax

@@ -20,6 +20,7 @@ CI = ("ci", 95)
 LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate", "step": "step (updates)",
           "examples": "examples seen", "epoch": "epoch", "train_loss": "train loss", "test_loss": "test loss",
           "train_acc": "train accuracy", "test_acc": "test accuracy", "gap_acc": "train - test accuracy",
+          "gap_loss": "test - train loss",
           "steps_to_target": "steps to target", "examples_to_target": "examples to target"}
 
 
