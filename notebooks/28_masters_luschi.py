@@ -28,6 +28,7 @@ sweep: str = "masters_luschi"                       # the sweep's name: its runs
 runs_dir: str = "runs"                              # root folder of run directories (relative: to the project)
 out_dir: str = "reports/masters_luschi"             # figures and tables go here (relative: to the project)
 spec_path: Optional[str] = "experiments/masters_luschi.yaml"  # the spec: which variant each run is
+extension_sweep: str = "masters_luschi_ext"         # the grid's extension (protocol's rule); "" for none
 metric: str = "test_acc"                            # higher is better; its mean over seeds ranks the lrs
 margin: float = 0.01                                # the good window: within this of the best (1 point)
 other_margins: list = [0.005, 0.02]                 # secondary: the same table at 0.5 and 2 points
@@ -50,6 +51,13 @@ out.mkdir(parents=True, exist_ok=True)
 require_sweep(sweep, runs_dir)
 runs = results.load(sweep, runs_root=runs_dir)
 rows = variants.runs_per_variant(runs, load_spec(project_path(spec_path))) if spec_path else runs
+first_rows = rows                                    # the pre-registered grid alone: its verdict is printed too
+if extension_sweep and (runs_dir / extension_sweep).is_dir():
+    rows = pd.concat([rows, results.load(extension_sweep, runs_root=runs_dir)], ignore_index=True)
+    print(f"with the extension sweep {extension_sweep}: {len(rows) - len(first_rows)} more runs")
+elif extension_sweep:
+    print(f"no extension sweep {extension_sweep!r} in {runs_dir} (run: bsresearch sweep "
+          f"experiments/{extension_sweep}.yaml); the verdict is on the first grid only")
 largest = int(rows["batch_size"].max())
 setting = (f"{rows['dataset'].iloc[0]} ({int(rows['n_train'].iloc[0])} training examples; largest B/N = "
            f"{largest / rows['n_train'].iloc[0]:.3g}), {rows['model'].iloc[0]}, lr_scaling "
@@ -76,6 +84,11 @@ verdict.to_csv(out / "test.csv", index=False)
 (out / "test.md").write_text(f"Margin {100 * margin:g} point(s); {setting}.\n{results.provenance_caption(rows)}\n\n"
                              + stats.frame_markdown(verdict))
 print(f"VERDICT: {test.verdict}" + (f" ({test.reason})" if test.reason else ""))
+if len(rows) > len(first_rows):
+    first = ml.range_test(ml.stable_lr_table(first_rows, metric, margin),
+                          ml.stable_range_trend(first_rows, metric, margin, n_boot=n_boot, confidence=confidence))
+    print(f"first verdict, on the pre-registered grid alone: {first.verdict}"
+          + (f" ({first.reason})" if first.reason else ""))
 verdict.T
 
 # %% [markdown]
