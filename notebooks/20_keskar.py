@@ -59,9 +59,8 @@ large_batch = large_batch or tenth_of_data(runs)
 n_train = int(runs["n_train"].max())
 first = ok.iloc[0]
 setting = (f"{first['dataset']} (N = {n_train}), {first['model']}, {first['optimizer']} lr {first['lr']:g}, "
-           "no lr scaling")
-print(setting, f"| SB = {small_batch}, LB = {large_batch} ({large_batch / n_train:.1%} of N)",
-      f"| largest B/N = {runs['batch_size'].max() / n_train:.3g}")
+           f"no lr scaling, largest B/N = {runs['batch_size'].max() / n_train:.3g}")
+print(setting, f"| SB = {small_batch}, LB = {large_batch} ({large_batch / n_train:.1%} of N)")
 
 # %% [markdown]
 # ## The pre-registered test: LB over SB, paired by seed
