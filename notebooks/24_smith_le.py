@@ -287,7 +287,7 @@ for i, variant in enumerate(variants):
     axes[2].errorbar(table["effective_lr"], table["mean"], yerr=table["std"], fmt="o-", capsize=3,
                      label=f"{variant}: lr/B = {breaks[variant][0]:.3g}", color=f"C{i}")
 metric_name = {"test_acc": "test accuracy"}.get(metric, metric)
-axes[1].set_ylabel(f"{metric_name}: difference from B = 16 (points)")
+axes[1].set_ylabel(f"{metric_name} minus B = 16's (points)")
 axes[2].set(xscale="log", xlabel="learning rate used (lr/B x B)", ylabel=f"final {metric_name}")
 axes[2].legend(fontsize="small")
 save_figure(fig, out / "diagonal_final",
