@@ -72,6 +72,7 @@ def test_keskar_ratio_is_the_geometric_mean_with_a_t_interval_on_log_ratios():
     assert test.n_pairs == 3 and test.largest_b_over_n == pytest.approx(0.1)
     # ratio interval [4 exp(-1.72), ...] = [0.72, ...] contains 1; the drop's lower end 0.0233 - 0.0379 < 0
     assert test.verdict == "not reproduced"
+    assert test.extend_seeds   # both intervals contain their thresholds with 3 seeds
 
 
 @pytest.mark.parametrize("ratios, drops, verdict", [
@@ -84,6 +85,7 @@ def test_keskar_verdicts_follow_the_protocol(ratios, drops, verdict):
     table = _table([1.0] * 5, ratios, [0.9] * 5, [0.9 - d for d in drops])
     test = keskar_test(table, 32, 400)
     assert test.verdict == verdict
+    assert test.extend_seeds == (verdict != "reproduced")   # the non-reproduced cases straddle a threshold
     shown = verdict_table(test)
     assert list(shown["verdict"]) == [verdict] * 2 and shown["statistic"].iloc[0].startswith("R:")
 

@@ -63,6 +63,13 @@ class KeskarTest:
     def largest_b_over_n(self) -> float:
         return self.large_batch / self.n_train
 
+    @property
+    def extend_seeds(self) -> bool:
+        """docs/protocols.md, statistics item 3: with fewer than 8 seeds, an interval that contains its
+        threshold (1 for the ratio, 0 for the drop) extends the sweep once, to 8 seeds."""
+        straddles = self.ratio_low <= 1 <= self.ratio_high or self.drop_low <= 0 <= self.drop_high
+        return self.n_pairs < 8 and straddles
+
 
 def keskar_test(runs: pd.DataFrame, small_batch: int, large_batch: int, phi: str = PRIMARY_PHI,
                 metric: str = "test_acc") -> KeskarTest:

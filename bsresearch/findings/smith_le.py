@@ -220,6 +220,13 @@ class SeedSlopes:
         """The pre-registered verdict on this t interval (slope_verdict)."""
         return slope_verdict(self.low, self.high)
 
+    @property
+    def extend_seeds(self) -> bool:
+        """docs/protocols.md, statistics item 3: with fewer than 8 seeds, an interval that contains the
+        threshold 0 (the lower end decides reproduced/partly against not reproduced) extends the sweeps
+        once, to 8 seeds."""
+        return len(self.slopes) < 8 and self.low <= 0 <= self.high
+
 
 def slope_verdict(low: float, high: float, predicted: float = 1.0) -> str:
     """docs/protocols.md#smith-le: reproduced when the slope's interval contains `predicted` (1) and its
