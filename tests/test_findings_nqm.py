@@ -170,3 +170,8 @@ def test_powers_table_and_monotonicity():
     assert list(table["b_crit"]) == pytest.approx([fit_critical_batch(b, 100 * (1 + bc / b)).b_crit
                                                    for bc in (10, 40, 30, 20, 80, 160)])
     assert grows_with_power(table) == {False: False, True: True}   # 40 -> 30 breaks it without momentum
+    # a batch size that never reached the target is left out of the fit and counted
+    rows[0]["steps"] = float("inf")
+    again = critical_batch_by_power(pd.DataFrame(rows))
+    assert list(again["n_unreached"]) == [1, 0, 0, 0, 0, 0]
+    assert again["b_crit"].iloc[0] == pytest.approx(fit_critical_batch(b[1:], 100 * (1 + 10 / b[1:])).b_crit)

@@ -278,13 +278,18 @@ def power_optimizers(powers: Iterable[float], momenta: Iterable[float] = (0.0, 0
 def critical_batch_by_power(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (precondition power, momentum or not) from a `steps_vs_batch_size` table run with
     `power_optimizers`: power, momentum (bool), b_crit, b_crit_low, b_crit_high (95% fit interval of
-    `fit_critical_batch` over every batch size), s_min, n_lr_at_grid_edge."""
+    `fit_critical_batch` over the batch sizes that reached the target), s_min, n_lr_at_grid_edge, and
+    n_unreached: batch sizes at which no lr of the grid reached the target (left out of the fit; a
+    validity failure like an lr on the grid's edge: widen the lr grid)."""
     rows = []
     for name, group in table.groupby("optimizer", sort=False):
+        unreached = ~np.isfinite(group["steps"].to_numpy(float))
+        group = group[~unreached]
         f = fit_critical_batch(group["batch_size"], group["steps"])
         rows.append({"power": float(group["precondition"].iloc[0]), "momentum": name.endswith("+ momentum"),
                      "b_crit": f.b_crit, "b_crit_low": f.b_crit_interval[0], "b_crit_high": f.b_crit_interval[1],
-                     "s_min": f.s_min, "n_lr_at_grid_edge": int(group["lr_at_grid_edge"].astype(bool).sum())})
+                     "s_min": f.s_min, "n_lr_at_grid_edge": int(group["lr_at_grid_edge"].astype(bool).sum()),
+                     "n_unreached": int(unreached.sum())})
     return pd.DataFrame(rows).sort_values(["momentum", "power"], ignore_index=True)
 
 
