@@ -12,7 +12,7 @@
 # Smith & Le: SGD's noise scale is g = lr N / (B (1 - m)); at a fixed number of epochs the test accuracy
 # peaks at a batch size B_opt proportional to lr N. Jastrzebski et al.: runs with the same lr/B follow the
 # same dynamics until the learning rate gets too large. Three sweeps, one setting (MNIST-1D, cnn1d, SGD
-# momentum 0.9, constant lr, 60 epochs given as examples, 3 seeds; every choice is explained in the specs):
+# momentum 0.9, constant lr, 60 epochs given as examples, 5 seeds; every choice is explained in the specs):
 #
 # 1. `smith_le`: batch size 16-1024 x lr 0.01-0.08 at N = 4000 -> B_opt per lr, and the slope of log B_opt
 #    against log lr (predicted: 1). `smith_le_edge` adds B = 8 at lr 0.01, whose peak was at the grid's
@@ -23,9 +23,15 @@
 # 3. `smith_le_diag`: two diagonals lr/B = const over B = 16-2048 -> learning curves and final accuracy
 #    along each; where the equivalence breaks.
 #
+# **Pre-registered test** (docs/protocols.md#smith-le), printed first: beta_lr, the slope of log B_opt
+# against log lr, fitted for each seed to that seed's own peaks; the mean of the per-seed slopes with its
+# 95% t interval over seeds. Reproduced if the interval contains 1 and its lower end is above 0; partly if
+# the lower end is above 0 and the interval excludes 1; not reproduced if the lower end is at or below 0.
+# beta_N (against N at one lr) is a second test of the same form that does not change the verdict.
+#
 # B_opt is the vertex of the parabola in log2 B through the batch size with the best seed-mean accuracy and
-# its two neighbours (`bsresearch.findings.smith_le`); its interval, and that of the slope, come from a bootstrap
-# over seeds (each grid cell's seeds resampled). A peak at the edge of the grid is censored and left out
+# its two neighbours (`bsresearch.findings.smith_le`). Secondary: the bootstrap over seeds (each grid
+# cell's seeds resampled) of B_opt and of the slope. A peak at the edge of the grid is censored and left out
 # of the slope. Diverged runs count with the accuracy they ended at; runs that collapsed to chance (final
 # train loss >= 0.99 ln 10) stay in as data points and are counted.
 
@@ -95,21 +101,48 @@ SETTING = (f"{first['dataset']} ({int(first['n_train'])} training examples), {fi
            f"{first['momentum']:g}, constant lr, {first['epochs_budget']:g} epochs (as examples), "
            f"seeds {', '.join(map(str, sorted(lr_runs['seed'].unique())))}")
 print(SETTING)
-
-# %% [markdown]
-# ## 1. The best batch size against the learning rate (N = 4000)
-
-# %%
 grid_runs = lr_runs                      # the main grid only: lr 0.01's peak is at its edge
 if edge_sweep:
     lr_runs = pd.concat([lr_runs, load(edge_sweep)], ignore_index=True)
+n_runs = load(n_sweep)
+n_all = pd.concat([n_runs, lr_runs[np.isclose(lr_runs["lr"], n_lr)]], ignore_index=True)
+n_all = n_all[np.isclose(n_all["lr"], n_lr)]
+
+# %% [markdown]
+# ## The pre-registered test: beta_lr, the t interval over per-seed slopes
+
+# %%
+seed_lr = power_law_by_seed(lr_runs, metric, x="batch_size", by="lr", confidence=confidence)
+seed_n = power_law_by_seed(n_all, metric, x="batch_size", by="n_train", confidence=confidence)
+test = pd.DataFrame([
+    {"statistic": f"beta_lr: slope of log B_opt on log lr (N = {int(lr_runs['n_train'].max())})",
+     "estimate": seed_lr.mean, f"{confidence:.0%} t interval": f"[{seed_lr.low:.3f}, {seed_lr.high:.3f}]",
+     "seeds": len(seed_lr.slopes), "per-seed slopes": ", ".join(f"{v:.2f}" for v in seed_lr.slopes),
+     "censored peaks": seed_lr.n_censored, "threshold": "contains 1, lower end > 0",
+     "largest B/N": float((lr_runs["batch_size"] / lr_runs["n_train"]).max()), "verdict": seed_lr.verdict},
+    {"statistic": f"second test, beta_N: slope of log B_opt on log N (lr {n_lr:g}); does not change the verdict",
+     "estimate": seed_n.mean, f"{confidence:.0%} t interval": f"[{seed_n.low:.3f}, {seed_n.high:.3f}]",
+     "seeds": len(seed_n.slopes), "per-seed slopes": ", ".join(f"{v:.2f}" for v in seed_n.slopes),
+     "censored peaks": seed_n.n_censored, "threshold": "contains 1, lower end > 0",
+     "largest B/N": float((n_all["batch_size"] / n_all["n_train"]).max()), "verdict": seed_n.verdict}])
+test.to_csv(out / "test.csv", index=False)
+print(f"VERDICT: {seed_lr.verdict} (beta_lr = {interval(seed_lr.mean, seed_lr.low, seed_lr.high, '.2f')}, "
+      f"{confidence:.0%} t interval over {len(seed_lr.slopes)} seeds; threshold: contains 1, lower end > 0)")
+if seed_lr.extend_seeds:
+    print("the interval contains 0 with fewer than 8 seeds: by the protocol the smith_le* sweeps are extended "
+          "once, to seeds 0-7, and that result is final")
+print(f"second test: {seed_n.verdict} (beta_N = {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')})")
+test.T
+
+# %% [markdown]
+# ## Secondary. 1. The best batch size against the learning rate (N = 4000)
+
+# %%
 opt_grid = optimum_by_group(grid_runs, metric, x="batch_size", by="lr", n_boot=n_boot, confidence=confidence)
 fit_grid = power_law(opt_grid)
 opt_lr = optimum_by_group(lr_runs, metric, x="batch_size", by="lr", n_boot=n_boot, confidence=confidence)
 fit_lr = power_law(opt_lr)
 opt_lr.table.to_csv(out / "optimum_vs_lr.csv", index=False)
-# a check on the bootstrap (with 3 seeds a percentile bootstrap is too narrow): each seed's own slope, t interval
-seed_lr = power_law_by_seed(lr_runs, metric, x="batch_size", by="lr", confidence=confidence)
 # descriptive, without interpolation: the grid point with the best seed mean, against lr
 argmax_slope = np.polyfit(np.log(opt_lr.table["lr"]), np.log(opt_lr.table["x_best"]), 1)[0]
 summary_lr = stats.summarize(lr_runs, ["lr", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
@@ -132,12 +165,10 @@ save_figure(fig, out / "optimum_vs_lr",
             f"least-squares power law (slope {fit_lr.slope:.2f}, {confidence:.0%} bootstrap interval "
             f"[{fit_lr.slope_low:.2f}, {fit_lr.slope_high:.2f}]) and the predicted slope 1.", runs=lr_runs)
 plt.show()
-print(f"B_opt ~ lr^k: k = {interval(fit_lr.slope, fit_lr.slope_low, fit_lr.slope_high, '.2f')} "
+print(f"secondary, bootstrap: B_opt ~ lr^k: k = {interval(fit_lr.slope, fit_lr.slope_low, fit_lr.slope_high, '.2f')} "
       f"(predicted 1; {fit_lr.n_excluded} lr(s) with a censored peak left out)")
 print(f"main grid only ({sweep}): k = {interval(fit_grid.slope, fit_grid.slope_low, fit_grid.slope_high, '.2f')} "
       f"over lr {', '.join(f'{g:g}' for g in fit_grid.groups)} ({fit_grid.n_excluded} censored)")
-print(f"per-seed slopes {', '.join(f'{v:.2f}' for v in seed_lr.slopes)}: mean "
-      f"{interval(seed_lr.mean, seed_lr.low, seed_lr.high, '.2f')} (t interval; {seed_lr.n_censored} censored peaks)")
 print(f"grid argmax (no interpolation): B_best = {', '.join(f'{b:g}' for b in opt_lr.table['x_best'])} "
       f"at lr {', '.join(f'{g:g}' for g in opt_lr.table['lr'])}: slope {argmax_slope:.2f}")
 print("collapsed runs (final train loss at chance):", int(lr_runs["collapsed"].sum()), "| diverged:",
@@ -145,15 +176,11 @@ print("collapsed runs (final train loss at chance):", int(lr_runs["collapsed"].s
 opt_lr.table
 
 # %% [markdown]
-# ## 2. The best batch size against the training-set size (lr fixed)
+# ## Secondary. 2. The best batch size against the training-set size (lr fixed)
 
 # %%
-n_runs = load(n_sweep)
-n_all = pd.concat([n_runs, lr_runs[np.isclose(lr_runs["lr"], n_lr)]], ignore_index=True)
-n_all = n_all[np.isclose(n_all["lr"], n_lr)]
 opt_n = optimum_by_group(n_all, metric, x="batch_size", by="n_train", n_boot=n_boot, confidence=confidence)
 fit_n = power_law(opt_n)
-seed_n = power_law_by_seed(n_all, metric, x="batch_size", by="n_train", confidence=confidence)
 opt_n.table.to_csv(out / "optimum_vs_n.csv", index=False)
 summary_n = stats.summarize(n_all, ["n_train", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
 summary_n.to_csv(out / "summary_n.csv", index=False)
@@ -174,10 +201,8 @@ save_figure(fig, out / "optimum_vs_n",
             f"power-law fit (slope {fit_n.slope:.2f} [{fit_n.slope_low:.2f}, {fit_n.slope_high:.2f}]) and the "
             f"predicted slope 1.", runs=n_all)
 plt.show()
-print(f"B_opt ~ N^k: k = {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')} (predicted 1; "
-      f"{fit_n.n_excluded} N with a censored peak left out)")
-print(f"per-seed slopes {', '.join(f'{v:.2f}' for v in seed_n.slopes)}: mean "
-      f"{interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')} (t interval; {seed_n.n_censored} censored peaks)")
+print(f"secondary, bootstrap: B_opt ~ N^k: k = {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')} "
+      f"(predicted 1; {fit_n.n_excluded} N with a censored peak left out)")
 opt_n.table
 
 # %% [markdown]
@@ -198,7 +223,7 @@ save_figure(fig, out / "accuracy_vs_noise_scale",
 plt.show()
 
 # %% [markdown]
-# ## 3. Equal lr/B (Jastrzebski et al.): learning curves along two diagonals, and where they break
+# ## Secondary. 3. Equal lr/B (Jastrzebski et al.): learning curves along two diagonals, and where they break
 #
 # The rule, fixed in the spec before the runs: along a diagonal, batch size B "agrees" with the smallest
 # batch (16) when no run diverged and the 95% Welch interval of the difference of final test accuracies
@@ -209,6 +234,7 @@ plt.show()
 # %%
 diag = load(diag_sweep)
 diag = diag.assign(lr_per_example=diag["effective_lr"] / diag["batch_size"])
+print(f"{diag_sweep}: largest B/N = {(diag['batch_size'] / diag['n_train']).max():.3g}")
 history = results.load_history(diag, columns=["variant", "batch_size", "seed", "effective_lr"])
 history = history.assign(log10_train_loss=np.log10(history["train_loss"].clip(lower=1e-8)))
 ok_ids = set(diag.loc[diag["state"] == "ok", "run_id"])
@@ -264,12 +290,13 @@ for i, variant in enumerate(variants):
     axes[2].errorbar(table["effective_lr"], table["mean"], yerr=table["std"], fmt="o-", capsize=3,
                      label=f"{variant}: lr/B = {breaks[variant][0]:.3g}", color=f"C{i}")
 metric_name = {"test_acc": "test accuracy"}.get(metric, metric)
-axes[1].set_ylabel(f"{metric_name}: difference from B = 16")
+axes[1].set_ylabel(f"{metric_name} minus B = 16's (points)")
 axes[2].set(xscale="log", xlabel="learning rate used (lr/B x B)", ylabel=f"final {metric_name}")
 axes[2].legend(fontsize="small")
 save_figure(fig, out / "diagonal_final",
             f"Equal lr/B: final test accuracy along each diagonal. Left: against batch size (mean and 95% "
-            f"interval over seeds). Middle: difference from B = 16 with its {confidence:.0%} Welch interval "
+            f"interval over seeds). Middle: difference from B = 16 in percentage points, with its "
+            f"{confidence:.0%} Welch interval "
             f"(red x: a run diverged). Right: against the learning rate used (mean and std over seeds): a "
             f"break set by the lr falls at the same lr on both diagonals. {SETTING}.", runs=diag)
 plt.show()
@@ -300,7 +327,7 @@ cpu
 
 
 # %%
-def verdict(fit):
+def verdict(fit):   # the same thresholds on the bootstrap interval (secondary; does not decide)
     if not np.isfinite(fit.slope):
         return "not resolved"
     if fit.covers(1.0) and fit.slope_low > 0:
@@ -340,8 +367,16 @@ for ratio, b_break, lr_break, b_collapse in breaks.values():
 findings = pd.DataFrame(rows).fillna("")
 findings.to_csv(out / "findings.csv", index=False)
 lines = [f"Setting: {SETTING}.", "",
+         f"**Pre-registered test**: beta_lr = {interval(seed_lr.mean, seed_lr.low, seed_lr.high, '.2f')} "
+         f"({confidence:.0%} t interval over {len(seed_lr.slopes)} per-seed slopes; threshold: contains 1 and "
+         f"lower end > 0): **{seed_lr.verdict}**. Second test, beta_N = "
+         f"{interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')}: {seed_n.verdict}. Largest B/N: "
+         f"{float((lr_runs['batch_size'] / lr_runs['n_train']).max()):.3g} (lr grid), "
+         f"{float((n_all['batch_size'] / n_all['n_train']).max()):.3g} (N grid), "
+         f"{float((diag['batch_size'] / diag['n_train']).max()):.3g} (diagonals).", "",
+         "Secondary:", "",
          "| claim | predicted | measured (95% bootstrap interval) | B_opt (95% bootstrap interval) | "
-         "per-seed slopes (95% t interval) | reproduced (bootstrap interval) |", "|---|---|---|---|---|---|"]
+         "per-seed slopes (95% t interval) | secondary verdict (bootstrap interval) |", "|---|---|---|---|---|---|"]
 lines += [f"| {r.claim} | {r.predicted} | {r.measured} | {r.b_opt} | {r.per_seed_check} | {r.reproduced} |"
           for r in findings.itertuples()]
 (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -1,10 +1,13 @@
 """Keskar et al.: the interpolation between two runs and measurements over finished runs' weights."""
+import math
+
+import pandas as pd
 import pytest
 from conftest import tiny_config
 
 from bsresearch import results
 from bsresearch.config import ConfigError
-from bsresearch.findings.keskar import interpolate_runs
+from bsresearch.findings.keskar import interpolate_runs, keskar_test, tenth_of_data, verdict_table
 from bsresearch.findings.runs import measure_runs
 from bsresearch.train import run
 
@@ -39,3 +42,69 @@ def test_measure_runs_applies_a_function_to_every_runs_final_weights(two_runs):
     merged = runs.merge(table, on="run_id")
     assert list(merged["loss"]) == pytest.approx(list(merged["train_loss"]), rel=1e-6)
     assert sorted(merged["batch"]) == [16, 64]
+
+
+# ----------------------------------------------------------------------------- the pre-registered test
+def _table(phi_sb, phi_lb, acc_sb, acc_lb, n_train=4000, sb=32, lb=400):
+    rows = []
+    for seed, (ps, pl, a_s, a_l) in enumerate(zip(phi_sb, phi_lb, acc_sb, acc_lb)):
+        rows += [{"batch_size": sb, "seed": seed, "state": "ok", "reached_target": True, "n_train": n_train,
+                  "keskar_phi_eps1e-3": ps, "test_acc": a_s},
+                 {"batch_size": lb, "seed": seed, "state": "ok", "reached_target": True, "n_train": n_train,
+                  "keskar_phi_eps1e-3": pl, "test_acc": a_l},
+                 {"batch_size": n_train, "seed": seed, "state": "ok", "reached_target": True, "n_train": n_train,
+                  "keskar_phi_eps1e-3": 1.0, "test_acc": 0.5}]
+    return pd.DataFrame(rows)
+
+
+def test_keskar_ratio_is_the_geometric_mean_with_a_t_interval_on_log_ratios():
+    # per-seed ratios 2, 8, 4: log ratios ln2 * (1, 3, 2), mean 2 ln2 -> ratio 4 (the arithmetic mean is 4.67);
+    # std ln2, t(0.975, 2) = 4.302653 -> half-width 4.302653 ln2 / sqrt 3
+    table = _table([1, 1, 2], [2, 8, 8], [0.90, 0.92, 0.91], [0.88, 0.91, 0.87])
+    test = keskar_test(table, 32, 400)
+    half = 4.302653 * math.log(2) / math.sqrt(3)
+    assert test.ratio == pytest.approx(4.0)
+    assert test.ratio_low == pytest.approx(4 * math.exp(-half), rel=1e-5)
+    assert test.ratio_high == pytest.approx(4 * math.exp(half), rel=1e-5)
+    # drops 0.02, 0.01, 0.04: mean 0.0233, std 0.015275
+    assert test.drop == pytest.approx(0.07 / 3)
+    assert test.drop_low == pytest.approx(0.07 / 3 - 4.302653 * 0.0152753 / math.sqrt(3), rel=1e-4)
+    assert test.n_pairs == 3 and test.largest_b_over_n == pytest.approx(0.1)
+    # ratio interval [4 exp(-1.72), ...] = [0.72, ...] contains 1; the drop's lower end 0.0233 - 0.0379 < 0
+    assert test.verdict == "not reproduced"
+    assert test.extend_seeds   # both intervals contain their thresholds with 3 seeds
+
+
+@pytest.mark.parametrize("ratios, drops, verdict", [
+    ([10, 12, 11, 9, 10], [0.02, 0.03, 0.02, 0.025, 0.03], "reproduced"),
+    ([10, 12, 11, 9, 10], [0.02, -0.03, 0.02, -0.025, 0.03], "partly"),
+    ([0.5, 3, 1, 2, 0.8], [0.02, 0.03, 0.02, 0.025, 0.03], "partly"),
+    ([0.5, 3, 1, 2, 0.8], [0.02, -0.03, 0.02, -0.025, 0.03], "not reproduced"),
+])
+def test_keskar_verdicts_follow_the_protocol(ratios, drops, verdict):
+    table = _table([1.0] * 5, ratios, [0.9] * 5, [0.9 - d for d in drops])
+    test = keskar_test(table, 32, 400)
+    assert test.verdict == verdict
+    assert test.extend_seeds == (verdict != "reproduced")   # the non-reproduced cases straddle a threshold
+    shown = verdict_table(test)
+    assert list(shown["verdict"]) == [verdict] * 2 and shown["statistic"].iloc[0].startswith("R:")
+
+
+def test_keskar_is_not_testable_when_a_run_missed_its_target_or_failed():
+    table = _table([1.0] * 5, [10, 12, 11, 9, 10], [0.9] * 5, [0.88] * 5)
+    table.loc[(table.batch_size == 400) & (table.seed == 2), "reached_target"] = False
+    test = keskar_test(table, 32, 400)
+    assert test.verdict == "not testable" and "seed 2: did not reach its target" in test.problems[0]
+    table.loc[(table.batch_size == 32) & (table.seed == 0), "state"] = "failed"
+    assert keskar_test(table, 32, 400).n_pairs == 4
+    # the full batch's runs are not part of the primary test: a failure there does not block it
+    ok = _table([1.0] * 5, [10, 12, 11, 9, 10], [0.9] * 5, [0.88] * 5)
+    ok.loc[ok.batch_size == 4000, "state"] = "failed"
+    assert keskar_test(ok, 32, 400).verdict != "not testable"
+
+
+def test_large_batch_is_the_batch_size_closest_to_a_tenth_of_the_data():
+    assert tenth_of_data(_table([1] * 2, [1] * 2, [1] * 2, [1] * 2)) == 400
+    assert tenth_of_data(_table([1] * 2, [1] * 2, [1] * 2, [1] * 2, n_train=10000, sb=256, lb=1000)) == 1000
+    with pytest.raises(ConfigError, match="n_train"):
+        tenth_of_data(_table([1] * 2, [1] * 2, [1] * 2, [1] * 2).drop(columns="n_train"))

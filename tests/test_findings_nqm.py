@@ -1,17 +1,23 @@
 """The noisy quadratic model against brute force: Monte-Carlo simulation and step-by-step iteration."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from bsresearch.findings.nqm import (
     NQM,
     Optimizer,
+    critical_batch_by_power,
     expected_loss,
+    grows_with_power,
     is_stable,
+    nqm_test,
+    power_optimizers,
     stationary_loss,
     steps_to_target,
     steps_vs_batch_size,
     tune,
 )
+from bsresearch.measure.critical import fit_critical_batch
 
 
 def small_nqm(dim=20):
@@ -99,3 +105,73 @@ def test_steps_vs_batch_size_rows():
     assert [r["batch_size"] for r in rows] == [1, 4, 16, 64] and all(r["optimizer"] == "SGD" for r in rows)
     steps = [r["steps"] for r in rows]
     assert all(np.isfinite(steps)) and steps == sorted(steps, reverse=True)   # larger batches never need more steps
+
+
+# ----------------------------------------------------------------------------- the pre-registered test
+class _Fit:
+    """A stand-in CriticalBatchFit: the test only reads b_crit and its interval."""
+    def __init__(self, b, low, high):
+        self.b_crit, self.b_crit_interval = b, (low, high)
+
+
+def _steps_table(edge=()):
+    names = ("SGD", "heavy-ball momentum", "preconditioned (p=0.5)", "preconditioned + momentum")
+    return pd.DataFrame([{"optimizer": n, "batch_size": 1.0, "steps": 10.0, "lr_at_grid_edge": n in edge}
+                         for n in names])
+
+
+@pytest.mark.parametrize("momentum, precond, verdict", [
+    ((500, 420, 600), (300, 260, 350), "reproduced"),
+    ((500, 420, 600), (180, 150, 220), "partly"),      # preconditioning's ratio 1.8 < 2
+    ((500, 110, 900), (300, 260, 350), "partly"),      # momentum's interval overlaps SGD's [90, 110]
+    ((150, 120, 180), (190, 105, 260), "not reproduced"),
+])
+def test_nqm_verdict_needs_ratio_two_and_an_interval_above_sgds(momentum, precond, verdict):
+    fits = {"SGD": _Fit(100, 90, 110), "heavy-ball momentum": _Fit(*momentum),
+            "preconditioned (p=0.5)": _Fit(*precond)}
+    test = nqm_test(fits, _steps_table())
+    assert test.rho_momentum == pytest.approx(momentum[0] / 100)
+    assert test.rho_precondition == pytest.approx(precond[0] / 100)
+    assert test.verdict == verdict
+
+
+def test_nqm_is_not_testable_with_a_tuned_lr_on_the_grid_edge():
+    fits = {"SGD": _Fit(100, 90, 110), "heavy-ball momentum": _Fit(500, 420, 600),
+            "preconditioned (p=0.5)": _Fit(300, 260, 350)}
+    assert nqm_test(fits, _steps_table(edge=("heavy-ball momentum",))).verdict == "not testable"
+    # an edge in an optimizer outside the test does not block it
+    assert nqm_test(fits, _steps_table(edge=("preconditioned + momentum",))).verdict == "reproduced"
+    with pytest.raises(ValueError, match="no critical-batch fit"):
+        nqm_test({"SGD": _Fit(1, 1, 1)}, _steps_table())
+
+
+def test_nqm_test_on_the_exact_model_uses_fit_critical_batch():
+    nqm = small_nqm(50)
+    lrs = np.logspace(-3, 1, 17)
+    table = pd.DataFrame(steps_vs_batch_size(nqm, [1, 4, 16, 64, 256], 0.05 * nqm.initial_loss(), lrs=lrs))
+    fits = {n: fit_critical_batch(g["batch_size"], g["steps"]) for n, g in table.groupby("optimizer")}
+    test = nqm_test(fits, table)
+    assert test.b_crit["SGD"][0] == pytest.approx(fits["SGD"].b_crit)
+    assert test.rho_momentum == pytest.approx(fits["heavy-ball momentum"].b_crit / fits["SGD"].b_crit)
+
+
+def test_powers_table_and_monotonicity():
+    opts = power_optimizers([0.0, 0.5, 1.0], momenta=(0.0, 0.9))
+    assert opts["p=0"] == ((0.0,), 0.0) and opts["p=1 + momentum"] == ((0.0, 0.9), 1.0)
+    # synthetic tuned steps with a known B_crit per (power, momentum): S = 100 (1 + B_crit / B)
+    b = np.array([1.0, 4, 16, 64, 256, 1024])
+    known = {("p=0", 0.0): 10.0, ("p=0.5", 0.5): 40.0, ("p=1", 1.0): 30.0,
+             ("p=0 + momentum", 0.0): 20.0, ("p=0.5 + momentum", 0.5): 80.0, ("p=1 + momentum", 1.0): 160.0}
+    rows = [{"optimizer": name, "precondition": p, "batch_size": x, "steps": 100 * (1 + bc / x),
+             "lr_at_grid_edge": False} for (name, p), bc in known.items() for x in b]
+    table = critical_batch_by_power(pd.DataFrame(rows))
+    assert list(table["power"]) == [0.0, 0.5, 1.0, 0.0, 0.5, 1.0]
+    assert list(table["b_crit"]) == pytest.approx([10, 40, 30, 20, 80, 160], rel=1e-6)
+    assert list(table["b_crit"]) == pytest.approx([fit_critical_batch(b, 100 * (1 + bc / b)).b_crit
+                                                   for bc in (10, 40, 30, 20, 80, 160)])
+    assert grows_with_power(table) == {False: False, True: True}   # 40 -> 30 breaks it without momentum
+    # a batch size that never reached the target is left out of the fit and counted
+    rows[0]["steps"] = float("inf")
+    again = critical_batch_by_power(pd.DataFrame(rows))
+    assert list(again["n_unreached"]) == [1, 0, 0, 0, 0, 0]
+    assert again["b_crit"].iloc[0] == pytest.approx(fit_critical_batch(b[1:], 100 * (1 + 10 / b[1:])).b_crit)

@@ -28,6 +28,7 @@ from bsresearch.findings.smith_le import (
     power_law,
     power_law_by_seed,
     sgd_noise_scale,
+    slope_verdict,
 )
 
 GRID = [16, 32, 64, 128, 256, 512, 1024]
@@ -160,6 +161,31 @@ def test_power_law_by_seed_fits_each_seed_and_takes_a_t_interval():
     assert censored.n_censored == 2 and censored.slopes == pytest.approx((1.0, 1.0))
 
 
+@pytest.mark.parametrize("low, high, verdict", [
+    (0.6, 1.3, "reproduced"), (0.01, 1.0, "reproduced"), (0.2, 0.7, "partly"), (1.2, 2.0, "partly"),
+    (0.0, 1.5, "not reproduced"), (-0.4, 0.3, "not reproduced"), (math.nan, math.nan, "not testable")])
+def test_slope_verdict_follows_the_protocol(low, high, verdict):
+    assert slope_verdict(low, high) == verdict
+
+
+def test_the_per_seed_verdict_is_read_off_the_t_interval():
+    rows = []
+    for seed, exponent in enumerate((0.8, 1.0, 1.2, 0.9, 1.1)):
+        peaks = {lr: 32.0 * (lr / 0.01) ** exponent for lr in (0.01, 0.02, 0.04)}
+        rows.append(synthetic_runs(peaks, seeds=1).assign(seed=seed))
+    check = power_law_by_seed(pd.concat(rows, ignore_index=True), "test_acc", by="lr")
+    half = stats.t.ppf(0.975, 4) * np.std([0.8, 1.0, 1.2, 0.9, 1.1], ddof=1) / math.sqrt(5)
+    assert (check.low, check.high) == pytest.approx((1 - half, 1 + half), abs=1e-6)
+    assert check.verdict == "reproduced" and not check.extend_seeds
+    flat = []   # peaks that hardly move with the lr: slopes -0.1, 0.05, 0.1, interval [-0.18, 0.22]
+    for seed, exponent in enumerate((-0.1, 0.05, 0.1)):
+        peaks = {lr: 40.0 * (lr / 0.01) ** exponent for lr in (0.01, 0.02, 0.04)}
+        flat.append(synthetic_runs(peaks, seeds=1).assign(seed=seed))
+    check = power_law_by_seed(pd.concat(flat, ignore_index=True), "test_acc", by="lr")
+    assert check.low < 0 < check.high and check.verdict == "not reproduced"
+    assert check.extend_seeds   # 3 seeds and an interval containing 0
+
+
 def test_agreement_matches_welch_and_flags_divergence():
     rows = [{"batch_size": 16, "test_acc": v, "state": "ok"} for v in (0.90, 0.91, 0.92)]
     rows += [{"batch_size": 64, "test_acc": v, "state": "ok"} for v in (0.905, 0.915, 0.925)]
@@ -228,8 +254,13 @@ def test_agreement_plot_marks_divergence():
             [(16, 0.9, "ok"), (16, 0.91, "ok"), (64, 0.9, "ok"), (64, 0.92, "ok"), (256, 0.1, "diverged"),
              (256, 0.9, "ok")]]
     fig, ax = plt.subplots()
-    agreement_plot(ax, agreement(pd.DataFrame(rows)), label="ratio 1")
+    table = agreement(pd.DataFrame(rows))
+    agreement_plot(ax, table, label="ratio 1")
     assert any(line.get_marker() == "x" for line in ax.get_lines())
+    # the differences are drawn in percentage points (an accuracy fraction x 100), not as fractions
+    drawn = ax.get_lines()[0].get_ydata()
+    assert list(drawn) == pytest.approx(list(100 * table["diff"]))
+    assert "percentage points" in ax.get_ylabel()
     assert list(ax.get_xticks()) == [16, 64, 256]
     plt.close(fig)
 
@@ -281,7 +312,12 @@ def test_the_analysis_notebook_runs_on_fake_sweeps_of_the_real_specs(tmp_path):
     names = {p.name for p in out.iterdir()}
     for stem in ("optimum_vs_lr", "optimum_vs_n", "accuracy_vs_noise_scale", "diagonal_curves", "diagonal_final"):
         assert {f"{stem}.png", f"{stem}.pdf", f"{stem}.txt"} <= names
-    assert "Sweep smith_le, smith_le_edge (87 runs" in (out / "optimum_vs_lr.txt").read_text()
+    assert "Sweep smith_le, smith_le_edge (145 runs" in (out / "optimum_vs_lr.txt").read_text()   # 5 seeds
+    test = pd.read_csv(out / "test.csv")
+    assert test["statistic"].iloc[0].startswith("beta_lr") and test["seeds"].iloc[0] == 5
+    assert test["verdict"].iloc[0] == "reproduced"   # the fake peaks move with slope 1
+    assert test["largest B/N"].iloc[0] == pytest.approx(1024 / 4000)
+    assert (out / "summary.md").read_text().splitlines()[2].startswith("**Pre-registered test**: beta_lr")
     findings = pd.read_csv(out / "findings.csv").set_index("claim")
     for claim in ("B_opt proportional to lr (Smith & Le)", "B_opt proportional to N (Smith & Le)"):
         slope = float(findings.loc[claim, "measured"].split()[1])  # "slope 0.98 [0.97, 1.00]"

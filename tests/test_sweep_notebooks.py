@@ -80,7 +80,11 @@ def test_report_passes_the_specs_analysis_parameters_to_the_notebook(tmp_path):
     out = run_report(spec, tmp_path / "runs", tmp_path / "reports", html=False, allow_dirty=True)
     steps = pd.read_csv(out / "nqm_steps.csv")
     assert sorted(steps["batch_size"].unique()) == [1, 2, 4, 8, 16]      # 2^0 .. 2^4, not the default 2^17
-    assert {"nqm_steps.png", "nqm_steps.pdf", "nqm_critical_batch.csv"} <= {p.name for p in out.iterdir()}
+    assert {"nqm_steps.png", "nqm_steps.pdf", "nqm_critical_batch.csv", "nqm_test.csv",
+            "nqm_critical_batch_by_power.csv", "nqm_critical_batch_vs_power.png"} <= {p.name for p in out.iterdir()}
+    powers = sorted(pd.read_csv(out / "nqm_critical_batch_by_power.csv")["power"])
+    assert powers == [0, 0, .25, .25, .5, .5, .75, .75, 1, 1]   # five powers, with and without momentum
+    assert pd.read_csv(out / "nqm_test.csv")["statistic"].iloc[0].startswith("rho_mom")
 
 
 @pytest.mark.slow

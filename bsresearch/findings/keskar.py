@@ -1,6 +1,7 @@
 """Keskar et al. (2017), "On Large-Batch Training for Deep Learning: Generalization Gap and Sharp Minima":
 large batches converge to sharper minima that generalize worse. Needs torch (the trained weights).
 
+    test = keskar_test(runs, small_batch=32, large_batch=tenth_of_data(runs))   # the pre-registered test
     table = runs.measure_runs(ok, lambda model, data, cfg: {"phi": keskar_sharpness(...).phi})
     curve = interpolate_runs(small_batch_run_dir, large_batch_run_dir)       # the parametric plot
     interpolation_plot(ax_loss, ax_acc, curve)
@@ -9,17 +10,115 @@ Setting and pre-registered test: docs/protocols.md#keskar.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
 
 from ..config import ConfigError
 from ..data import dataset_for
 from ..measure.landscape import DEFAULT_ALPHAS, interpolate
+from ..stats import t_interval
 from ..train import load_trained_model
+
+PRIMARY_PHI = "keskar_phi_eps1e-3"    # Keskar's phi, eps 1e-3, full space (docs/protocols.md#keskar)
+
+
+def tenth_of_data(runs: pd.DataFrame) -> int:
+    """Keskar's large batch: the batch size of the runs closest to 10% of the training examples (n_train)."""
+    for column in ("batch_size", "n_train"):
+        if column not in runs or runs[column].isna().all():
+            raise ConfigError(f"tenth_of_data: the runs table has no column {column!r}")
+    n_train = float(runs["n_train"].max())
+    sizes = sorted(int(b) for b in runs["batch_size"].unique())
+    return min(sizes, key=lambda b: (abs(math.log(b / (0.1 * n_train))), b))
+
+
+@dataclass(frozen=True)
+class KeskarTest:
+    """Large batch (LB) against small batch (SB), paired by seed (the same initial weights).
+
+    ratio: geometric-mean ratio of phi, LB over SB, exp(mean of per-seed log ratios), with the 95% t
+    interval of those log ratios mapped back by exp. drop: mean of the per-seed test-accuracy differences
+    SB - LB (accuracy as a fraction), with its paired 95% t interval."""
+    small_batch: int
+    large_batch: int
+    n_train: int
+    n_pairs: int              # seeds with a finished run at both batch sizes
+    ratio: float
+    ratio_low: float
+    ratio_high: float
+    drop: float
+    drop_low: float
+    drop_high: float
+    problems: tuple[str, ...]  # failed validity checks (a run not finished or short of its target)
+    verdict: str              # reproduced | partly | not reproduced | not testable
+
+    @property
+    def largest_b_over_n(self) -> float:
+        return self.large_batch / self.n_train
+
+    @property
+    def extend_seeds(self) -> bool:
+        """docs/protocols.md, statistics item 3: with fewer than 8 seeds, an interval that contains its
+        threshold (1 for the ratio, 0 for the drop) extends the sweep once, to 8 seeds."""
+        straddles = self.ratio_low <= 1 <= self.ratio_high or self.drop_low <= 0 <= self.drop_high
+        return self.n_pairs < 8 and straddles
+
+
+def keskar_test(runs: pd.DataFrame, small_batch: int, large_batch: int, phi: str = PRIMARY_PHI,
+                metric: str = "test_acc") -> KeskarTest:
+    """The pre-registered Keskar test (docs/protocols.md#keskar) on a runs table (results.load): reproduced
+    when the ratio's interval lies above 1 and the drop's above 0, partly when exactly one does, not
+    reproduced when neither; not testable when a run of the two batch sizes is not `ok`, did not reach
+    its target (`reached_target`), or fewer than 2 seeds have both runs."""
+    for column in ("batch_size", "seed", "state", phi, metric):
+        if column not in runs:
+            raise ConfigError(f"keskar_test: the runs table has no column {column!r}")
+    cells = runs[runs["batch_size"].isin([small_batch, large_batch])]
+    problems = []
+    for _, r in cells.iterrows():
+        if r["state"] != "ok":
+            problems.append(f"B={r['batch_size']} seed {r['seed']}: {r['state']}")
+        elif "reached_target" in cells and not bool(r["reached_target"]):
+            problems.append(f"B={r['batch_size']} seed {r['seed']}: did not reach its target")
+    ok = cells[cells["state"] == "ok"]
+    sb = ok[ok["batch_size"] == small_batch].set_index("seed")
+    lb = ok[ok["batch_size"] == large_batch].set_index("seed")
+    seeds = sorted(set(sb.index) & set(lb.index))
+    log_ratio = [math.log(float(lb.loc[s, phi]) / float(sb.loc[s, phi])) for s in seeds]
+    drops = [float(sb.loc[s, metric]) - float(lb.loc[s, metric]) for s in seeds]
+    m, _, low, high = t_interval(log_ratio)
+    d, _, d_low, d_high = t_interval(drops)
+    if len(seeds) < 2:
+        problems.append(f"{len(seeds)} seed(s) with both batch sizes; 2 or more needed")
+    if problems:
+        verdict = "not testable"
+    else:
+        above = [low > 0, d_low > 0]    # log ratio's interval above log 1 = 0; the drop's above 0
+        verdict = "reproduced" if all(above) else "partly" if any(above) else "not reproduced"
+    n_train = int(runs["n_train"].max()) if "n_train" in runs else 0
+    return KeskarTest(small_batch, large_batch, n_train, len(seeds), float(np.exp(m)), float(np.exp(low)),
+                      float(np.exp(high)), d, d_low, d_high, tuple(problems), verdict)
+
+
+def verdict_table(test: KeskarTest, phi: str = PRIMARY_PHI) -> pd.DataFrame:
+    """The test as a two-row table for a report: statistic, estimate, 95% interval, threshold; the verdict
+    and the validity problems on every row. Accuracy in percentage points."""
+    pair = f"B={test.large_batch} over B={test.small_batch}"
+    common = {"seeds": test.n_pairs, "LB/N": round(test.largest_b_over_n, 4) if test.n_train else math.nan,
+              "verdict": test.verdict, "problems": "; ".join(test.problems) or "none"}
+    return pd.DataFrame([
+        {"statistic": f"R: geometric-mean ratio of {phi}, {pair}", "estimate": test.ratio,
+         "95% t interval": f"[{test.ratio_low:.3g}, {test.ratio_high:.3g}]", "threshold": "interval > 1", **common},
+        {"statistic": f"D: test accuracy drop, B={test.small_batch} - B={test.large_batch} (points)",
+         "estimate": 100 * test.drop, "95% t interval": f"[{100 * test.drop_low:.2f}, {100 * test.drop_high:.2f}]",
+         "threshold": "interval > 0", **common}])
 
 
 def interpolate_runs(run_dir_a: str | Path, run_dir_b: str | Path, alphas: Sequence[float] = DEFAULT_ALPHAS,

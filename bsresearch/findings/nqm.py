@@ -11,6 +11,10 @@ coordinate follow a linear recurrence m' = T m + u, so m_t = m_inf + T^t (m_0 - 
 loss are found by binary lifting on powers of T, so a whole (batch size x lr x momentum) grid runs in
 seconds. NumPy only (matplotlib for the figure).
 Setting and pre-registered test: docs/protocols.md#nqm.
+
+    table = pd.DataFrame(steps_vs_batch_size(nqm, batch_sizes, target))          # tuned steps, 4 optimizers
+    test = nqm_test({name: fit_critical_batch(...)}, table)                      # the pre-registered test
+    powers = critical_batch_by_power(pd.DataFrame(steps_vs_batch_size(..., optimizers=power_optimizers(ps))))
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ..measure.critical import fit_critical_batch
 from ..plots import log2_batch_axis
 
 
@@ -214,5 +219,100 @@ def steps_by_optimizer(ax: plt.Axes, table: pd.DataFrame, fits: dict[str, Any] |
     log2_batch_axis(ax, "x", [int(b) for b in table["batch_size"].unique()][::2])
     ax.set_yscale("log")
     ax.set(xlabel="batch size", ylabel="steps to target")
+    ax.legend(fontsize=8)
+    return ax
+
+
+# ----------------------------------------------------------------------------- the pre-registered test
+@dataclass(frozen=True)
+class NQMTest:
+    """B_crit of momentum and of preconditioning against SGD's (docs/protocols.md#nqm).
+
+    Each B_crit comes from `fit_critical_batch` on that optimizer's tuned steps over every batch size, with
+    its 95% fit interval; rho = B_crit(optimizer) / B_crit(SGD). An optimizer "passes" when rho >= 2 and
+    its B_crit interval lies above SGD's (its low end above SGD's high end)."""
+    b_crit: dict[str, tuple[float, float, float]]   # optimizer: (B_crit, low, high)
+    rho_momentum: float
+    rho_precondition: float
+    momentum_passes: bool
+    precondition_passes: bool
+    n_lr_at_grid_edge: int    # tuned lrs on the edge of the lr grid (validity: must be 0)
+    verdict: str              # reproduced | partly | not reproduced | not testable
+
+
+def nqm_test(fits: dict[str, Any], table: pd.DataFrame, sgd: str = "SGD", momentum: str = "heavy-ball momentum",
+             precondition: str = "preconditioned (p=0.5)", min_ratio: float = 2.0) -> NQMTest:
+    """The pre-registered NQM test from CriticalBatchFits (one per optimizer name) and the tuned-steps
+    table of `steps_vs_batch_size` (for the validity check): reproduced when both momentum and
+    preconditioning pass, partly when one does, not reproduced when neither; not testable when a tuned
+    lr of these three optimizers lies on the edge of the lr grid."""
+    names = (sgd, momentum, precondition)
+    missing = [n for n in names if n not in fits]
+    if missing:
+        raise ValueError(f"nqm_test: no critical-batch fit for {missing}; have {sorted(fits)}")
+    b_crit = {n: (float(fits[n].b_crit), float(fits[n].b_crit_interval[0]), float(fits[n].b_crit_interval[1]))
+              for n in names}
+    base, base_high = b_crit[sgd][0], b_crit[sgd][2]
+
+    def passes(name: str) -> bool:
+        return b_crit[name][0] / base >= min_ratio and b_crit[name][1] > base_high
+    edge = int(table.loc[table["optimizer"].isin(names), "lr_at_grid_edge"].astype(bool).sum())
+    mom, pre = passes(momentum), passes(precondition)
+    verdict = ("not testable" if edge else "reproduced" if mom and pre else "partly" if mom or pre
+               else "not reproduced")
+    return NQMTest(b_crit, b_crit[momentum][0] / base, b_crit[precondition][0] / base, mom, pre, edge, verdict)
+
+
+# ----------------------------------------------------------------------------- preconditioning powers
+def power_optimizers(powers: Iterable[float], momenta: Iterable[float] = (0.0, 0.5, 0.9, 0.99)) -> dict:
+    """OPTIMIZERS-style entries for P = H^-p at every power p, without momentum ("p=0.25") and with
+    momentum tuned over `momenta` ("p=0.25 + momentum"); p = 0 is SGD and heavy-ball momentum."""
+    momenta = tuple(momenta)
+    out: dict[str, tuple[tuple[float, ...], float]] = {}
+    for p in powers:
+        out[f"p={p:g}"] = ((0.0,), float(p))
+        out[f"p={p:g} + momentum"] = (momenta, float(p))
+    return out
+
+
+def critical_batch_by_power(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (precondition power, momentum or not) from a `steps_vs_batch_size` table run with
+    `power_optimizers`: power, momentum (bool), b_crit, b_crit_low, b_crit_high (95% fit interval of
+    `fit_critical_batch` over the batch sizes that reached the target), s_min, n_lr_at_grid_edge, and
+    n_unreached: batch sizes at which no lr of the grid reached the target (left out of the fit; a
+    validity failure like an lr on the grid's edge: widen the lr grid)."""
+    rows = []
+    for name, group in table.groupby("optimizer", sort=False):
+        unreached = ~np.isfinite(group["steps"].to_numpy(float))
+        group = group[~unreached]
+        f = fit_critical_batch(group["batch_size"], group["steps"])
+        rows.append({"power": float(group["precondition"].iloc[0]), "momentum": name.endswith("+ momentum"),
+                     "b_crit": f.b_crit, "b_crit_low": f.b_crit_interval[0], "b_crit_high": f.b_crit_interval[1],
+                     "s_min": f.s_min, "n_lr_at_grid_edge": int(group["lr_at_grid_edge"].astype(bool).sum()),
+                     "n_unreached": int(unreached.sum())})
+    return pd.DataFrame(rows).sort_values(["momentum", "power"], ignore_index=True)
+
+
+def grows_with_power(table: pd.DataFrame) -> dict[bool, bool]:
+    """For each momentum setting (False, True): whether B_crit increases strictly with the power."""
+    out = {}
+    for momentum, group in table.groupby("momentum", sort=True):
+        b = group.sort_values("power")["b_crit"].to_numpy(float)
+        out[bool(momentum)] = bool(len(b) > 1 and np.all(np.diff(b) > 0))
+    return out
+
+
+def critical_batch_vs_power(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
+    """B_crit (log scale) against the preconditioning power p, with and without momentum, each point with
+    its 95% fit interval as an error bar."""
+    for i, (momentum, group) in enumerate(table.groupby("momentum", sort=True)):
+        group = group.sort_values("power")
+        b = group["b_crit"].to_numpy(float)
+        err = np.vstack([b - group["b_crit_low"].to_numpy(float), group["b_crit_high"].to_numpy(float) - b])
+        ax.errorbar(group["power"], b, yerr=err, fmt="o-", capsize=3, color=f"C{i}",
+                    label="momentum tuned in {0, 0.5, 0.9, 0.99}" if momentum else "no momentum")
+    ax.set_yscale("log")
+    ax.set(xlabel="preconditioning power p (P = H^-p)", ylabel="critical batch size B_crit")
+    ax.set_xticks(sorted(table["power"].unique()))
     ax.legend(fontsize=8)
     return ax

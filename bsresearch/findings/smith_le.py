@@ -8,7 +8,8 @@ results table (bsresearch.results.load) into those numbers:
     sgd_noise_scale(lr, n, b, momentum)             # g = lr N / (B (1 - m))
     opt = optimum_by_group(runs, "test_acc", x="batch_size", by="lr")   # B_opt per lr, bootstrap interval
     fit = power_law(opt)                            # slope of log B_opt vs log lr (predicted: 1), interval
-    power_law_by_seed(runs, "test_acc", by="lr")    # the same slope per seed, with a t interval (a check)
+    seeds = power_law_by_seed(runs, "test_acc", by="lr")   # the slope per seed, t interval: the primary test
+    seeds.verdict                                   # slope_verdict(low, high): docs/protocols.md#smith-le
     agreement(runs, "test_acc", by="batch_size")    # along lr/B = const: each B against the smallest B
     curve_gaps(history, "test_acc", reference=16)   # how far each B's mean learning curve is from the reference
 
@@ -16,8 +17,9 @@ The peak along a grid is the vertex of the parabola through the best grid point 
 in log2(x) (a batch-size grid is geometric); at an edge of the grid the peak is not resolved, and the edge
 value is returned with interior=False. Intervals come from a bootstrap over seeds: each grid cell's seeds
 are resampled independently. That ignores that runs sharing a seed share their initial weights (which
-tends to widen the interval), while with as few as 3 seeds a percentile bootstrap is too narrow:
-power_law_by_seed gives a t interval over per-seed slopes as a check. No torch import.
+tends to widen the interval), while with few seeds a percentile bootstrap is too narrow: the
+pre-registered test uses power_law_by_seed's t interval over per-seed slopes; the bootstrap interval
+is secondary. No torch import.
 Setting and pre-registered test: docs/protocols.md#smith-le.
 """
 from __future__ import annotations
@@ -199,8 +201,9 @@ def power_law(optimum: Optimum, interior_only: bool = True) -> PowerLaw:
 class SeedSlopes:
     """The power-law slope fitted to each seed's own peaks, and the Student-t interval of their mean.
 
-    A check on the bootstrap: with few seeds a percentile bootstrap interval is too narrow, while the
-    t interval over per-seed slopes (n - 1 degrees of freedom) is not, at the price of noisier peaks.
+    The pre-registered statistic (docs/protocols.md#smith-le): with few seeds a percentile bootstrap
+    interval is too narrow, while the t interval over per-seed slopes (n - 1 degrees of freedom) is not,
+    at the price of noisier peaks.
     """
     slopes: tuple[float, ...]   # one per seed (seeds with fewer than 2 interior peaks are left out)
     mean: float
@@ -211,6 +214,30 @@ class SeedSlopes:
 
     def covers(self, slope: float) -> bool:
         return self.low <= slope <= self.high
+
+    @property
+    def verdict(self) -> str:
+        """The pre-registered verdict on this t interval (slope_verdict)."""
+        return slope_verdict(self.low, self.high)
+
+    @property
+    def extend_seeds(self) -> bool:
+        """docs/protocols.md, statistics item 3: with fewer than 8 seeds, an interval that contains the
+        threshold 0 (the lower end decides reproduced/partly against not reproduced) extends the sweeps
+        once, to 8 seeds."""
+        return len(self.slopes) < 8 and self.low <= 0 <= self.high
+
+
+def slope_verdict(low: float, high: float, predicted: float = 1.0) -> str:
+    """docs/protocols.md#smith-le: reproduced when the slope's interval contains `predicted` (1) and its
+    lower end is above 0; partly when the lower end is above 0 and the interval excludes 1; not reproduced
+    when the lower end is at or below 0; not testable when there is no interval (fewer than 2 seeds with
+    resolved peaks at 2 or more groups)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "not testable"
+    if low <= 0:
+        return "not reproduced"
+    return "reproduced" if low <= predicted <= high else "partly"
 
 
 def power_law_by_seed(runs: pd.DataFrame, metric: str = "test_acc", x: str = "batch_size", by: str = "lr",
@@ -405,20 +432,23 @@ def metric_vs_noise_scale(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc",
 
 
 def agreement_plot(ax: plt.Axes, table: pd.DataFrame, by: str = "batch_size", label: str | None = None,
-                   color: str | None = None) -> plt.Axes:
+                   color: str | None = None, scale: float = 100.0,
+                   unit: str = "percentage points") -> plt.Axes:
     """An `agreement` table: each group's mean minus the reference's, with the Welch
-    interval, against `by` (log2 axis); groups with a diverged run are marked with a red x at the bottom."""
+    interval, against `by` (log2 axis); groups with a diverged run are marked with a red x at the bottom.
+    The differences are multiplied by `scale` (100: an accuracy fraction drawn in percentage points)."""
     x = table[by].to_numpy(float)
-    diff = table["diff"].to_numpy(float)
-    err = np.vstack([diff - table["diff_low"].to_numpy(float), table["diff_high"].to_numpy(float) - diff])
+    diff = scale * table["diff"].to_numpy(float)
+    low, high = scale * table["diff_low"].to_numpy(float), scale * table["diff_high"].to_numpy(float)
+    err = np.vstack([diff - low, high - diff])
     ax.errorbar(x, diff, yerr=np.nan_to_num(err), fmt="o-", capsize=3, label=label, color=color)
     ax.axhline(0.0, color="0.5", linewidth=1, linestyle=":")
     diverged = table["n_diverged"].to_numpy(int) > 0
     if diverged.any():
-        bottom = np.nanmin(np.concatenate([diff, table["diff_low"].to_numpy(float)]))
+        bottom = np.nanmin(np.concatenate([diff, low]))
         ax.plot(x[diverged], np.full(diverged.sum(), bottom), "x", color="red", markersize=9,
                 label="a run diverged" if label is None else f"{label}: a run diverged")
     log2_batch_axis(ax, "x", [int(v) for v in x])
-    ax.set(xlabel=axis_label(by), ylabel="difference from the smallest batch")
+    ax.set(xlabel=axis_label(by), ylabel=f"difference from the smallest batch ({unit})")
     ax.legend(fontsize="small")
     return ax
