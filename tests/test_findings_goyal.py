@@ -159,3 +159,17 @@ def test_the_baselines_own_interval_does_not_ask_for_more_seeds():
     per = goyal.holding_batches(rows, "linear_warmup").set_index("batch_size")
     assert per.loc[32, "low"] < -0.01 < per.loc[32, "high"] and per.loc[80, "low"] > -0.01
     assert test.b_star == 80 and not test.extend_seeds
+
+
+def test_eight_seeds_at_the_deciding_batches_need_no_more_even_if_a_later_batch_diverged():
+    noise = np.linspace(-0.006, 0.006, 8)
+    rows = pd.DataFrame([{"variant": "linear_warmup", "batch_size": b, "seed": seed,
+                          "state": "diverged" if (b == 4000 and seed == 0) else "ok",
+                          "test_acc": 0.95 - drop + noise[seed]}
+                         for b, drop in {32: 0.0, 80: 0.0, 160: 0.008, 4000: 0.5}.items() for seed in range(8)])
+    per = goyal.holding_batches(rows, "linear_warmup").set_index("batch_size")
+    assert per.loc[160, "low"] < -0.01 < per.loc[160, "high"]        # 160 decides, its interval contains -1 point
+    test = goyal.scaling_test(rows)
+    assert (test.b_star, test.first_failing) == (80, 160) and not test.extend_seeds
+    five = goyal.scaling_test(rows[rows["seed"] < 5])
+    assert five.b_star == 80 and five.extend_seeds                    # the same with 5 seeds asks for 8
