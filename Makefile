@@ -108,12 +108,12 @@ bench-gpu: install
 # then the reports into reports/<finding>/. The sweeps call the library directly (--engine library: the
 # same runs and numbers as through the run template notebook, without papermill's ~6 s per run).
 # Finished runs are kept in runs/ and skipped on a rerun; a failed run does not stop the others.
-REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer goyal goyal_large \
+REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
                     steps_to_target_fashion steps_to_target_fashion_seeds \
                     smith_le smith_le_edge smith_le_n smith_le_diag smith_kindermans \
                     masters_luschi masters_luschi_ext ghost_batch sharpness_generalization adam_vs_sgd adam_vs_sgd_seeds
-REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer goyal goyal_large steps_to_target steps_to_target_fashion smith_le nqm \
+REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer hoffer_large goyal goyal_large steps_to_target steps_to_target_fashion smith_le nqm \
                      smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd
 reproduce: install data
 	@start=$$(date +%s); \

@@ -9,14 +9,17 @@
 # %% [markdown]
 # # Hoffer et al. (2017) on MNIST-1D: train longer, generalize better
 #
-# **Claim** (SCIENCE.md): the large-batch generalization gap closes with sqrt lr scaling, ghost batch norm
+# **Claim** (docs/protocols.md#hoffer): the large-batch generalization gap closes with sqrt lr scaling, ghost batch norm
 # (BatchNorm statistics over ghost batches, 128 in the paper) and "regime adaptation" (as many updates as
 # the small batch, the schedule stretched with them); the distance from initialisation grows like log(t).
 #
 # **Here** (`experiments/hoffer.yaml`, every setting justified there): cnn1d with BatchNorm, SGD momentum
 # 0.9, lr 0.05 at batch 32 (library default, not tuned), step schedule x0.1 at 1/3, 2/3, 8/9 of the run.
-# SB = 32 for 18 epochs against LB = 1000 under all 8 combinations of sqrt scaling (`sqrt`), ghost BN of
-# 32 (`gbn`) and regime adaptation (`ra`: 2250 steps = SB's number of updates); seeds 0-4.
+# SB = 32 against LB = 1000 for the same number of epochs, LB under all 8 combinations of sqrt scaling
+# (`sqrt`), ghost BN of 32 (`gbn`) and regime adaptation (`ra`: SB's number of updates); seeds 0-4.
+# `experiments/hoffer.yaml`: MNIST-1D's 4000 examples, 18 epochs (2250 SB updates; LB/N = 0.25);
+# `experiments/hoffer_large.yaml`: 40000 examples, 10 epochs (12500 SB updates; LB/N = 0.025). The
+# notebook reads the dataset, batch sizes, epochs and updates from the runs.
 #
 # **Pre-registered test** (docs/protocols.md#hoffer): Delta = test accuracy of LB + sqrt lr + ghost BN +
 # regime adaptation (`lb_sqrt_gbn_ra`) minus SB, Welch 95% interval over seeds. Reproduced when its lower
@@ -66,6 +69,12 @@ ok = rows[rows["state"] == "ok"]
 print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", results.budget_description(rows))
 n_train, largest_b = int(rows["n_train"].max()), int(rows["batch_size"].max())
 print(f"largest batch {largest_b} of N = {n_train} training examples: largest B/N = {largest_b / n_train:.3g}")
+by_variant = rows.groupby("variant")
+dataset = ", ".join(sorted(set(rows["dataset"])))
+sb_batch, lb_batch = int(by_variant["batch_size"].first()[reference]), int(by_variant["batch_size"].first()[large])
+epochs = float(by_variant["budget_amount"].first()[large])       # the LB's budget in epochs, as SB's
+sb_steps = int(by_variant["steps"].max()[reference])
+print(f"{dataset}: SB {sb_batch} and LB {lb_batch} for {epochs:g} epochs; SB takes {sb_steps} updates")
 
 # %% [markdown]
 # ## The pre-registered test
@@ -132,10 +141,11 @@ sb_acc = float(table.set_index("variant").loc[reference, "test_acc_mean"])
 axes[0].axvline(sb_acc - margin, color="0.5", linestyle=":", linewidth=1, label=f"SB - {100 * margin:g} point")
 axes[0].legend(fontsize="x-small", loc="lower left")
 save_figure(fig, out / "test_acc_and_gap",
-            f"Hoffer et al. on MNIST-1D: final test accuracy (left) and generalization gap, train minus test "
-            f"accuracy (right), per variant. SB: batch 32 for 18 epochs (2250 updates). LB: batch 1000 "
-            f"(B/N = {1000 / n_train:.2g}) for 18 epochs, with: sqrt lr = lr x sqrt(1000/32); ghost BN = BatchNorm "
-            f"statistics over ghost batches of 32; regime adaptation = SB's 2250 updates, schedule stretched. "
+            f"Hoffer et al. on {dataset} (N = {n_train}): final test accuracy (left) and generalization gap, train "
+            f"minus test accuracy (right), per variant. SB: batch {sb_batch} for {epochs:g} epochs ({sb_steps} "
+            f"updates). LB: batch {lb_batch} (B/N = {lb_batch / n_train:.2g}) for {epochs:g} epochs, with: sqrt lr = "
+            f"lr x sqrt({lb_batch}/{sb_batch}); ghost BN = BatchNorm statistics over ghost batches of {sb_batch}; "
+            f"regime adaptation = SB's {sb_steps} updates, schedule stretched. "
             f"Mean and 95% t-interval over seeds, seeds as grey points; dotted: SB's mean minus the test's "
             f"{100 * margin:g}-point margin.", runs=rows)
 plt.show()
@@ -149,7 +159,8 @@ plt.show()
 # at a fixed step size has alpha = 1/2), both by least squares on d (same points, same Gaussian error
 # model), and compare them by AIC (delta = AIC(power) - AIC(log) > 0 favours log t). The comparison is read
 # only where the fitted steps span at least 2 decades: SB and the regime-adapted LB runs (first phase to
-# step ~750); the LB runs at 18 epochs have 24 steps in their first phase, too few decades to tell.
+# step ~750 in hoffer.yaml, ~4170 in hoffer_large.yaml); the LB runs at equal epochs have 24 (hoffer.yaml) or
+# 133 (hoffer_large.yaml) steps in their first phase, too few decades to tell.
 
 # %%
 history = results.load_history(ok, ["variant", "batch_size", "seed", "lr_scaling", "ghost_batch_size", "budget"])
