@@ -176,7 +176,12 @@ def test_the_per_seed_verdict_is_read_off_the_t_interval():
     check = power_law_by_seed(pd.concat(rows, ignore_index=True), "test_acc", by="lr")
     half = stats.t.ppf(0.975, 4) * np.std([0.8, 1.0, 1.2, 0.9, 1.1], ddof=1) / math.sqrt(5)
     assert (check.low, check.high) == pytest.approx((1 - half, 1 + half), abs=1e-6)
-    assert check.verdict == "reproduced" and not check.extend_seeds
+    assert check.verdict == "reproduced" and check.extend_seeds   # 5 seeds and an interval containing 1
+    for seed, exponent in enumerate((1.0, 0.95, 1.05), start=5):   # the extension: 8 seeds decide
+        peaks = {lr: 32.0 * (lr / 0.01) ** exponent for lr in (0.01, 0.02, 0.04)}
+        rows.append(synthetic_runs(peaks, seeds=1).assign(seed=seed))
+    check = power_law_by_seed(pd.concat(rows, ignore_index=True), "test_acc", by="lr")
+    assert len(check.slopes) == 8 and check.covers(1.0) and not check.extend_seeds
     flat = []   # peaks that hardly move with the lr: slopes -0.1, 0.05, 0.1, interval [-0.18, 0.22]
     for seed, exponent in enumerate((-0.1, 0.05, 0.1)):
         peaks = {lr: 40.0 * (lr / 0.01) ** exponent for lr in (0.01, 0.02, 0.04)}
