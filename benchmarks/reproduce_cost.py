@@ -1,7 +1,8 @@
 """What `make reproduce` costs on this machine, read from the run directories its sweeps left behind.
 
 Per sweep of the Makefile's REPRODUCE_SWEEPS (or the sweeps named): the runs, how they ended, the sum of
-the runs' own wall times (each run on one core: CPU time of the training), and the span from the first run's
+the runs' own wall times (each run on one core: CPU time of the training; the members of a fused group
+train in one process and count once, as the group), and the span from the first run's
 start to the last run's end (the sweep's wall time, if it ran in one go). The total row sums both; with W
 workers the run phase of one uninterrupted `make reproduce` takes about run_seconds / W.
 
@@ -21,6 +22,7 @@ import torch
 from common import RESULTS, benchmark_parser, write_results
 
 from bsresearch import results
+from bsresearch.rundir import RunDir
 
 MAKEFILE = Path(__file__).resolve().parent.parent / "Makefile"
 
@@ -34,11 +36,22 @@ def reproduce_sweeps(makefile: Path = MAKEFILE) -> list[str]:
     return match.group(1).split()
 
 
+def _group_of(run_dir: object) -> str:
+    """The fused group a run trained in, or the run itself (members of a group share one process)."""
+    if not isinstance(run_dir, str):   # a run listed in the manifest that has not started: no time
+        return "not started"
+    status = RunDir(Path(run_dir)).status() or {}
+    return str(status.get("group") or run_dir)
+
+
 def sweep_cost(name: str, runs_root: Path) -> dict[str, object]:
     runs = results.load(name, runs_root)
     started = pd.to_datetime(runs["started"], utc=True)
     ended = pd.to_datetime(runs["ended"], utc=True)
-    seconds = (ended - started).dt.total_seconds()
+    # a fused group is one process: its members' times overlap, so it counts once, first start to last end
+    spans = pd.DataFrame({"unit": runs["run_dir"].map(_group_of), "started": started, "ended": ended})
+    per_unit = spans.groupby("unit").agg(started=("started", "min"), ended=("ended", "max"))
+    seconds = (per_unit["ended"] - per_unit["started"]).dt.total_seconds()
     states = runs["state"].fillna("pending").value_counts()
     return {"sweep": name, "runs": len(runs),
             "states": " ".join(f"{s}:{n}" for s, n in sorted(states.items())),

@@ -43,6 +43,22 @@ def test_sums_the_runs_own_times_and_the_span(tmp_path):
     assert table.loc["total", "run_seconds"] == 100
 
 
+def test_a_fused_group_counts_once(tmp_path):
+    run_sweep(SMOKE, runs_root=tmp_path / "runs", executor="inline", progress=False, fuse="off")
+    _set_times(tmp_path / "runs" / "smoke", [10, 20, 30, 40])
+    run_dirs = sorted(d for d in (tmp_path / "runs" / "smoke").iterdir() if (d / "status.json").exists())
+    first = json.loads((run_dirs[0] / "status.json").read_text())
+    for run_dir in run_dirs[1:3]:   # runs 2 and 3 trained fused, in one process over the same 30 s
+        status = json.loads((run_dir / "status.json").read_text())
+        status.update(started=first["ended"], ended=(pd.Timestamp(first["ended"]) + pd.Timedelta(seconds=30))
+                      .strftime("%Y-%m-%dT%H:%M:%S%z"), group="g-1")
+        (run_dir / "status.json").write_text(json.dumps(status))
+    proc = _cost("--runs", str(tmp_path / "runs"), "--out-dir", str(tmp_path / "out"), "smoke")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(next((tmp_path / "out").glob("reproduce_cost_*.csv"))).set_index("sweep")
+    assert table.loc["smoke", "run_seconds"] == 10 + 30 + 40   # the group once, not 2 x 30
+
+
 def test_a_missing_sweep_is_one_line_naming_it(tmp_path):
     proc = _cost("--runs", str(tmp_path), "keskar")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
