@@ -317,9 +317,9 @@ def test_the_analysis_notebook_runs_on_fake_sweeps_of_the_real_specs(tmp_path):
     names = {p.name for p in out.iterdir()}
     for stem in ("optimum_vs_lr", "optimum_vs_n", "accuracy_vs_noise_scale", "diagonal_curves", "diagonal_final"):
         assert {f"{stem}.png", f"{stem}.pdf", f"{stem}.txt"} <= names
-    assert "Sweep smith_le, smith_le_edge (145 runs" in (out / "optimum_vs_lr.txt").read_text()   # 5 seeds
+    assert "Sweep smith_le, smith_le_edge (232 runs" in (out / "optimum_vs_lr.txt").read_text()   # 8 seeds
     test = pd.read_csv(out / "test.csv")
-    assert test["statistic"].iloc[0].startswith("beta_lr") and test["seeds"].iloc[0] == 5
+    assert test["statistic"].iloc[0].startswith("beta_lr") and test["seeds"].iloc[0] == 8
     assert test["verdict"].iloc[0] == "reproduced"   # the fake peaks move with slope 1
     assert test["largest B/N"].iloc[0] == pytest.approx(1024 / 4000)
     assert (out / "summary.md").read_text().splitlines()[2].startswith("**Pre-registered test**: beta_lr")
