@@ -22,7 +22,6 @@ import torch
 from common import RESULTS, benchmark_parser, write_results
 
 from bsresearch import results
-from bsresearch.rundir import RunDir
 
 MAKEFILE = Path(__file__).resolve().parent.parent / "Makefile"
 
@@ -36,27 +35,21 @@ def reproduce_sweeps(makefile: Path = MAKEFILE) -> list[str]:
     return match.group(1).split()
 
 
-def _group_of(run_dir: object) -> str:
-    """The fused group a run trained in, or the run itself (members of a group share one process)."""
-    if not isinstance(run_dir, str):   # a run listed in the manifest that has not started: no time
-        return "not started"
-    status = RunDir(Path(run_dir)).status() or {}
-    return str(status.get("group") or run_dir)
-
-
 def sweep_cost(name: str, runs_root: Path) -> dict[str, object]:
     runs = results.load(name, runs_root)
-    started = pd.to_datetime(runs["started"], utc=True)
-    ended = pd.to_datetime(runs["ended"], utc=True)
+    times = runs.reindex(columns=["fused_group", "run_dir", "started", "ended", "git_commit"])   # absent: not started
+    started = pd.to_datetime(times["started"], utc=True)
+    ended = pd.to_datetime(times["ended"], utc=True)
     # a fused group is one process: its members' times overlap, so it counts once, first start to last end
-    spans = pd.DataFrame({"unit": runs["run_dir"].map(_group_of), "started": started, "ended": ended})
+    spans = pd.DataFrame({"unit": times["fused_group"].fillna(times["run_dir"]), "started": started,
+                          "ended": ended}).dropna(subset=["started", "ended"])
     per_unit = spans.groupby("unit").agg(started=("started", "min"), ended=("ended", "max"))
     seconds = (per_unit["ended"] - per_unit["started"]).dt.total_seconds()
     states = runs["state"].fillna("pending").value_counts()
     return {"sweep": name, "runs": len(runs),
             "states": " ".join(f"{s}:{n}" for s, n in sorted(states.items())),
             "run_seconds": float(seconds.sum()), "span_seconds": float((ended.max() - started.min()).total_seconds()),
-            "first_start": started.min(), "commits": " ".join(sorted(runs["git_commit"].dropna().unique()))}
+            "first_start": started.min(), "commits": " ".join(sorted(times["git_commit"].dropna().unique()))}
 
 
 def main(argv: list[str] | None = None) -> None:

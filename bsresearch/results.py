@@ -81,7 +81,8 @@ def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any
         row.setdefault(k, v)
     prov = status.get("provenance") or {}
     row.update(git_commit=prov.get("git_commit"), device_name=prov.get("device_name"),
-               started=status.get("started"), ended=status.get("ended"), run_dir=str(run_dir))
+               started=status.get("started"), ended=status.get("ended"), fused_group=status.get("group"),
+               run_dir=str(run_dir))
     return row
 
 

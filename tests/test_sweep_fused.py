@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import requires_cuda
 
+from bsresearch import results
 from bsresearch.cli import main
 from bsresearch.config import ConfigError
 from bsresearch.fused import grouping
@@ -175,6 +176,9 @@ def test_inline_fused_sweep_gives_the_numbers_of_separate_runs(tmp_path, fused, 
         assert status["group"] == p.group and status["runner"]["engine"] == "library"
         assert "group" not in RunDir(tmp_path / "off" / "smoke" / p.point.run_id).status()
     assert not (tmp_path / "off" / "smoke" / "groups").exists()
+    groups = results.load("smoke", tmp_path / "auto").set_index("run_id")["fused_group"]   # the table shows it too
+    assert groups.to_dict() == {p.point.run_id: p.group for p in fused_report.planned}
+    assert results.load("smoke", tmp_path / "off")["fused_group"].isna().all()
     assert "group" in fused_report.plan_table() and "group" not in off.plan_table()
     assert "2 fused group(s)" in fused_report.summary()
     again = run_sweep(SMOKE, runs_root=tmp_path / "auto", executor="inline", progress=False)
