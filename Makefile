@@ -108,6 +108,7 @@ bench-gpu: install
 # then the reports into reports/<finding>/. The sweeps call the library directly (--engine library: the
 # same runs and numbers as through the run template notebook, without papermill's ~6 s per run).
 # Finished runs are kept in runs/ and skipped on a rerun; a failed run does not stop the others.
+# Reports get 2 h per notebook cell: steps_to_target_fashion's exact B_simple at 60 checkpoints takes ~35 min.
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
                     steps_to_target_fashion steps_to_target_fashion_seeds \
@@ -119,7 +120,7 @@ reproduce: install data
 	@start=$$(date +%s); \
 	for s in $(REPRODUCE_SWEEPS); do \
 	  $(BIN)/bsresearch sweep experiments/$$s.yaml --engine library --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
-	for r in $(REPRODUCE_REPORTS); do $(BIN)/bsresearch report experiments/$$r.yaml || exit 1; done; \
+	for r in $(REPRODUCE_REPORTS); do $(BIN)/bsresearch report experiments/$$r.yaml --timeout 7200 || exit 1; done; \
 	echo "reproduce: $$(( $$(date +%s) - start )) s wall; reports in reports/"
 
 # On a CUDA machine: the GPU reproductions (Keskar and steps-to-target on Fashion-MNIST with the convnet and the
