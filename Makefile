@@ -112,10 +112,10 @@ bench-gpu: install
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
                     steps_to_target_fashion steps_to_target_fashion_seeds \
-                    smith_le smith_le_edge smith_le_n smith_le_diag smith_kindermans \
+                    smith_le smith_le_edge smith_le_n smith_le_diag smith_le_large smith_kindermans \
                     masters_luschi masters_luschi_ext ghost_batch sharpness_generalization adam_vs_sgd adam_vs_sgd_seeds
-REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer hoffer_large goyal goyal_large steps_to_target steps_to_target_fashion smith_le nqm \
-                     smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd
+REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer hoffer_large goyal goyal_large steps_to_target steps_to_target_fashion \
+                     smith_le smith_le_large nqm smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd
 reproduce: install data
 	@start=$$(date +%s); \
 	for s in $(REPRODUCE_SWEEPS); do \

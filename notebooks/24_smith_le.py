@@ -23,6 +23,9 @@
 # 3. `smith_le_diag`: two diagonals lr/B = const over B = 16-2048 -> learning curves and final accuracy
 #    along each; where the equivalence breaks.
 #
+# Parts 2 and 3 are optional: with `n_sweep` or `diag_sweep` empty the notebook skips them
+# (`experiments/smith_le_large.yaml` runs part 1 alone on MNIST-1D's 40,000-example version).
+#
 # **Pre-registered test** (docs/protocols.md#smith-le), printed first: beta_lr, the slope of log B_opt
 # against log lr, fitted for each seed to that seed's own peaks; the mean of the per-seed slopes with its
 # 95% t interval over seeds. Reproduced if the interval contains 1 and its lower end is above 0; partly if
@@ -42,9 +45,9 @@ sweep: str = "smith_le"             # part 1: lr x batch size, all 4000 examples
 runs_dir: str = "runs"              # root folder of run directories (relative: to the project)
 out_dir: str = "reports/smith_le"   # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = None     # the spec file (informational)
-edge_sweep: Optional[str] = "smith_le_edge"   # part 1 extended below the grid's edge (None: not used)
-n_sweep: str = "smith_le_n"         # part 2: train_size x batch size at lr n_lr
-diag_sweep: str = "smith_le_diag"   # part 3: the equal-lr/B diagonals
+edge_sweep: Optional[str] = "smith_le_edge"   # part 1 extended below the grid's edge (None or "": not used)
+n_sweep: str = "smith_le_n"         # part 2: train_size x batch size at lr n_lr ("": no part 2)
+diag_sweep: str = "smith_le_diag"   # part 3: the equal-lr/B diagonals ("": no part 3)
 n_lr: float = 0.04                  # the lr of part 2 (its 4000-example points are part 1's runs at this lr)
 metric: str = "test_acc"            # the final metric whose peak is located
 n_boot: int = 2000                  # bootstrap replicates over seeds
@@ -56,6 +59,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from IPython.display import display
 
 from bsresearch import results, stats
 from bsresearch.findings.smith_le import (
@@ -97,6 +101,7 @@ def interval(value, low, high, fmt=".3g"):
 
 lr_runs = load(sweep)
 first = lr_runs.iloc[0]
+N_TRAIN = int(lr_runs["n_train"].max())   # part 1's training-set size
 SETTING = (f"{first['dataset']} ({int(first['n_train'])} training examples), {first['model']}, SGD momentum "
            f"{first['momentum']:g}, constant lr, {first['epochs_budget']:g} epochs (as examples), "
            f"seeds {', '.join(map(str, sorted(lr_runs['seed'].unique())))}")
@@ -104,38 +109,43 @@ print(SETTING)
 grid_runs = lr_runs                      # the main grid only: lr 0.01's peak is at its edge
 if edge_sweep:
     lr_runs = pd.concat([lr_runs, load(edge_sweep)], ignore_index=True)
-n_runs = load(n_sweep)
-n_all = pd.concat([n_runs, lr_runs[np.isclose(lr_runs["lr"], n_lr)]], ignore_index=True)
-n_all = n_all[np.isclose(n_all["lr"], n_lr)]
+if n_sweep:
+    n_runs = load(n_sweep)
+    n_all = pd.concat([n_runs, lr_runs[np.isclose(lr_runs["lr"], n_lr)]], ignore_index=True)
+    n_all = n_all[np.isclose(n_all["lr"], n_lr)]
+else:
+    print("part 2 (B_opt against N) not run: n_sweep is empty")
 
 # %% [markdown]
 # ## The pre-registered test: beta_lr, the t interval over per-seed slopes
 
 # %%
 seed_lr = power_law_by_seed(lr_runs, metric, x="batch_size", by="lr", confidence=confidence)
-seed_n = power_law_by_seed(n_all, metric, x="batch_size", by="n_train", confidence=confidence)
+seed_n = power_law_by_seed(n_all, metric, x="batch_size", by="n_train", confidence=confidence) if n_sweep else None
 test = pd.DataFrame([
-    {"statistic": f"beta_lr: slope of log B_opt on log lr (N = {int(lr_runs['n_train'].max())})",
+    {"statistic": f"beta_lr: slope of log B_opt on log lr (N = {N_TRAIN})",
      "estimate": seed_lr.mean, f"{confidence:.0%} t interval": f"[{seed_lr.low:.3f}, {seed_lr.high:.3f}]",
      "seeds": len(seed_lr.slopes), "per-seed slopes": ", ".join(f"{v:.2f}" for v in seed_lr.slopes),
      "censored peaks": seed_lr.n_censored, "threshold": "contains 1, lower end > 0",
-     "largest B/N": float((lr_runs["batch_size"] / lr_runs["n_train"]).max()), "verdict": seed_lr.verdict},
+     "largest B/N": float((lr_runs["batch_size"] / lr_runs["n_train"]).max()), "verdict": seed_lr.verdict}]
+    + ([] if seed_n is None else [
     {"statistic": f"second test, beta_N: slope of log B_opt on log N (lr {n_lr:g}); does not change the verdict",
      "estimate": seed_n.mean, f"{confidence:.0%} t interval": f"[{seed_n.low:.3f}, {seed_n.high:.3f}]",
      "seeds": len(seed_n.slopes), "per-seed slopes": ", ".join(f"{v:.2f}" for v in seed_n.slopes),
      "censored peaks": seed_n.n_censored, "threshold": "contains 1, lower end > 0",
-     "largest B/N": float((n_all["batch_size"] / n_all["n_train"]).max()), "verdict": seed_n.verdict}])
+     "largest B/N": float((n_all["batch_size"] / n_all["n_train"]).max()), "verdict": seed_n.verdict}]))
 test.to_csv(out / "test.csv", index=False)
 print(f"VERDICT: {seed_lr.verdict} (beta_lr = {interval(seed_lr.mean, seed_lr.low, seed_lr.high, '.2f')}, "
       f"{confidence:.0%} t interval over {len(seed_lr.slopes)} seeds; threshold: contains 1, lower end > 0)")
 if seed_lr.extend_seeds:
     print("the interval contains 0 or 1 with fewer than 8 seeds: by the protocol the smith_le* sweeps are extended "
           "once, to seeds 0-7, and that result is final")
-print(f"second test: {seed_n.verdict} (beta_N = {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')})")
+if seed_n is not None:
+    print(f"second test: {seed_n.verdict} (beta_N = {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')})")
 test.T
 
 # %% [markdown]
-# ## Secondary. 1. The best batch size against the learning rate (N = 4000)
+# ## Secondary. 1. The best batch size against the learning rate (part 1's N)
 
 # %%
 opt_grid = optimum_by_group(grid_runs, metric, x="batch_size", by="lr", n_boot=n_boot, confidence=confidence)
@@ -157,7 +167,7 @@ axes[1].set_yscale("log")
 axes[1].get_legend().set_title("learning rate")
 optimum_scaling(axes[2], opt_lr, fit_lr)
 save_figure(fig, out / "optimum_vs_lr",
-            f"Smith & Le on MNIST-1D: {SETTING}. Left: final test accuracy against batch size, one line per lr "
+            f"Smith & Le: {SETTING}. Left: final test accuracy against batch size, one line per lr "
             f"(mean and 95% interval over seeds; grey points: seeds); diamonds: B_opt, the vertex of a parabola "
             f"in log2 B through the best batch size and its neighbours, with its {confidence:.0%} bootstrap "
             f"interval over seeds (open: peak at the grid's edge). Middle: final full-train loss (at a fixed "
@@ -179,47 +189,51 @@ opt_lr.table
 # ## Secondary. 2. The best batch size against the training-set size (lr fixed)
 
 # %%
-opt_n = optimum_by_group(n_all, metric, x="batch_size", by="n_train", n_boot=n_boot, confidence=confidence)
-fit_n = power_law(opt_n)
-opt_n.table.to_csv(out / "optimum_vs_n.csv", index=False)
-summary_n = stats.summarize(n_all, ["n_train", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
-summary_n.to_csv(out / "summary_n.csv", index=False)
+if n_sweep:
+    opt_n = optimum_by_group(n_all, metric, x="batch_size", by="n_train", n_boot=n_boot, confidence=confidence)
+    fit_n = power_law(opt_n)
+    opt_n.table.to_csv(out / "optimum_vs_n.csv", index=False)
+    summary_n = stats.summarize(n_all, ["n_train", "batch_size"], [metric, "train_loss", "train_acc"], confidence)
+    summary_n.to_csv(out / "summary_n.csv", index=False)
 
-fig, axes = figure_grid(3, width=4.6, height=3.6)
-metric_vs_batch_optima(axes[0], n_all, opt_n, metric)
-axes[0].get_legend().set_title("training-set size N")
-metric_vs_batch(axes[1], n_all, "train_loss", hue="n_train")
-axes[1].set_yscale("log")
-axes[1].get_legend().set_title("training-set size N")
-optimum_scaling(axes[2], opt_n, fit_n)
-axes[2].set_xlabel("training-set size N")
-save_figure(fig, out / "optimum_vs_n",
-            f"Smith & Le on MNIST-1D, lr {n_lr:g}, training-set size N = 1000, 2000 (nested random subsets) and "
-            f"4000 (the smith_le runs at this lr); otherwise as in optimum_vs_lr, each N trained for the same "
-            f"number of epochs. Left: final test accuracy against batch size per N with B_opt (diamonds, "
-            f"{confidence:.0%} bootstrap interval). Middle: final train loss. Right: B_opt against N with the "
-            f"power-law fit (slope {fit_n.slope:.2f} [{fit_n.slope_low:.2f}, {fit_n.slope_high:.2f}]) and the "
-            f"predicted slope 1.", runs=n_all)
-plt.show()
-print(f"secondary, bootstrap: B_opt ~ N^k: k = {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')} "
-      f"(predicted 1; {fit_n.n_excluded} N with a censored peak left out)")
-opt_n.table
+    fig, axes = figure_grid(3, width=4.6, height=3.6)
+    metric_vs_batch_optima(axes[0], n_all, opt_n, metric)
+    axes[0].get_legend().set_title("training-set size N")
+    metric_vs_batch(axes[1], n_all, "train_loss", hue="n_train")
+    axes[1].set_yscale("log")
+    axes[1].get_legend().set_title("training-set size N")
+    optimum_scaling(axes[2], opt_n, fit_n)
+    axes[2].set_xlabel("training-set size N")
+    save_figure(fig, out / "optimum_vs_n",
+                f"Smith & Le on MNIST-1D, lr {n_lr:g}, training-set size N = 1000, 2000 (nested random subsets) and "
+                f"4000 (the smith_le runs at this lr); otherwise as in optimum_vs_lr, each N trained for the same "
+                f"number of epochs. Left: final test accuracy against batch size per N with B_opt (diamonds, "
+                f"{confidence:.0%} bootstrap interval). Middle: final train loss. Right: B_opt against N with the "
+                f"power-law fit (slope {fit_n.slope:.2f} [{fit_n.slope_low:.2f}, {fit_n.slope_high:.2f}]) and the "
+                f"predicted slope 1.", runs=n_all)
+    plt.show()
+    print(f"secondary, bootstrap: B_opt ~ N^k: k = {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')} "
+          f"(predicted 1; {fit_n.n_excluded} N with a censored peak left out)")
+    display(opt_n.table)
 
 # %% [markdown]
 # If the noise scale g alone set the outcome, the curves of each panel would fall on one curve when drawn
 # against g (at a fixed number of epochs, g also fixes the "SDE time" lr x steps = lr x epochs x N / B).
 
 # %%
-fig, axes = figure_grid(2, width=5.0, height=3.6)
+fig, axes = figure_grid(2 if n_sweep else 1, width=5.0, height=3.6)
 metric_vs_noise_scale(axes[0], lr_runs, metric, hue="lr")
-metric_vs_noise_scale(axes[1], n_all, metric, hue="n_train")
-axes[1].get_legend().set_title("training-set size N")
-axes[0].set_title("N = 4000, lr varied", fontsize="medium")
-axes[1].set_title(f"lr {n_lr:g}, N varied", fontsize="medium")
+axes[0].set_title(f"N = {N_TRAIN}, lr varied", fontsize="medium")
+if n_sweep:
+    metric_vs_noise_scale(axes[1], n_all, metric, hue="n_train")
+    axes[1].get_legend().set_title("training-set size N")
+    axes[1].set_title(f"lr {n_lr:g}, N varied", fontsize="medium")
 save_figure(fig, out / "accuracy_vs_noise_scale",
             f"Final test accuracy against Smith & Le's noise scale g = lr N / (B (1 - m)), m = "
-            f"{first['momentum']:g}; mean and 95% interval over seeds. Left: the lr x batch-size grid at N = 4000; "
-            f"right: N x batch size at lr {n_lr:g}. {SETTING}.", runs=pd.concat([lr_runs, n_runs]))
+            f"{first['momentum']:g}; mean and 95% interval over seeds. "
+            + (f"Left: the lr x batch-size grid at N = {N_TRAIN}; right: N x batch size at lr {n_lr:g}. "
+               if n_sweep else f"The lr x batch-size grid at N = {N_TRAIN}. ") + f"{SETTING}.",
+            runs=pd.concat([lr_runs, n_runs]) if n_sweep else lr_runs)
 plt.show()
 
 # %% [markdown]
@@ -232,75 +246,77 @@ plt.show()
 # spread between seeds) say the same about the whole trajectory.
 
 # %%
-diag = load(diag_sweep)
-diag = diag.assign(lr_per_example=diag["effective_lr"] / diag["batch_size"])
-print(f"{diag_sweep}: largest B/N = {(diag['batch_size'] / diag['n_train']).max():.3g}")
-history = results.load_history(diag, columns=["variant", "batch_size", "seed", "effective_lr"])
-history = history.assign(log10_train_loss=np.log10(history["train_loss"].clip(lower=1e-8)))
-ok_ids = set(diag.loc[diag["state"] == "ok", "run_id"])
-variants = sorted(diag["variant"].unique())
+if diag_sweep:
+    diag = load(diag_sweep)
+    diag = diag.assign(lr_per_example=diag["effective_lr"] / diag["batch_size"])
+    print(f"{diag_sweep}: largest B/N = {(diag['batch_size'] / diag['n_train']).max():.3g}")
+    history = results.load_history(diag, columns=["variant", "batch_size", "seed", "effective_lr"])
+    history = history.assign(log10_train_loss=np.log10(history["train_loss"].clip(lower=1e-8)))
+    ok_ids = set(diag.loc[diag["state"] == "ok", "run_id"])
+    variants = sorted(diag["variant"].unique())
 
-agree_tables, gap_tables, breaks = [], [], {}
-for variant in variants:
-    runs_v = diag[diag["variant"] == variant]
-    ratio = float(runs_v["lr_per_example"].iloc[0])
-    table = agreement(runs_v, metric, by="batch_size", confidence=confidence)
-    table = table.assign(variant=variant, lr_over_b=ratio, effective_lr=table["batch_size"] * ratio,
-                         n_collapsed=[int(runs_v.loc[runs_v["batch_size"] == b, "collapsed"].sum())
-                                      for b in table["batch_size"]])
-    agree_tables.append(table)
-    hist_ok = history[(history["variant"] == variant) & history["run_id"].isin(ok_ids)]
-    for y in (metric, "log10_train_loss"):
-        gap_tables.append(curve_gaps(hist_ok, y, by="batch_size", x="epoch").assign(variant=variant, curve=y))
-    b_break = breaking_point(table)
-    collapsed = table.loc[table["n_collapsed"] > 0, "batch_size"]
-    b_collapse = float(collapsed.min()) if len(collapsed) else None
-    breaks[variant] = (ratio, b_break, None if b_break is None else b_break * ratio, b_collapse)
-agree = pd.concat(agree_tables, ignore_index=True)
-gaps = pd.concat(gap_tables, ignore_index=True)
-agree.to_csv(out / "diagonal_agreement.csv", index=False)
-gaps.to_csv(out / "diagonal_curve_gaps.csv", index=False)
-for variant, (ratio, b_break, lr_break, b_collapse) in breaks.items():
-    print(f"{variant}: lr/B = {ratio:.4g}: " + ("agrees with B = 16 at every batch size" if b_break is None else
-          f"breaks at B = {b_break:g} (lr {lr_break:.3g})") + "; first run collapsed to chance at " +
-          ("no B" if b_collapse is None else f"B = {b_collapse:g} (lr {b_collapse * ratio:.3g})"))
-agree
+    agree_tables, gap_tables, breaks = [], [], {}
+    for variant in variants:
+        runs_v = diag[diag["variant"] == variant]
+        ratio = float(runs_v["lr_per_example"].iloc[0])
+        table = agreement(runs_v, metric, by="batch_size", confidence=confidence)
+        table = table.assign(variant=variant, lr_over_b=ratio, effective_lr=table["batch_size"] * ratio,
+                             n_collapsed=[int(runs_v.loc[runs_v["batch_size"] == b, "collapsed"].sum())
+                                          for b in table["batch_size"]])
+        agree_tables.append(table)
+        hist_ok = history[(history["variant"] == variant) & history["run_id"].isin(ok_ids)]
+        for y in (metric, "log10_train_loss"):
+            gap_tables.append(curve_gaps(hist_ok, y, by="batch_size", x="epoch").assign(variant=variant, curve=y))
+        b_break = breaking_point(table)
+        collapsed = table.loc[table["n_collapsed"] > 0, "batch_size"]
+        b_collapse = float(collapsed.min()) if len(collapsed) else None
+        breaks[variant] = (ratio, b_break, None if b_break is None else b_break * ratio, b_collapse)
+    agree = pd.concat(agree_tables, ignore_index=True)
+    gaps = pd.concat(gap_tables, ignore_index=True)
+    agree.to_csv(out / "diagonal_agreement.csv", index=False)
+    gaps.to_csv(out / "diagonal_curve_gaps.csv", index=False)
+    for variant, (ratio, b_break, lr_break, b_collapse) in breaks.items():
+        print(f"{variant}: lr/B = {ratio:.4g}: " + ("agrees with B = 16 at every batch size" if b_break is None else
+              f"breaks at B = {b_break:g} (lr {lr_break:.3g})") + "; first run collapsed to chance at " +
+              ("no B" if b_collapse is None else f"B = {b_collapse:g} (lr {b_collapse * ratio:.3g})"))
+    display(agree)
 
 # %%
-fig, axes = figure_grid(2 * len(variants), width=4.6, height=3.4, ncols=2)
-for i, variant in enumerate(variants):
-    hist_v = history[history["variant"] == variant]
-    ratio = breaks[variant][0]
-    learning_curves(axes[2 * i], hist_v, metric, x="epoch", hue="batch_size", log_y=False)
-    learning_curves(axes[2 * i + 1], hist_v, "train_loss", x="epoch", hue="batch_size")
-    for ax in axes[2 * i: 2 * i + 2]:
-        ax.set_title(f"{variant}: lr/B = {ratio:.3g}", fontsize="medium")
-        ax.legend(fontsize="x-small", title="batch size", title_fontsize="x-small", ncols=2)
-save_figure(fig, out / "diagonal_curves",
-            f"Equal lr/B (Jastrzebski et al.): test accuracy and full-train loss against epochs along each "
-            f"diagonal lr = (lr/B) x B, one line per batch size (mean and 95% interval over seeds; runs that "
-            f"diverged end early). {SETTING}.", runs=diag)
-plt.show()
+if diag_sweep:
+    fig, axes = figure_grid(2 * len(variants), width=4.6, height=3.4, ncols=2)
+    for i, variant in enumerate(variants):
+        hist_v = history[history["variant"] == variant]
+        ratio = breaks[variant][0]
+        learning_curves(axes[2 * i], hist_v, metric, x="epoch", hue="batch_size", log_y=False)
+        learning_curves(axes[2 * i + 1], hist_v, "train_loss", x="epoch", hue="batch_size")
+        for ax in axes[2 * i: 2 * i + 2]:
+            ax.set_title(f"{variant}: lr/B = {ratio:.3g}", fontsize="medium")
+            ax.legend(fontsize="x-small", title="batch size", title_fontsize="x-small", ncols=2)
+    save_figure(fig, out / "diagonal_curves",
+                f"Equal lr/B (Jastrzebski et al.): test accuracy and full-train loss against epochs along each "
+                f"diagonal lr = (lr/B) x B, one line per batch size (mean and 95% interval over seeds; runs that "
+                f"diverged end early). {SETTING}.", runs=diag)
+    plt.show()
 
-fig, axes = figure_grid(3, width=4.6, height=3.6)
-metric_vs_batch(axes[0], diag, metric, hue="variant")
-for i, variant in enumerate(variants):
-    agreement_plot(axes[1], agree[agree["variant"] == variant], label=variant, color=f"C{i}")
-    table = agree[agree["variant"] == variant]
-    axes[2].errorbar(table["effective_lr"], table["mean"], yerr=table["std"], fmt="o-", capsize=3,
-                     label=f"{variant}: lr/B = {breaks[variant][0]:.3g}", color=f"C{i}")
-metric_name = {"test_acc": "test accuracy"}.get(metric, metric)
-axes[1].set_ylabel(f"{metric_name} minus B = 16's (points)")
-axes[2].set(xscale="log", xlabel="learning rate used (lr/B x B)", ylabel=f"final {metric_name}")
-axes[2].legend(fontsize="small")
-save_figure(fig, out / "diagonal_final",
-            f"Equal lr/B: final test accuracy along each diagonal. Left: against batch size (mean and 95% "
-            f"interval over seeds). Middle: difference from B = 16 in percentage points, with its "
-            f"{confidence:.0%} Welch interval "
-            f"(red x: a run diverged). Right: against the learning rate used (mean and std over seeds): a "
-            f"break set by the lr falls at the same lr on both diagonals. {SETTING}.", runs=diag)
-plt.show()
-gaps.pivot_table(index=["variant", "batch_size"], columns="curve", values=["max_gap", "seed_spread"])
+    fig, axes = figure_grid(3, width=4.6, height=3.6)
+    metric_vs_batch(axes[0], diag, metric, hue="variant")
+    for i, variant in enumerate(variants):
+        agreement_plot(axes[1], agree[agree["variant"] == variant], label=variant, color=f"C{i}")
+        table = agree[agree["variant"] == variant]
+        axes[2].errorbar(table["effective_lr"], table["mean"], yerr=table["std"], fmt="o-", capsize=3,
+                         label=f"{variant}: lr/B = {breaks[variant][0]:.3g}", color=f"C{i}")
+    metric_name = {"test_acc": "test accuracy"}.get(metric, metric)
+    axes[1].set_ylabel(f"{metric_name} minus B = 16's (points)")
+    axes[2].set(xscale="log", xlabel="learning rate used (lr/B x B)", ylabel=f"final {metric_name}")
+    axes[2].legend(fontsize="small")
+    save_figure(fig, out / "diagonal_final",
+                f"Equal lr/B: final test accuracy along each diagonal. Left: against batch size (mean and 95% "
+                f"interval over seeds). Middle: difference from B = 16 in percentage points, with its "
+                f"{confidence:.0%} Welch interval "
+                f"(red x: a run diverged). Right: against the learning rate used (mean and std over seeds): a "
+                f"break set by the lr falls at the same lr on both diagonals. {SETTING}.", runs=diag)
+    plt.show()
+    display(gaps.pivot_table(index=["variant", "batch_size"], columns="curve", values=["max_gap", "seed_spread"]))
 
 # %% [markdown]
 # ## Checks and cost
@@ -309,14 +325,16 @@ gaps.pivot_table(index=["variant", "batch_size"], columns="curve", values=["max_
 # where the lr comes through linear scaling) must give the same numbers: the runs are deterministic.
 
 # %%
-keys = ["batch_size", "seed", "lr_used"]
-both = lr_runs.assign(lr_used=lr_runs["effective_lr"].round(12)).merge(
-    diag.assign(lr_used=diag["effective_lr"].round(12)), on=keys, suffixes=("_grid", "_diag"))
-diff = (both[f"{metric}_grid"] - both[f"{metric}_diag"]).abs()
-print(f"{len(both)} runs in both smith_le and smith_le_diag; largest |{metric} difference| = "
-      f"{diff.max() if len(both) else float('nan'):.3g}")
+if diag_sweep:
+    keys = ["batch_size", "seed", "lr_used"]
+    both = lr_runs.assign(lr_used=lr_runs["effective_lr"].round(12)).merge(
+        diag.assign(lr_used=diag["effective_lr"].round(12)), on=keys, suffixes=("_grid", "_diag"))
+    diff = (both[f"{metric}_grid"] - both[f"{metric}_diag"]).abs()
+    print(f"{len(both)} runs in both {sweep} and {diag_sweep}; largest |{metric} difference| = "
+          f"{diff.max() if len(both) else float('nan'):.3g}")
 
-every = pd.concat([lr_runs, n_runs, diag], ignore_index=True)   # lr_runs includes the edge extension
+# lr_runs includes the edge extension
+every = pd.concat([lr_runs] + ([n_runs] if n_sweep else []) + ([diag] if diag_sweep else []), ignore_index=True)
 run_time = pd.to_datetime(every["ended"], utc=True) - pd.to_datetime(every["started"], utc=True)
 every = every.assign(run_seconds=run_time.dt.total_seconds())
 cpu = every.groupby("sweep").agg(runs=("run_id", "count"), train_seconds=("train_seconds", "sum"),
@@ -340,23 +358,27 @@ rows = [
      "b_opt": "; ".join(f"lr {r.lr:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
                         + ("" if r.interior else " (edge)") for r in opt_lr.table.itertuples()),
      "per_seed_check": f"slope {interval(seed_lr.mean, seed_lr.low, seed_lr.high, '.2f')}",
-     "reproduced": verdict(fit_lr)},
-    {"claim": f"B_opt proportional to lr, main grid only ({sweep}, lr 0.01 censored)", "predicted": "slope 1",
-     "measured": f"slope {interval(fit_grid.slope, fit_grid.slope_low, fit_grid.slope_high, '.2f')}",
-     "b_opt": "; ".join(f"lr {r.lr:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
-                        + ("" if r.interior else " (edge)") for r in opt_grid.table.itertuples()),
-     "reproduced": verdict(fit_grid)},
+     "reproduced": verdict(fit_lr)}]
+if edge_sweep:
+    rows.append(
+        {"claim": f"B_opt proportional to lr, main grid only ({sweep}, without {edge_sweep})", "predicted": "slope 1",
+         "measured": f"slope {interval(fit_grid.slope, fit_grid.slope_low, fit_grid.slope_high, '.2f')}",
+         "b_opt": "; ".join(f"lr {r.lr:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
+                            + ("" if r.interior else " (edge)") for r in opt_grid.table.itertuples()),
+         "reproduced": verdict(fit_grid)})
+rows.append(
     {"claim": "B_opt proportional to lr, grid argmax (no interpolation, no interval)", "predicted": "slope 1",
      "measured": f"slope {argmax_slope:.2f}",
-     "b_opt": "; ".join(f"lr {r.lr:g}: {r.x_best:g}" for r in opt_lr.table.itertuples()), "reproduced": "descriptive"},
-    {"claim": "B_opt proportional to N (Smith & Le)", "predicted": "slope 1",
-     "measured": f"slope {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')}",
-     "b_opt": "; ".join(f"N {r.n_train:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
-                        + ("" if r.interior else " (edge)") for r in opt_n.table.itertuples()),
-     "per_seed_check": f"slope {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')}",
-     "reproduced": verdict(fit_n)},
-]
-for ratio, b_break, lr_break, b_collapse in breaks.values():
+     "b_opt": "; ".join(f"lr {r.lr:g}: {r.x_best:g}" for r in opt_lr.table.itertuples()), "reproduced": "descriptive"})
+if n_sweep:
+    rows.append(
+        {"claim": "B_opt proportional to N (Smith & Le)", "predicted": "slope 1",
+         "measured": f"slope {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')}",
+         "b_opt": "; ".join(f"N {r.n_train:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
+                            + ("" if r.interior else " (edge)") for r in opt_n.table.itertuples()),
+         "per_seed_check": f"slope {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')}",
+         "reproduced": verdict(fit_n)})
+for ratio, b_break, lr_break, b_collapse in (breaks.values() if diag_sweep else []):
     rows.append({"claim": f"equal lr/B agree until a breaking point (Jastrzebski et al.), lr/B = {ratio:.3g}",
                  "predicted": "agreement at small lr, a break at large lr",
                  "measured": ("rule: no break up to B = 2048" if b_break is None else
@@ -369,11 +391,13 @@ findings.to_csv(out / "findings.csv", index=False)
 lines = [f"Setting: {SETTING}.", "",
          f"**Pre-registered test**: beta_lr = {interval(seed_lr.mean, seed_lr.low, seed_lr.high, '.2f')} "
          f"({confidence:.0%} t interval over {len(seed_lr.slopes)} per-seed slopes; threshold: contains 1 and "
-         f"lower end > 0): **{seed_lr.verdict}**. Second test, beta_N = "
-         f"{interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')}: {seed_n.verdict}. Largest B/N: "
-         f"{float((lr_runs['batch_size'] / lr_runs['n_train']).max()):.3g} (lr grid), "
-         f"{float((n_all['batch_size'] / n_all['n_train']).max()):.3g} (N grid), "
-         f"{float((diag['batch_size'] / diag['n_train']).max()):.3g} (diagonals).", "",
+         f"lower end > 0): **{seed_lr.verdict}**. "
+         + ("" if seed_n is None else
+            f"Second test, beta_N = {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')}: {seed_n.verdict}. ")
+         + f"Largest B/N: {float((lr_runs['batch_size'] / lr_runs['n_train']).max()):.3g} (lr grid)"
+         + ("" if not n_sweep else f", {float((n_all['batch_size'] / n_all['n_train']).max()):.3g} (N grid)")
+         + ("" if not diag_sweep else f", {float((diag['batch_size'] / diag['n_train']).max()):.3g} (diagonals)")
+         + ".", "",
          "Secondary:", "",
          "| claim | predicted | measured (95% bootstrap interval) | B_opt (95% bootstrap interval) | "
          "per-seed slopes (95% t interval) | secondary verdict (bootstrap interval) |", "|---|---|---|---|---|---|"]

@@ -283,7 +283,7 @@ def fake_sweep(runs_root, spec_file, rng):
     sweep_dir = runs_root / spec.name
     for p in points:
         cfg = p.config
-        n = cfg.train_size or 4000
+        n = cfg.train_size or (40000 if cfg.dataset == "mnist1d_large" else 4000)
         info = derived(cfg, n)
         lr = info["effective_lr"]
         peak = 1.6 * lr * n
@@ -331,6 +331,28 @@ def test_the_analysis_notebook_runs_on_fake_sweeps_of_the_real_specs(tmp_path):
     agree = pd.read_csv(out / "diagonal_agreement.csv")
     assert set(agree.loc[agree["n_diverged"] > 0, "effective_lr"]) == {1.28, 2.56}  # lr > 1 diverged
     assert (out / "summary.md").read_text().count("\n|") >= 4
+
+
+@pytest.mark.slow
+def test_the_analysis_notebook_runs_part_1_alone_on_the_large_spec(tmp_path):
+    """smith_le_large.yaml empties n_sweep, diag_sweep and edge_sweep: the notebook tests beta_lr alone."""
+    from pathlib import Path
+
+    from bsresearch.report import run_report
+    root = Path(__file__).resolve().parent.parent
+    fake_sweep(tmp_path / "runs", root / "experiments" / "smith_le_large.yaml", np.random.default_rng(1))
+    out = run_report(root / "experiments" / "smith_le_large.yaml", tmp_path / "runs", tmp_path / "reports",
+                     html=False, allow_dirty=True)
+    names = {p.name for p in out.iterdir()}
+    assert {"optimum_vs_lr.png", "accuracy_vs_noise_scale.png", "test.csv", "summary.md"} <= names
+    assert not names & {"optimum_vs_n.png", "diagonal_curves.png", "diagonal_agreement.csv"}
+    test = pd.read_csv(out / "test.csv")
+    assert len(test) == 1 and test["statistic"].iloc[0] == "beta_lr: slope of log B_opt on log lr (N = 40000)"
+    assert test["seeds"].iloc[0] == 5 and test["verdict"].iloc[0] == "reproduced"   # fake peaks: slope 1
+    assert test["largest B/N"].iloc[0] == pytest.approx(2048 / 40000)
+    assert set(pd.read_csv(out / "findings.csv")["claim"]) == {
+        "B_opt proportional to lr (Smith & Le)",
+        "B_opt proportional to lr, grid argmax (no interpolation, no interval)"}
 
 
 def test_the_notebook_parameters_parse_and_it_has_no_outputs():
