@@ -111,11 +111,11 @@ bench-gpu: install
 # Reports get 2 h per notebook cell: steps_to_target_fashion's exact B_simple at 60 checkpoints takes ~35 min.
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
-                    steps_to_target_fashion steps_to_target_fashion_seeds \
+                    steps_to_target_fashion steps_to_target_fashion_seeds steps_to_target_large steps_to_target_large_seeds \
                     smith_le smith_le_edge smith_le_n smith_le_diag smith_le_large smith_kindermans \
                     masters_luschi masters_luschi_ext ghost_batch sharpness_generalization adam_vs_sgd adam_vs_sgd_seeds
 REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer hoffer_large goyal goyal_large steps_to_target steps_to_target_fashion \
-                     smith_le smith_le_large nqm smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd
+                     steps_to_target_large smith_le smith_le_large nqm smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd
 reproduce: install data
 	@start=$$(date +%s); \
 	for s in $(REPRODUCE_SWEEPS); do \
