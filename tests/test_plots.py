@@ -98,7 +98,8 @@ def test_lr_plot_run_curves_and_grid(runs):
 
 def test_many_batch_sizes_get_vertical_labels_that_do_not_overlap():
     sizes = [2, 4, 8, 16, 40, 80, 200, 400, 1000, 2000, 5000, 10000]
-    for values, rotation in ((sizes[:4], 0), (sizes, 90)):
+    long_labels = [16, 32, 64, 128, 256, 512, 1024, 2048]   # 8 sizes, but 23 characters
+    for values, rotation in ((sizes[:4], 0), (sizes, 90), (long_labels, 90)):
         fig, ax = plt.subplots(figsize=(4.6, 3.8))
         ax.plot(values, range(len(values)))
         log2_batch_axis(ax, "x", values)

@@ -37,7 +37,8 @@ def log2_batch_axis(ax: plt.Axes, axis: str = "x", values: list[int] | None = No
         target.set_minor_locator(NullLocator())
     target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     target.set_minor_formatter(NullFormatter())
-    if axis == "x" and values and len(set(values)) > 8:   # many sizes: upright labels would run together
+    # many sizes, or long labels (16 ... 2048): upright labels would run together in a panel ~4.6 inches wide
+    if axis == "x" and values and (len(set(values)) > 8 or sum(len(f"{v:g}") for v in set(values)) > 20):
         ax.tick_params(axis="x", labelrotation=90)
 
 
