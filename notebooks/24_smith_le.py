@@ -63,10 +63,8 @@ from IPython.display import display
 
 from bsresearch import results, stats
 from bsresearch.findings.smith_le import (
-    agreement,
     agreement_plot,
-    breaking_point,
-    curve_gaps,
+    diagonals,
     metric_vs_batch_optima,
     metric_vs_noise_scale,
     optimum_by_group,
@@ -248,31 +246,10 @@ plt.show()
 # %%
 if diag_sweep:
     diag = load(diag_sweep)
-    diag = diag.assign(lr_per_example=diag["effective_lr"] / diag["batch_size"])
     print(f"{diag_sweep}: largest B/N = {(diag['batch_size'] / diag['n_train']).max():.3g}")
     history = results.load_history(diag, columns=["variant", "batch_size", "seed", "effective_lr"])
-    history = history.assign(log10_train_loss=np.log10(history["train_loss"].clip(lower=1e-8)))
-    ok_ids = set(diag.loc[diag["state"] == "ok", "run_id"])
     variants = sorted(diag["variant"].unique())
-
-    agree_tables, gap_tables, breaks = [], [], {}
-    for variant in variants:
-        runs_v = diag[diag["variant"] == variant]
-        ratio = float(runs_v["lr_per_example"].iloc[0])
-        table = agreement(runs_v, metric, by="batch_size", confidence=confidence)
-        table = table.assign(variant=variant, lr_over_b=ratio, effective_lr=table["batch_size"] * ratio,
-                             n_collapsed=[int(runs_v.loc[runs_v["batch_size"] == b, "collapsed"].sum())
-                                          for b in table["batch_size"]])
-        agree_tables.append(table)
-        hist_ok = history[(history["variant"] == variant) & history["run_id"].isin(ok_ids)]
-        for y in (metric, "log10_train_loss"):
-            gap_tables.append(curve_gaps(hist_ok, y, by="batch_size", x="epoch").assign(variant=variant, curve=y))
-        b_break = breaking_point(table)
-        collapsed = table.loc[table["n_collapsed"] > 0, "batch_size"]
-        b_collapse = float(collapsed.min()) if len(collapsed) else None
-        breaks[variant] = (ratio, b_break, None if b_break is None else b_break * ratio, b_collapse)
-    agree = pd.concat(agree_tables, ignore_index=True)
-    gaps = pd.concat(gap_tables, ignore_index=True)
+    agree, gaps, breaks = diagonals(diag, history, metric, confidence)
     agree.to_csv(out / "diagonal_agreement.csv", index=False)
     gaps.to_csv(out / "diagonal_curve_gaps.csv", index=False)
     for variant, (ratio, b_break, lr_break, b_collapse) in breaks.items():
@@ -355,16 +332,14 @@ def verdict(fit):   # the same thresholds on the bootstrap interval (secondary; 
 rows = [
     {"claim": "B_opt proportional to lr (Smith & Le)", "predicted": "slope 1",
      "measured": f"slope {interval(fit_lr.slope, fit_lr.slope_low, fit_lr.slope_high, '.2f')}",
-     "b_opt": "; ".join(f"lr {r.lr:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
-                        + ("" if r.interior else " (edge)") for r in opt_lr.table.itertuples()),
+     "b_opt": opt_lr.describe(),
      "per_seed_check": f"slope {interval(seed_lr.mean, seed_lr.low, seed_lr.high, '.2f')}",
      "reproduced": verdict(fit_lr)}]
 if edge_sweep:
     rows.append(
         {"claim": f"B_opt proportional to lr, main grid only ({sweep}, without {edge_sweep})", "predicted": "slope 1",
          "measured": f"slope {interval(fit_grid.slope, fit_grid.slope_low, fit_grid.slope_high, '.2f')}",
-         "b_opt": "; ".join(f"lr {r.lr:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
-                            + ("" if r.interior else " (edge)") for r in opt_grid.table.itertuples()),
+         "b_opt": opt_grid.describe(),
          "reproduced": verdict(fit_grid)})
 rows.append(
     {"claim": "B_opt proportional to lr, grid argmax (no interpolation, no interval)", "predicted": "slope 1",
@@ -374,8 +349,7 @@ if n_sweep:
     rows.append(
         {"claim": "B_opt proportional to N (Smith & Le)", "predicted": "slope 1",
          "measured": f"slope {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')}",
-         "b_opt": "; ".join(f"N {r.n_train:g}: {r.x_opt:.0f} [{r.x_opt_low:.0f}, {r.x_opt_high:.0f}]"
-                            + ("" if r.interior else " (edge)") for r in opt_n.table.itertuples()),
+         "b_opt": opt_n.describe("N"),
          "per_seed_check": f"slope {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')}",
          "reproduced": verdict(fit_n)})
 for ratio, b_break, lr_break, b_collapse in (breaks.values() if diag_sweep else []):

@@ -91,6 +91,9 @@ def test_optimum_by_group_recovers_each_peak_and_collapses_without_noise():
     assert opt.table["interior"].all() and (opt.table["interior_share"] == 1).all()
     assert opt.replicates.shape == (50, 3)
     assert (opt.table["min_seeds"] == 3).all() and (opt.table["n_grid"] == 7).all()
+    assert opt.describe() == "lr 0.01: 30 [30, 30]; lr 0.02: 60 [60, 60]; lr 0.04: 120 [120, 120]"
+    edge = optimum_by_group(synthetic_runs({0.01: 4.0}), "test_acc", by="lr", n_boot=10)   # below the grid
+    assert edge.describe("eps") == "eps 0.01: 16 [16, 16] (edge)"
 
 
 def test_optimum_bootstrap_is_seeded_and_its_interval_covers_the_truth():

@@ -12,6 +12,7 @@ results table (bsresearch.results.load) into those numbers:
     seeds.verdict                                   # slope_verdict(low, high): docs/protocols.md#smith-le
     agreement(runs, "test_acc", by="batch_size")    # along lr/B = const: each B against the smallest B
     curve_gaps(history, "test_acc", reference=16)   # how far each B's mean learning curve is from the reference
+    agree, gaps, breaks = diagonals(runs, history)  # both, per equal-lr/B diagonal, and where each breaks
 
 The peak along a grid is the vertex of the parabola through the best grid point and its two neighbours,
 in log2(x) (a batch-size grid is geometric); at an edge of the grid the peak is not resolved, and the edge
@@ -106,6 +107,13 @@ class Optimum:
     confidence: float
     table: pd.DataFrame
     replicates: np.ndarray
+
+    def describe(self, label: str | None = None) -> str:
+        """One line: '<label> <group>: x_opt [low, high]' per group, '(edge)' where the peak is not resolved."""
+        label = self.by if label is None else label
+        return "; ".join(f"{label} {_group_label(r[self.by])}: {r['x_opt']:.0f} [{r['x_opt_low']:.0f}, "
+                         f"{r['x_opt_high']:.0f}]" + ("" if r["interior"] else " (edge)")
+                         for _, r in self.table.iterrows())
 
 
 def _cells(group: pd.DataFrame, metric: str, x: str) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -343,6 +351,38 @@ def curve_gaps(history: pd.DataFrame, y: str = "test_acc", by: str = "batch_size
     return pd.DataFrame(rows)
 
 
+
+def diagonals(runs: pd.DataFrame, history: pd.DataFrame, metric: str = "test_acc", confidence: float = 0.95
+              ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, tuple[float, float | None, float | None, float | None]]]:
+    """Jastrzebski et al.'s equal-lr/B diagonals, one per `variant` of `runs`: where each stops agreeing.
+
+    runs: a results table with variant, batch_size, effective_lr, state and a boolean `collapsed` column;
+    history: results.load_history of those runs (with variant). Returns (agree, gaps, breaks): `agreement`
+    of every batch size with the smallest, per diagonal (plus lr_over_b, effective_lr, n_collapsed);
+    `curve_gaps` of the finished runs' `metric` and log10 train loss curves against epochs; and per variant
+    (lr/B, the breaking batch size, the lr there, the smallest batch size with a run collapsed to chance),
+    None where there is none.
+    """
+    history = history.assign(log10_train_loss=np.log10(history["train_loss"].clip(lower=1e-8)))
+    ok_ids = set(runs.loc[runs["state"] == "ok", "run_id"])
+    agree_tables, gap_tables = [], []
+    breaks: dict[str, tuple[float, float | None, float | None, float | None]] = {}
+    for variant in sorted(runs["variant"].unique()):
+        runs_v = runs[runs["variant"] == variant]
+        ratio = float((runs_v["effective_lr"] / runs_v["batch_size"]).iloc[0])
+        collapsed = runs_v.groupby("batch_size")["collapsed"].sum()
+        table = agreement(runs_v, metric, by="batch_size", confidence=confidence)
+        table = table.assign(variant=variant, lr_over_b=ratio, effective_lr=table["batch_size"] * ratio,
+                             n_collapsed=table["batch_size"].map(collapsed).astype(int))
+        agree_tables.append(table)
+        hist_ok = history[(history["variant"] == variant) & history["run_id"].isin(ok_ids)]
+        for y in (metric, "log10_train_loss"):
+            gap_tables.append(curve_gaps(hist_ok, y, by="batch_size", x="epoch").assign(variant=variant, curve=y))
+        b_break = breaking_point(table)
+        sizes_collapsed = table.loc[table["n_collapsed"] > 0, "batch_size"]
+        breaks[variant] = (ratio, b_break, None if b_break is None else b_break * ratio,
+                           float(sizes_collapsed.min()) if len(sizes_collapsed) else None)
+    return pd.concat(agree_tables, ignore_index=True), pd.concat(gap_tables, ignore_index=True), breaks
 
 
 # ----------------------------------------------------------------------------- figures
