@@ -32,16 +32,19 @@ $(STAMP): pyproject.toml Makefile
 	  echo "error: CUDA packages are installed on a machine without a usable GPU; see README (GPU)"; exit 1; fi
 	@touch $@
 
-# Fashion-MNIST from Debian's dataset-fashion-mnist, where apt is usable; carries on without it
-# (the tests that need it skip, and `bsresearch datasets` says how to get it).
+# Offline data from Debian's packages, where apt is usable (root): Fashion-MNIST (dataset-fashion-mnist) and the
+# English text of the language-model example (fortunes: /usr/share/games/fortunes). Carries on without them (the
+# tests that need them skip, and `bsresearch datasets` says how to get Fashion-MNIST).
+FORTUNES := /usr/share/games/fortunes/cookie
+DEBIAN_DATA := $(if $(wildcard $(FASHION_MNIST)),,dataset-fashion-mnist) $(if $(wildcard $(FORTUNES)),,fortunes)
 data:
-	@if [ ! -e $(FASHION_MNIST) ]; then \
+	@if [ -n "$(strip $(DEBIAN_DATA))" ]; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } || \
-	    echo "note: could not install dataset-fashion-mnist; Fashion-MNIST tests will skip"; \
-	  else echo "note: Fashion-MNIST not found; as root: apt-get install dataset-fashion-mnist"; fi; fi
+	    apt-get install -y -q $(DEBIAN_DATA) >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(DEBIAN_DATA) >/dev/null 2>&1; } || \
+	    echo "note: could not install$(DEBIAN_DATA); the tests that need them will skip"; \
+	  else echo "note:$(DEBIAN_DATA) not found; as root: apt-get install$(DEBIAN_DATA)"; fi; fi
 
 test: install data
 	$(BIN)/python -m pytest -q
@@ -84,8 +87,11 @@ test-browser: $(LAB_STAMP)
 	$(BIN)/pip install -q -e ".[dev,lab,browser]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/python -m pytest -q -rs tests/browser
 
-# Each notebooks/*.ipynb rewritten from its .py, or the .py from the .ipynb, whichever is newer; outputs removed
+# The run notebook's parameters cell regenerated from bsresearch/config.py; each notebooks/*.ipynb rewritten
+# from its .py, or the .py from the .ipynb, whichever is newer; outputs removed
 clean-notebooks: install
+	$(BIN)/python -c "import pathlib, bsresearch.config as c; p = pathlib.Path('notebooks/01_train.py'); \
+	  p.write_text(c.template_with_parameters(p.read_text()))"
 	$(BIN)/jupytext --sync notebooks/[0-9]*.py
 	$(BIN)/jupyter nbconvert --clear-output --inplace --log-level=WARN --ClearMetadataPreprocessor.enabled=True \
 	  --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags --ClearMetadataPreprocessor.preserve_nb_metadata_mask=kernelspec \

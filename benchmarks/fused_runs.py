@@ -27,7 +27,7 @@ from common import benchmark_parser, interleaved, median_and_spread, start, time
 
 from bsresearch.config import RunConfig, lr_at  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.fused.trainer import _new_member, _Stack  # noqa: E402
+from bsresearch.fused.trainer import StackEngine, _new_member  # noqa: E402
 from bsresearch.train import new_state, train_step  # noqa: E402
 
 
@@ -38,15 +38,12 @@ def configs(model: str, batch_size: int, k: int, device: torch.device) -> list[R
 
 
 def fused_step(cfgs: list[RunConfig], data, device: torch.device):
-    members = [_new_member(i, cfg, None, data, device, None) for i, cfg in enumerate(cfgs)]
-    stack = _Stack(members, data, device)
-    step = 0
+    members = [_new_member(i, cfg, None, data, device) for i, cfg in enumerate(cfgs)]
+    stack = StackEngine(members, data, device)
 
     def run_step() -> None:
-        nonlocal step
-        lr = torch.tensor([lr_at(m.cfg, step, data.n_train) for m in members], device=device).view(-1, 1)
-        stack.step(members, data, None, lr).tolist()
-        step += 1
+        lrs = [lr_at(m.cfg, m.state.step, data.n_train) for m in members]
+        stack.step(members, lrs, [None] * len(members)).tolist()
     return run_step
 
 

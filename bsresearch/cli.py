@@ -93,15 +93,18 @@ def config_from_args(config_file: str | None, overrides: dict[str, str | None]) 
     return RunConfig.from_dict(values)
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One --field option per RunConfig field (also spelled --field_name); values are validated by RunConfig."""
+def add_config_options(parser: argparse.ArgumentParser, fields: tuple[str, ...] = FIELD_NAMES,
+                       title: str = "run configuration (defaults < CONFIG file < these options)") -> None:
+    """One --field option per RunConfig field in `fields` (also spelled --field_name); values are validated by
+    RunConfig."""
     helps = field_help()
-    group = parser.add_argument_group("run configuration (defaults < CONFIG file < these options)")
+    group = parser.add_argument_group(title)
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-    for name in FIELD_NAMES:
+    for name in fields:
         flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
         default = defaults[name]
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else dict(default) \
+            if isinstance(default, dict) else default
         group.add_argument(*flags, dest=name, default=None, metavar="V",
                            help=f"{helps.get(name, '')} [default: {shown}]")
 

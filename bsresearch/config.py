@@ -17,15 +17,24 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from . import references
+from .errors import ConfigError
+
 # Accepted values. The registries in data.py, models.py and measure/ are checked against these by tests.
 DATASETS = ("mnist1d", "mnist1d_large", "fashion_mnist", "synthetic", "cifar10", "cifar100", "mnist", "svhn")
 IMAGE_DATASETS = ("fashion_mnist", "cifar10", "cifar100", "mnist", "svhn")
 MODELS = ("mlp", "cnn1d", "convnet", "resnet")
+# Losses by name (bsresearch/losses.py holds them; a test checks the names agree). Each is a mean over the
+# batch; cross_entropy takes the classes in the last dimension, so (batch, sequence, vocabulary) logits too.
+LOSSES = ("cross_entropy", "mse", "l1", "smooth_l1", "bce_with_logits")
+# model, dataset and loss: a name above, or a reference to the user's own code (bsresearch/references.py)
+REFERENCE_FIELDS = ("model", "dataset", "loss")
+DATA_LOADINGS = ("auto", "resident", "stream")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALINGS = ("none", "linear", "sqrt")
 SCHEDULES = ("constant", "cosine", "step")
 BATCH_SCHEDULES = ("constant", "step")
-BUDGETS = ("epochs", "steps", "examples", "target")
+BUDGETS = ("epochs", "steps", "examples", "tokens", "target")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SAMPLINGS = ("shuffle", "replacement")
 EVAL_SCHEDULES = ("every", "log")
@@ -34,15 +43,11 @@ MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "
 
 # Fields that change how a run executes but not what it computes: left out of the run id, so a rerun
 # with more threads or another checkpoint interval finds the finished result.
-OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoint")
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration mistake; the message names the field and the accepted values."""
-
-    def _render_traceback_(self) -> list[str]:
-        """IPython shows this instead of a traceback: the mistake is the user's, the stack is noise."""
-        return [f"{type(self).__name__}: {self}"]
+OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoint", "data_loading", "loader_workers")
+# Fields added after run ids were first published: left out of the id while they keep these values, so
+# every run id made before them still names the same run.
+LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs": {}, "dataset_kwargs": {},
+                                        "test_size": 0.2}
 
 
 def did_you_mean(value: object, accepted: typing.Iterable[str]) -> str:
@@ -57,6 +62,30 @@ def device_message(value: object) -> str:
     hint = " (did you mean 'cuda'?)" if str(value).lower().startswith(("gpu", "nvidia")) else \
         did_you_mean(value, ("auto", "cpu", "cuda"))
     return f"device must be auto, cpu, cuda or cuda:N; got {value!r}{hint}"
+
+
+class Kwargs(dict):
+    """A read-only mapping of keyword arguments for a user's factory (model_kwargs, dataset_kwargs).
+
+    Hashable and immutable, so a RunConfig stays a frozen, hashable value; JSON writes it as an object.
+    """
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=str))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a RunConfig's keyword arguments are read-only: use cfg.replace(model_kwargs={...})")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Kwargs, (dict(self),))
+
+    def __copy__(self) -> Kwargs:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Kwargs:
+        return self
 
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # names that become one folder or file name
@@ -83,15 +112,21 @@ class RunConfig:
     """
 
     # --- data
-    dataset: str = "mnist1d"            # one of DATASETS
+    dataset: str = "mnist1d"            # one of DATASETS, or FILE.py:NAME / module:NAME of your dataset factory
+    dataset_kwargs: dict[str, Any] = Kwargs()  # keyword arguments for your dataset factory
+    test_size: float = 0.2              # a factory's single dataset: test examples held out (fraction < 1, or count)
     data_dir: str | None = None         # where dataset files/caches live; None: $BSRESEARCH_DATA_DIR or data/
     train_size: int | None = None       # use a fixed random subset of the training set (None: all of it)
-    # --- model
-    model: str = "cnn1d"                # one of MODELS; cnn1d is the MNIST-1D paper's convnet
-    width: int | None = None            # hidden units (mlp) or base channels (conv nets); None: model default
-    depth: int | None = None            # hidden layers (mlp), conv layers (cnn1d), blocks per stage (resnet)
-    batchnorm: bool = False             # BatchNorm after each hidden layer / conv
+    data_loading: str = "auto"          # auto | resident (tensors on the device) | stream (torch DataLoader)
+    loader_workers: int = 0             # stream: DataLoader worker processes (0: in this process)
+    # --- model and loss
+    model: str = "cnn1d"                # one of MODELS, or FILE.py:NAME / module:NAME of your model factory
+    model_kwargs: dict[str, Any] = Kwargs()  # keyword arguments for your model factory (e.g. {width: 128})
+    width: int | None = None            # built-in models: hidden units (mlp) or base channels (conv nets)
+    depth: int | None = None            # built-in models: hidden layers (mlp), conv layers (cnn1d), blocks (resnet)
+    batchnorm: bool = False             # built-in models: BatchNorm after each hidden layer / conv
     ghost_batch_size: int | None = None  # BatchNorm statistics over virtual batches of this size (Hoffer et al.)
+    loss: str = "cross_entropy"         # one of LOSSES (a batch mean), or FILE.py:NAME of loss(output, target)
     # --- optimisation
     optimizer: str = "sgd"              # sgd | adam | adamw
     lr: float = 0.05                    # learning rate at base_batch_size (before lr_scaling)
@@ -100,18 +135,18 @@ class RunConfig:
     weight_decay: float = 0.0           # L2 penalty (sgd, adam) or decoupled decay (adamw), per update
     batch_size: int = 32                # examples per optimizer update: the quantity being studied
     base_batch_size: int = 32           # the batch size at which `lr` was chosen
-    lr_scaling: str = "none"            # lr = lr * rule(batch_size / base_batch_size); none | linear | sqrt
+    lr_scaling: str = "none"            # the lr used is lr * rule(batch_size / base_batch_size); none | linear | sqrt
     schedule: str = "constant"          # constant | cosine | step, applied after warmup
     warmup_epochs: float = 0.0          # linear warmup to the scaled lr (Goyal et al. use 5 epochs)
     lr_decay_factor: float = 0.1        # step schedule: multiply the lr by this at each milestone
     lr_decay_at: tuple[float, ...] = (0.5, 0.75)  # step schedule: milestones as fractions of total steps
     batch_schedule: str = "constant"    # constant | step: the batch grows at the lr_decay_at milestones instead
-    batch_growth: float = 1.0           # batch_schedule=step: batch_size multiplies by this at each milestone
+    batch_growth: float = 1.0           # batch_schedule step: batch_size multiplies by this at each milestone
     # --- duration
-    budget: str = "epochs"              # epochs | steps | examples | target (full-train loss <= target_loss)
-    budget_amount: float = 20.0         # number of epochs/steps/examples (unused for budget=target)
-    target_loss: float = 0.01           # budget=target: stop when the full-train loss reaches this
-    max_steps: int = 20_000             # budget=target: give up after this many steps
+    budget: str = "epochs"              # epochs | steps | examples | tokens | target (train loss down to target_loss)
+    budget_amount: float = 20.0         # number of epochs/steps/examples/tokens (unused for budget target)
+    target_loss: float = 0.01           # budget target: stop when the full-train loss reaches this
+    max_steps: int = 20_000             # budget target: give up after this many steps
     # --- mechanics
     micro_batch_size: int | None = None  # gradient accumulation: memory only, the batch size is unchanged
     precision: str = "fp32"             # fp32 | bf16 (autocast, CPU and CUDA) | fp16 (CUDA, GradScaler)
@@ -136,12 +171,14 @@ class RunConfig:
         hints = _type_hints()
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), hints[f.name]))
+        for name in REFERENCE_FIELDS:  # found from any working directory (a sweep runs in its run folders)
+            object.__setattr__(self, name, references.normalize(getattr(self, name)))
         _validate(self)
 
     # --- serialisation
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        return {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v for k, v in d.items()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -185,16 +222,48 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def run_id(cfg: RunConfig) -> str:
-    """Short stable hash of the config's scientific fields (sorted JSON): a rerun finds its result."""
-    d = {k: v for k, v in cfg.to_dict().items() if k not in OPERATIONAL_FIELDS}
+    """Short stable hash of the config's scientific fields (sorted JSON): a rerun finds its result.
+
+    A model, dataset or loss given as a reference adds the sha256 of the file it names: a changed model
+    file is a different run (ConfigError when the file cannot be found).
+    """
+    d = {k: v for k, v in cfg.to_dict().items()
+         if k not in OPERATIONAL_FIELDS and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
+    sources = reference_sources(cfg)
+    if sources:
+        d["sources"] = {name: source["sha256"] for name, source in sources.items()}
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def is_reference(value: str) -> bool:
+    """Whether a model, dataset or loss value is a reference to the user's code (not a built-in name)."""
+    return references.looks_like_reference(value)
+
+
+def reference_sources(cfg: RunConfig) -> dict[str, dict[str, str]]:
+    """field -> {reference, file, sha256} for each of model, dataset and loss given as a reference."""
+    out = {}
+    for name in REFERENCE_FIELDS:
+        value = getattr(cfg, name)
+        if is_reference(value):
+            try:
+                path, sha = references.digest(value)
+            except ConfigError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+            out[name] = {"reference": value, "file": path, "sha256": sha}
+    return out
+
+
 # ----------------------------------------------------------------------------- derived values
+def scale_lr(lr: float, base_batch_size: int, batch_size: int, rule: str) -> float:
+    """The lr at batch_size from lr at base_batch_size: x ratio (linear), x sqrt(ratio) (sqrt), as is (none)."""
+    ratio = batch_size / base_batch_size
+    return lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[rule]
+
+
 def scaled_lr(cfg: RunConfig) -> float:
     """Learning rate actually used, from the base lr and the batch-size scaling rule."""
-    ratio = cfg.batch_size / cfg.base_batch_size
-    return cfg.lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[cfg.lr_scaling]
+    return scale_lr(cfg.lr, cfg.base_batch_size, cfg.batch_size, cfg.lr_scaling)
 
 
 def accumulation_steps(cfg: RunConfig) -> int:
@@ -258,11 +327,12 @@ def batch_size_at(cfg: RunConfig, step: int, n_train: int) -> int:
     return next(size for start, size, _ in reversed(_phase_steps(cfg, n_train)) if step >= start)
 
 
-def total_steps(cfg: RunConfig, n_train: int) -> int:
-    """The step budget: the one place where epochs, examples or a target become a number of steps.
+def total_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> int:
+    """The step budget: the one place where epochs, examples, tokens or a target become a number of steps.
 
     For budget=target this is the cap (max_steps); the run stops earlier when the target is reached.
-    With a batch schedule (budget in epochs) it is the sum of the phases' steps.
+    With a batch schedule (budget in epochs) it is the sum of the phases' steps. A budget in tokens counts
+    tokens_per_example per example (the targets' elements: a sequence's length for a language model).
     """
     if cfg.batch_schedule != "constant":
         start, _, steps = _phase_steps(cfg, n_train)[-1]
@@ -273,6 +343,8 @@ def total_steps(cfg: RunConfig, n_train: int) -> int:
         return max(1, round(cfg.budget_amount))
     if cfg.budget == "examples":
         return max(1, math.ceil(cfg.budget_amount / cfg.batch_size))
+    if cfg.budget == "tokens":
+        return max(1, math.ceil(cfg.budget_amount / (cfg.batch_size * tokens_per_example)))
     return max(1, math.ceil(cfg.budget_amount * steps_per_epoch(cfg, n_train)))
 
 
@@ -281,7 +353,7 @@ def warmup_steps(cfg: RunConfig, n_train: int) -> int:
     return round(cfg.warmup_epochs * steps_per_epoch(cfg, n_train))
 
 
-def lr_at(cfg: RunConfig, step: int, n_train: int) -> float:
+def lr_at(cfg: RunConfig, step: int, n_train: int, tokens_per_example: int = 1) -> float:
     """Learning rate for the update that follows `step` completed updates (step counts from 0).
 
     Linear warmup from peak/W to the peak over W steps, then the schedule over the remaining steps.
@@ -290,7 +362,7 @@ def lr_at(cfg: RunConfig, step: int, n_train: int) -> float:
     warm = warmup_steps(cfg, n_train)
     if step < warm:
         return peak * (step + 1) / warm
-    total = total_steps(cfg, n_train)
+    total = total_steps(cfg, n_train, tokens_per_example)
     progress = (step - warm) / max(1, total - warm)
     if cfg.schedule == "cosine":
         return peak * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
@@ -299,9 +371,9 @@ def lr_at(cfg: RunConfig, step: int, n_train: int) -> float:
     return peak
 
 
-def eval_steps(cfg: RunConfig, n_train: int) -> list[int]:
+def eval_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> list[int]:
     """Steps (completed updates) after which the model is evaluated; always includes 0 and the last step."""
-    last = total_steps(cfg, n_train)
+    last = total_steps(cfg, n_train, tokens_per_example)
     if cfg.eval_schedule == "every":
         steps = set(range(0, last + 1, cfg.eval_every))
     else:
@@ -311,19 +383,31 @@ def eval_steps(cfg: RunConfig, n_train: int) -> list[int]:
     return sorted({0, last} | {s for s in steps if s <= last})
 
 
-def derived(cfg: RunConfig, n_train: int) -> dict[str, Any]:
-    """The derived values written next to the config in config.json."""
+def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[str, Any]:
+    """The derived values written next to the config in config.json (sources: the file and sha256 behind
+    each reference)."""
     return {
         "n_train": n_train,
+        "tokens_per_example": tokens_per_example,
+        "batch_tokens": cfg.batch_size * tokens_per_example,
         "effective_lr": scaled_lr(cfg),
         "steps_per_epoch": steps_per_epoch(cfg, n_train),
-        "total_steps": total_steps(cfg, n_train),
+        "total_steps": total_steps(cfg, n_train, tokens_per_example),
         "warmup_steps": warmup_steps(cfg, n_train),
         "accumulation_steps": accumulation_steps(cfg),
         "bn_statistics_batch": bn_statistics_batch(cfg),
         "batch_phases": [list(p) for p in batch_phases(cfg, n_train)],
         "run_id": run_id(cfg),
+        **({"sources": reference_sources(cfg)} if any(is_reference(getattr(cfg, f)) for f in REFERENCE_FIELDS)
+           else {}),
     }
+
+
+def check_data_size(cfg: RunConfig, n_train: int) -> None:
+    """Every batch of the run, and the train-loss evaluation set, fit in n_train examples (ConfigError)."""
+    check_batch_fits(cfg, n_train)
+    if cfg.eval_train_size and cfg.eval_train_size > n_train:
+        raise ConfigError(f"eval_train_size {cfg.eval_train_size} exceeds the training set size {n_train}")
 
 
 def check_batch_fits(cfg: RunConfig, n_train: int) -> None:
@@ -378,21 +462,64 @@ def _validate_batch_schedule(cfg: RunConfig) -> None:
                               f"schedule; {round(size)} is not a multiple")
 
 
+def _choice_or_reference(cfg: RunConfig, name: str, accepted: tuple[str, ...], what: str) -> None:
+    """A built-in name from `accepted`, or a well-formed reference to the user's `what`."""
+    value = getattr(cfg, name)
+    if value in accepted:
+        return
+    if not is_reference(value):
+        raise ConfigError(f"{name} must be one of {', '.join(accepted)}, or FILE.py:NAME / package.module:NAME "
+                          f"of your {what}; got {value!r}{did_you_mean(value, accepted)}")
+    try:
+        references.parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _validate_references(cfg: RunConfig) -> None:
+    """Fields that belong to built-in models and datasets, and the keyword arguments of the user's factories."""
+    _choice_or_reference(cfg, "model", MODELS, "model factory")
+    _choice_or_reference(cfg, "dataset", DATASETS, "dataset factory")
+    _choice_or_reference(cfg, "loss", LOSSES, "loss function")
+    for name, kind in (("model_kwargs", "model"), ("dataset_kwargs", "dataset")):
+        if getattr(cfg, name) and not is_reference(getattr(cfg, kind)):
+            raise ConfigError(f"{name} is for a {kind} given as FILE.py:NAME (your factory's keyword arguments); "
+                              f"{kind} {getattr(cfg, kind)!r} is built in"
+                              + (": set width, depth, batchnorm instead" if kind == "model" else ""))
+    if is_reference(cfg.model):
+        for name in ("width", "depth", "ghost_batch_size"):
+            if getattr(cfg, name) is not None:
+                raise ConfigError(f"{name} is for the built-in models; for model {cfg.model!r} put it in "
+                                  f"model_kwargs (e.g. model_kwargs: {{{name}: {getattr(cfg, name)}}})")
+        if cfg.batchnorm:
+            raise ConfigError(f"batchnorm is for the built-in models; model {cfg.model!r} has the layers its "
+                              f"factory builds (pass an option through model_kwargs)")
+    if not is_reference(cfg.dataset) and cfg.test_size != LATER_FIELD_DEFAULTS["test_size"]:
+        raise ConfigError(f"test_size is for a dataset factory that returns one dataset; dataset {cfg.dataset!r} "
+                          f"has its own test set")
+    if not (cfg.test_size > 0 and math.isfinite(cfg.test_size)) or (cfg.test_size >= 1 and
+                                                                     not float(cfg.test_size).is_integer()):
+        raise ConfigError(f"test_size must be a fraction in (0, 1) or a whole number of examples; "
+                          f"got {cfg.test_size!r}")
+
+
 def _validate(cfg: RunConfig) -> None:
-    for name, accepted in [("dataset", DATASETS), ("model", MODELS), ("optimizer", OPTIMIZERS),
+    for name, accepted in [("optimizer", OPTIMIZERS),
                            ("lr_scaling", LR_SCALINGS), ("schedule", SCHEDULES), ("budget", BUDGETS),
-                           ("precision", PRECISIONS), ("sampling", SAMPLINGS),
+                           ("precision", PRECISIONS), ("sampling", SAMPLINGS), ("data_loading", DATA_LOADINGS),
                            ("eval_schedule", EVAL_SCHEDULES), ("batch_schedule", BATCH_SCHEDULES)]:
         _choice(cfg, name, accepted)
+    _validate_references(cfg)
     for name in ("train_size", "width", "depth", "ghost_batch_size", "micro_batch_size", "eval_train_size"):
         _positive(cfg, name, allow_none=True)
     for name in ("lr", "batch_size", "base_batch_size", "max_steps", "eval_every", "eval_per_decade",
                  "target_loss", "budget_amount", "lr_decay_factor"):
         _positive(cfg, name)
-    for name in ("weight_decay", "warmup_epochs", "seed", "threads", "checkpoint_every", "noise_scale_every"):
+    for name in ("weight_decay", "warmup_epochs", "seed", "threads", "checkpoint_every", "noise_scale_every",
+                 "loader_workers"):
         _positive(cfg, name, allow_zero=True)
 
-    if cfg.model in ("convnet", "resnet") and cfg.dataset not in IMAGE_DATASETS:
+    if cfg.model in ("convnet", "resnet") and cfg.dataset not in IMAGE_DATASETS and not is_reference(cfg.dataset):
         raise ConfigError(f"model {cfg.model!r} needs an image dataset ({', '.join(IMAGE_DATASETS)}); "
                           f"got dataset {cfg.dataset!r}. Use mlp or cnn1d for vectors and signals")
     if cfg.model == "cnn1d" and cfg.dataset in IMAGE_DATASETS:
@@ -445,6 +572,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
             return None
         hint = next(a for a in args if a is not type(None))
     origin = typing.get_origin(hint)
+    if origin is dict:
+        return _coerce_kwargs(name, value)
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.replace(",", " ").split() if v]
@@ -487,6 +616,47 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     return value
 
 
+_KWARG_VALUE = (str, int, float, bool, type(None))
+
+
+def _coerce_kwargs(name: str, value: Any) -> Kwargs:
+    """A mapping of keyword arguments: a dict, or the text of a JSON object, or 'key=value,key=value'
+    (each value read as JSON when it can be, else as a string). Keys are Python names; values JSON scalars or
+    lists of them (they are part of the run id and travel to a notebook's parameters)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            value = {}
+        elif text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{name} must be a mapping, e.g. '{{\"width\": 128}}' or width=128; the JSON "
+                                  f"does not parse ({exc.msg} at character {exc.pos})") from None
+        else:
+            pairs = {}
+            for item in (p for p in text.split(",") if p.strip()):
+                key, sep, raw = item.partition("=")
+                if not sep:
+                    raise ConfigError(f"{name} must be a mapping, e.g. width=128,depth=2 or a JSON object; got "
+                                      f"{value!r}")
+                try:
+                    pairs[key.strip()] = json.loads(raw)
+                except json.JSONDecodeError:
+                    pairs[key.strip()] = raw.strip()
+            value = pairs
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a mapping of keyword arguments, e.g. {{width: 128}}; got {value!r}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(f"{name}: keys must be Python names (keyword arguments); got {key!r}")
+        inner = item if isinstance(item, (list, tuple)) else [item]
+        if not all(isinstance(v, _KWARG_VALUE) for v in inner):
+            raise ConfigError(f"{name}.{key}: values must be numbers, strings, booleans, null or lists of them; "
+                              f"got {item!r}")
+    return Kwargs({k: list(v) if isinstance(v, tuple) else v for k, v in value.items()})
+
+
 def _unknown_message(key: str) -> str:
     return f"unknown config field {key!r}{did_you_mean(key, FIELD_NAMES)}; accepted fields: {', '.join(FIELD_NAMES)}"
 
@@ -502,3 +672,59 @@ def field_help() -> dict[str, str]:
             out[m.group(1)] = m.group(2).strip()
     return out
 
+
+
+def _field_sections() -> list[tuple[str, list[str]]]:
+    """(section title, field names) in the order RunConfig's body lists them ('# --- data' starts one)."""
+    import inspect
+    sections: list[tuple[str, list[str]]] = []
+    for line in inspect.getsource(RunConfig).splitlines():
+        title = re.match(r"\s+# --- (.+)", line)
+        field = re.match(r"\s+(\w+): ", line)
+        if title and title.group(1) != "serialisation":
+            sections.append((title.group(1), []))
+        elif field and field.group(1) in FIELD_NAMES and sections:
+            sections[-1][1].append(field.group(1))
+    return sections
+
+
+def _annotation(hint: Any) -> str:
+    """A field's type as the run notebook's parameters cell writes it (papermill reads Optional[X], not X | None)."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return f"Optional[{_annotation(next(a for a in args if a is not type(None)))}]"
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return f"list[{typing.get_args(hint)[0].__name__}]"
+    if origin is dict:
+        return "dict"
+    return hint.__name__
+
+
+def parameters_cell() -> str:
+    """The source of notebooks/01_train's `parameters` cell: every RunConfig field with its type, its default
+    and the comment beside it in this file, grouped as here. Generated (`make clean-notebooks` writes it),
+    so the descriptions live in one place; a test checks the notebook holds exactly this."""
+    hints, defaults, helps = _type_hints(), RunConfig().to_dict(), field_help()
+    lines = ["# Every RunConfig field with its type and default (bsresearch/config.py, where this cell is generated",
+             "# from); papermill injects a sweep run's values after this cell.",
+             "from typing import Optional", ""]
+    for title, names in _field_sections():
+        lines.append(f"# --- {title}")
+        for name in names:
+            value = defaults[name]
+            shown = json.dumps(value) if isinstance(value, str) else repr(value)
+            code = f"{name}: {_annotation(hints[name])} = {shown}"
+            lines.append(f"{code:<40}# {helps[name]}")
+    return "\n".join(lines)
+
+
+PARAMETERS_MARKER = '# %% tags=["parameters"]\n'
+
+
+def template_with_parameters(text: str) -> str:
+    """The run notebook's text (jupytext percent format) with its parameters cell's generated part, the
+    lines up to its first blank line after the fields, replaced by parameters_cell()."""
+    start = text.index(PARAMETERS_MARKER) + len(PARAMETERS_MARKER)
+    end = text.index("\n\n# --- where the run is written", start)
+    return text[:start] + parameters_cell() + text[end:]

@@ -1,7 +1,14 @@
-"""Datasets as tensors on the run's device, and the resident batch sampler.
+"""The data of a run, resident on its device or streamed, and the batch sampler that orders it.
 
-Every dataset is loaded whole into memory (they are small), standardised with training-set statistics
-and moved to the device once; an epoch is then a permutation plus indexing, with no DataLoader.
+Two ways to serve the same examples, chosen by RunConfig.data_loading:
+- resident (`Dataset`): tensors loaded whole, moved to the device once; a batch is an index into them.
+  The fast path for data that fits: every built-in dataset, and a user's tensors or TensorDataset.
+- stream (`StreamedDataset`): a user's map-style torch Dataset served through torch's DataLoader (worker
+  processes, pinned memory on CUDA), for data too large to hold as one tensor or built item by item.
+Both take their batches from the run's own seeded BatchSampler, so the order of examples is the same:
+on one machine the same data through either path gives the same history bit for bit.
+
+Built-in datasets are standardised with training-set statistics; a user's data is used as given.
 
 Registry (names in config.DATASETS):
 - mnist1d:       generated offline by the `mnist1d` package (4000 train / 1000 test, 40-dim signals), cached.
@@ -16,13 +23,19 @@ import gzip
 import os
 import struct
 import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import default_collate as collate
 
+from . import config as C
 from .config import ConfigError, RunConfig
 from .runtime import make_generator
 
@@ -39,19 +52,33 @@ class DatasetUnavailable(ConfigError):
         self.reason = reason or message
 
 
+EVAL_CHUNK = 2048  # examples per forward pass during evaluation
+
+
 @dataclass(frozen=True)
 class Dataset:
-    """Standardised tensors. x: (N, *input_shape) float32; y: (N,) int64 class labels."""
+    """Resident data: tensors on one device. Built-in datasets: x (N, *input_shape) float32 standardised,
+    y (N,) int64 class labels. A user's data: their tensors as given.
+
+    `attributes` are what a user's dataset says of itself (userdata.ATTRIBUTES: num_classes,
+    characters_per_token, bytes_per_token).
+    """
     name: str
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
-    num_classes: int
+    num_classes: int | None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    resident = True
 
     @property
     def n_train(self) -> int:
         return len(self.x_train)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.x_test)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -60,6 +87,80 @@ class Dataset:
     def to(self, device: torch.device | str) -> Dataset:
         return replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
                        x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+
+    def first(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first n training examples."""
+        return self.x_train[:n], self.y_train[:n]
+
+    def train_batches(self, indices: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The training batch of each index tensor, gathered when it is asked for."""
+        for idx in indices:
+            yield self.x_train[idx], self.y_train[idx]
+
+    def eval_batches(self, split: str, limit: int | None = None,
+                     chunk_size: int = EVAL_CHUNK) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Consecutive chunks of the first `limit` examples (all by default) of split 'train' or 'test'."""
+        x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
+        return in_chunks(x[:limit], y[:limit], chunk_size)
+
+
+@dataclass(frozen=True)
+class StreamedDataset:
+    """A user's map-style Datasets served through torch's DataLoader, batches moved to `device`.
+
+    Training batches come from the run's BatchSampler (the DataLoader's batch_sampler), evaluation in
+    consecutive chunks of EVAL_CHUNK, as on the resident path. `workers` DataLoader processes; pinned memory
+    on CUDA.
+    """
+    name: str
+    train: TorchDataset
+    test: TorchDataset
+    device: torch.device
+    workers: int = 0
+    num_classes: int | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    resident = False
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train)  # type: ignore[arg-type]
+
+    @property
+    def n_test(self) -> int:
+        return len(self.test)  # type: ignore[arg-type]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.first(1)[0].shape[1:])
+
+    def _loader(self, dataset: TorchDataset, **kwargs: Any) -> DataLoader:
+        return DataLoader(dataset, num_workers=self.workers, pin_memory=self.device.type == "cuda",
+                          collate_fn=collate, **kwargs)
+
+    def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        from .userdata import as_pair
+        x, y = as_pair(batch, f"dataset {self.name}")
+        blocking = self.device.type != "cuda"
+        return x.to(self.device, non_blocking=not blocking), y.to(self.device, non_blocking=not blocking)
+
+    def first(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._to_device(collate([self.train[i] for i in range(n)]))
+
+    def train_batches(self, indices: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        lists = (idx.tolist() for idx in indices)
+        for batch in self._loader(self.train, batch_sampler=lists):
+            yield self._to_device(batch)
+
+    def eval_batches(self, split: str, limit: int | None = None,
+                     chunk_size: int = EVAL_CHUNK) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        dataset = self.train if split == "train" else self.test
+        if limit is not None and limit < len(dataset):  # type: ignore[arg-type]
+            dataset = Subset(dataset, range(limit))
+        for batch in self._loader(dataset, batch_size=chunk_size, shuffle=False):
+            yield self._to_device(batch)
+
+
+Data = Dataset | StreamedDataset  # what a training run reads its examples from
 
 
 # ----------------------------------------------------------------------------- where files live
@@ -340,8 +441,27 @@ def load_dataset(name: str, data_dir: str | Path | None = None, train_size: int 
     return Dataset(name, x, y, x_test, y_test, info.num_classes).to(device)
 
 
-def dataset_for(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
-    return load_dataset(cfg.dataset, cfg.data_dir, cfg.train_size, device)
+def dataset_for(cfg: RunConfig, device: torch.device | str = "cpu") -> Data:
+    """The config's data on `device`: a built-in dataset or the user's (cfg.dataset a reference, see
+    userdata.py), resident or streamed as cfg.data_loading says (auto: resident when it came as tensors)."""
+    device = torch.device(device)
+    if not C.is_reference(cfg.dataset):
+        where = "cpu" if cfg.data_loading == "stream" else device
+        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.train_size, where)
+        if cfg.data_loading != "stream":
+            return data
+        return StreamedDataset(data.name, TensorDataset(data.x_train, data.y_train),
+                               TensorDataset(data.x_test, data.y_test), device, cfg.loader_workers, data.num_classes)
+    from .userdata import load_user_data
+    user = load_user_data(cfg)
+    num_classes = user.attributes.get("num_classes")
+    as_tensors = user.train.tensors is not None and user.test.tensors is not None
+    if cfg.data_loading == "stream" or (cfg.data_loading == "auto" and not as_tensors):
+        return StreamedDataset(cfg.dataset, user.train.as_dataset(), user.test.as_dataset(), device,
+                               cfg.loader_workers, num_classes, user.attributes)
+    x, y = user.train.materialize(f"dataset {cfg.dataset} (train)")
+    x_test, y_test = user.test.materialize(f"dataset {cfg.dataset} (test)")
+    return Dataset(cfg.dataset, x, y, x_test, y_test, num_classes, user.attributes).to(device)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -381,6 +501,49 @@ class BatchSampler:
         self.generator.set_state(state["generator"])
         self.order = state["order"].to(self.generator.device) if state["order"] is not None else None
         self.position, self.epochs_started = int(state["position"]), int(state["epochs_started"])
+
+
+def resident_dataset_for(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
+    """The config's data as tensors on `device` whatever cfg.data_loading says: for measurements and
+    analyses that index examples."""
+    data = dataset_for(cfg.replace(data_loading="resident"), device)
+    assert isinstance(data, Dataset)
+    return data
+
+
+class BatchIndices:
+    """The index batches of a run, one per step from `step` on, drawn from its BatchSampler; the batch size of
+    each step is `size_at(step)` (the batch schedule).
+
+    A DataLoader with workers draws batches ahead of training, so the sampler runs ahead of the step that
+    trains; with `track` the sampler's state after each batch is kept until `sampler_state(step)` asks for
+    the state after the batch of `step`, which is what a checkpoint taken then must hold.
+    """
+
+    def __init__(self, sampler: BatchSampler, size_at: Callable[[int], int], step: int = 0, track: bool = False):
+        self.sampler, self.size_at, self.step, self.track = sampler, size_at, step, track
+        self.states: deque[tuple[int, dict]] = deque()
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        self.sampler.batch_size = self.size_at(self.step)
+        idx = self.sampler.next()
+        self.step += 1
+        if self.track:
+            self.states.append((self.step, self.sampler.state_dict()))
+        return idx
+
+    def sampler_state(self, step: int) -> dict:
+        """The sampler's state after the batch of `step` completed updates was drawn."""
+        if not self.track:
+            return self.sampler.state_dict()
+        while self.states and self.states[0][0] < step:
+            self.states.popleft()
+        if not self.states or self.states[0][0] != step:
+            raise RuntimeError(f"the sampler's state after step {step} was not kept")
+        return self.states[0][1]
 
 
 def in_chunks(x: torch.Tensor, y: torch.Tensor, chunk_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,7 +1,9 @@
-"""Model registry: mlp, cnn1d (the MNIST-1D paper's convnet), convnet and a small ResNet for images.
+"""Model registry: mlp, cnn1d (the MNIST-1D paper's convnet), convnet and a small ResNet for images; and a
+user's model factory given as a reference (`model_for`).
 
-Models are built on the meta device and initialised from an explicit generator, so the initial
-weights depend only on the seed (not on the batch size, the data order or the global RNG).
+Built-in models are built on the meta device and initialised from an explicit generator, so the initial
+weights depend only on the seed (not on the batch size, the data order or the global RNG). A user's factory
+runs under the global RNG seeded from that same generator, with the caller's RNG state kept.
 BatchNorm, when asked for, can be ghost BatchNorm: statistics over virtual batches (Hoffer et al. 2017).
 """
 from __future__ import annotations
@@ -13,7 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import RunConfig
+from . import config as C
+from .config import ConfigError, RunConfig
+from .loading import call_factory, check_model, load_factory
 
 
 class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -173,6 +177,33 @@ def build_model(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int,
     model = model.to_empty(device="cpu")
     init_weights(model, generator)
     return model
+
+
+def classes_of(data: object) -> int:
+    """The number of classes a built-in model's head needs for `data`: the dataset's own num_classes, else
+    1 + the largest integer target of resident data; ConfigError when neither says."""
+    known = getattr(data, "num_classes", None)
+    if known:
+        return int(known)
+    targets = [t for name in ("y_train", "y_test") if isinstance(t := getattr(data, name, None), torch.Tensor)]
+    if len(targets) == 2 and all(not t.is_floating_point() and t.dim() == 1 for t in targets):
+        return max(int(t.max()) for t in targets if len(t)) + 1
+    raise ConfigError(f"a built-in model needs class labels: dataset {getattr(data, 'name', '')!r} has neither a "
+                      f"num_classes attribute nor resident integer targets (one label per example)")
+
+
+def model_for(cfg: RunConfig, data: object, generator: torch.Generator) -> nn.Module:
+    """The config's model on the CPU, its initial weights from `generator` only: a built-in (build_model, for
+    the data's input shape and classes), or the user's factory (cfg.model a reference) called with
+    cfg.model_kwargs under a global RNG seeded from `generator` (the caller's global RNG state is kept)."""
+    if not C.is_reference(cfg.model):
+        return build_model(cfg, data.input_shape, classes_of(data), generator)  # type: ignore[attr-defined]
+    factory = load_factory(cfg.model, "model")
+    seed = int(torch.randint(2 ** 62, (), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = call_factory(factory, cfg.model_kwargs, "model factory", cfg.model, "model_kwargs")
+    return check_model(model, f"model {cfg.model}").to("cpu")
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .config import FIELD_NAMES, ConfigError
+from .paths import project_path
 from .rundir import FINISHED_STATES as FINISHED
 from .rundir import MANIFEST, RunDir
 
@@ -48,16 +49,29 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class SweepMissing(ConfigError):
+    """A sweep with no runs yet. In a notebook the message is the whole error: IPython shows what
+    `_render_traceback_` returns instead of a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 def sweep_dir(sweep: str | Path, runs_root: str | Path = "runs") -> Path:
-    """The folder of a sweep: `sweep` itself when it is a folder, else RUNS_ROOT/<sweep>."""
-    path = Path(sweep)
-    if path.is_dir() and ((path / MANIFEST).exists() or any(RunDir(d).has_config() for d in path.iterdir())):
-        return path
-    path = Path(runs_root) / str(sweep)
-    if not path.is_dir():
-        raise ConfigError(f"no sweep {str(sweep)!r}: {path} does not exist (run `bsresearch sweep` first, or "
-                          f"pass runs_root)")
-    return path
+    """The folder of a sweep: `sweep` itself when it is a sweep's folder, else RUNS_ROOT/<sweep> (a relative
+    runs_root is under the project root, paths.project_path). SweepMissing, naming the command that makes
+    the runs, when that folder holds neither a manifest nor a run."""
+    def has_runs(folder: Path) -> bool:
+        return folder.is_dir() and ((folder / MANIFEST).exists() or any(folder.glob("*/config.json")))
+    if has_runs(Path(sweep)):
+        return Path(sweep)
+    folder = project_path(runs_root) / str(sweep)
+    if has_runs(folder):
+        return folder
+    spec = project_path("experiments") / f"{Path(str(sweep)).name}.yaml"
+    command = (f"bsresearch sweep {spec.relative_to(project_path())}" if spec.exists()
+               else f"bsresearch sweep <the spec of {str(sweep)!r}>")
+    raise SweepMissing(f"no runs of sweep {str(sweep)!r} in {folder.parent}: run `{command}` first")
 
 
 def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any]) -> dict[str, Any]:

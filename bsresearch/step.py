@@ -7,27 +7,33 @@ time and memory, so a benchmark times exactly what a run executes.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import RunConfig
+from .config import OPTIMIZERS, ConfigError, RunConfig
 from .runtime import autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def optimizer_for(name: str, params: Iterable[torch.Tensor], lr: float = 0.0, momentum: float = 0.9,
+                  nesterov: bool = False, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """torch.optim's SGD (with momentum), Adam or AdamW (config.OPTIMIZERS) over `params`."""
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer cfg names, with lr 0: the caller sets every step's lr (the loop from `config.lr_at`)."""
-    params = model.parameters()
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=0.0, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=0.0, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=0.0, weight_decay=cfg.weight_decay)
+    return optimizer_for(cfg.optimizer, model.parameters(), 0.0, cfg.momentum, cfg.nesterov, cfg.weight_decay)
 
 
 def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,

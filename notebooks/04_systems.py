@@ -13,7 +13,7 @@
 # Throughput and peak memory per batch size (with the out-of-memory boundary), the largest batch that fits,
 # fp32 vs bf16 (vs fp16 on CUDA) and SGD vs Adam, a gradient-accumulation plan for a batch larger than memory
 # allows, and a recommendation that combines the throughput curve with a measured gradient noise scale:
-# steps to target S = S_min (1 + B_noise / B), time = S x seconds per step.
+# steps to target S = S_min (1 + B_simple / B), time = S x seconds per step.
 #
 # Memory on CUDA comes from the allocator's peak; on a CPU it is a best-effort accounting (parameters,
 # gradients, optimizer state, inputs, tensors saved for backward; see `bsresearch/systems/memory.py`).
@@ -35,8 +35,8 @@ warmup: int = 3                           # untimed steps before timing
 repeats: int = 5                          # timed repeats (the median is reported)
 min_seconds: float = 0.05                 # each repeat lasts at least this long
 target_batch_size: int = 2 ** 14          # the batch size a study wants: the accumulation plan reaches it
-b_noise: Optional[float] = None           # a measured gradient noise scale (examples); None: measure B_simple below
-noise_steps: int = 300                    # training steps before measuring B_simple (when b_noise is None)
+b_simple: Optional[float] = None          # a measured gradient noise scale (examples); None: measure it below
+noise_steps: int = 300                    # training steps before measuring B_simple (when b_simple is None)
 noise_examples: int = 2000                # training examples B_simple is computed over
 out_dir: str = "reports/systems"          # figures go here (relative: to the project)
 tag: str = "nb04"                         # file name stem
@@ -112,27 +112,27 @@ print("RunConfig for the study:", plan.apply(workloads[0].cfg).micro_batch_size,
 # %% [markdown]
 # ## The recommendation
 #
-# B_noise from a measured gradient noise scale (B_simple, exact per-example, after a short training run
-# unless given). Steps to target S = S_min (1 + B_noise/B); time = S x seconds per step; S_min = 1 here, so
-# times are relative. The recommended size maximises examples/second x statistical efficiency.
+# The gradient noise scale B_simple (exact per-example, after a short training run unless given) stands in
+# for McCandlish et al.'s B_noise. Steps to target S = S_min (1 + B_simple/B); time = S x seconds per step;
+# S_min = 1 here, so times are relative. The recommended size maximises examples/second x statistical efficiency.
 
 # %%
-if b_noise is None:
+if b_simple is None:
     cfg = RunConfig(model=model, dataset=dataset, optimizer=optimizer, batch_size=32, budget="steps",
                     budget_amount=noise_steps, eval_schedule="every", eval_every=noise_steps, device=str(dev),
                     save_checkpoint=False)
     trained = run(cfg, progress=False)
     data = dataset_for(cfg, dev)
-    b_noise = measure_b_simple(trained.model, data.x_train[:noise_examples], data.y_train[:noise_examples])
-print("B_noise", b_noise)
+    b_simple = measure_b_simple(trained.model, data.x_train[:noise_examples], data.y_train[:noise_examples])
+print("B_simple", b_simple)
 train = bench.table[(bench.table["mode"] == "train") & (bench.table["status"] == "ok")
                     & (bench.table["precision"] == precisions[0])]
-rec = recommend_batch_size(train, b_noise)
+rec = recommend_batch_size(train, b_simple)
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
 recommendation_plots(axes, rec.table, rec.batch_size)
 fig.tight_layout()
 save_figure(fig, out / f"{tag}_recommendation_{label}", f"{model} {precisions[0]} on {label}: examples/s, "
-            f"statistical efficiency 1/(1 + B/B_noise) with B_noise = {b_noise:.3g}, and their product; "
+            f"statistical efficiency 1/(1 + B/B_simple) with B_simple = {b_simple:.3g}, and their product; "
             f"recommended batch size {rec.batch_size}")
 print("recommended batch size", rec.batch_size)
 rec.table[["batch_size", "examples_per_second", "statistical_efficiency", "steps_to_target", "predicted_seconds"]]

@@ -16,19 +16,21 @@
 # B_simple at the given weights, and recommends the batch that maximises
 # examples/s x statistical efficiency 1 / (1 + B / B_simple), with its accumulation plan and learning rate.
 #
-# Name your own factories below (`FILE_OR_MODULE:FUNCTION`, each called with no arguments). The defaults are
-# the examples shipped in `examples/`: a small transformer language model on synthetic tokens (token-level
-# cross-entropy), and a regression MLP (mean squared error) under a memory budget small enough that the
-# largest batches need gradient accumulation. The same runs from a terminal:
+# Name your model, dataset and loss below exactly as `bsresearch train` takes them: a built-in name, or your
+# own code as `FILE.py:NAME` (a factory; `model_kwargs` and `dataset_kwargs` are its keyword arguments). The
+# defaults are the examples shipped in `examples/`: a small transformer language model on synthetic tokens
+# (token-level cross-entropy), and a regression MLP (mean squared error) under a memory budget small enough
+# that the largest batches need gradient accumulation. The same from a terminal:
 # `bsresearch advise --model examples/tiny_transformer.py:make_model
-# --data examples/tiny_transformer.py:make_data --out runs/advise`.
+# --dataset examples/tiny_transformer.py:make_data --optimizer adamw --lr 0.001 --out runs/advise`.
 
 # %% tags=["parameters"]
 # Parameters (papermill injects overrides after this cell). Paths are relative to the repository root.
 from typing import Optional
 
-model: str = "examples/tiny_transformer.py:make_model"   # FILE_OR_MODULE:FACTORY returning an nn.Module
-data: str = "examples/tiny_transformer.py:make_data"     # FILE_OR_MODULE:FACTORY returning a Dataset or DataLoader
+model: str = "examples/tiny_transformer.py:make_model"   # a built-in model or FILE_OR_MODULE:FACTORY
+model_kwargs: dict = {}                                  # keyword arguments for the model factory
+dataset: str = "examples/tiny_transformer.py:make_data"  # a built-in dataset or FILE_OR_MODULE:FACTORY
 loss: str = "cross_entropy"                              # cross_entropy, mse, l1, smooth_l1 or FILE_OR_MODULE:FUNC
 optimizer: str = "adamw"                                 # sgd (momentum 0.9), adam or adamw
 lr: float = 0.001                                        # the learning rate tuned at base_batch_size
@@ -38,36 +40,24 @@ memory_budget: Optional[str] = None                      # e.g. 4GiB; None for t
 batch_sizes: list = [8, 16, 32, 64, 128, 256]            # batch sizes to measure
 train_steps: int = 30                                    # the noise scale's EMA along this many steps (0: skip)
 mlp_model: str = "examples/regression_mlp.py:make_model"  # a second model to advise on ("" to skip)
-mlp_data: str = "examples/regression_mlp.py:make_data"
+mlp_dataset: str = "examples/regression_mlp.py:make_data"
 mlp_loss: str = "mse"
 mlp_memory_budget: Optional[str] = "160KiB"              # small on purpose: the largest batches accumulate
 out_dir: Optional[str] = None                            # where to save the figures (None: show only)
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 
-from bsresearch.advise import advise, load_factory, optimizer_factory, resolve_loss
+from bsresearch.advise import advise_config
 from bsresearch.advise.plot import advice_figure
+from bsresearch.config import RunConfig
 from bsresearch.paths import project_path
-from bsresearch.runtime import resolve_device, set_threads
+from bsresearch.runtime import set_threads
 
 set_threads(1)
-ROOT = project_path()   # examples/ and out_dir are relative to the project, whatever the working directory
-
-
-def reference(spec: str) -> str:
-    """A FILE:NAME relative to the repository root made absolute (a module:NAME is left as it is)."""
-    source, _, name = spec.rpartition(":")
-    return f"{ROOT / source}:{name}" if source.endswith(".py") and not Path(source).is_absolute() else spec
-
-
-dev = resolve_device(device)
-advice = advise(load_factory(reference(model), "model"), load_factory(reference(data), "data")(),
-                resolve_loss(reference(loss)), optimizer_fn=optimizer_factory(optimizer, lr), device=dev,
-                memory_budget=memory_budget, batch_sizes=batch_sizes, base_lr=lr, base_batch_size=base_batch_size,
-                train_steps=train_steps)
+cfg = RunConfig(model=model, model_kwargs=model_kwargs, dataset=dataset, loss=loss, optimizer=optimizer, lr=lr,
+                base_batch_size=base_batch_size, device=device)
+advice = advise_config(cfg, memory_budget=memory_budget, batch_sizes=batch_sizes, train_steps=train_steps)
 print(advice.summary())
 
 # %% [markdown]
@@ -89,7 +79,8 @@ advice.table[["batch_size", "micro_batch_size", "accumulation_steps", "examples_
 # %% [markdown]
 # ## The noise scale along a short training run
 # B_simple measured at initialisation is usually small; it grows as the loss falls, and with it the batch
-# size worth using. `NoiseScaleTracker` (the same two-batch estimator and EMA as the trainer) followed it here.
+# size worth using. A short run of the training loop followed it here, with the trainer's two-batch estimator
+# and EMA.
 
 # %%
 if advice.noise_history is not None:
@@ -108,9 +99,9 @@ if advice.noise_history is not None:
 
 # %%
 if mlp_model:
-    mlp_advice = advise(load_factory(reference(mlp_model), "model"), load_factory(reference(mlp_data), "data")(),
-                        resolve_loss(reference(mlp_loss)), device=dev, memory_budget=mlp_memory_budget,
-                        batch_sizes=batch_sizes)
+    mlp = RunConfig(model=mlp_model, dataset=mlp_dataset, loss=mlp_loss, lr=0.01, base_batch_size=batch_sizes[0],
+                    device=device)
+    mlp_advice = advise_config(mlp, memory_budget=mlp_memory_budget, batch_sizes=batch_sizes)
     print(mlp_advice.summary())
     fig = advice_figure(mlp_advice)
     if out_dir:

@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from bsresearch import results, stats
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import (
     figure_grid,
     learning_curves,
@@ -42,7 +42,7 @@ from bsresearch.plots import (
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 runs = results.load(sweep, runs_root=runs_dir)
 ok = results.finished(runs)
 print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))

@@ -51,7 +51,7 @@ import pandas as pd
 from bsresearch import results, stats
 from bsresearch.findings import hoffer
 from bsresearch.findings.hoffer import distance_panel, variant_label, variant_points
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, learning_curves, save_figure
 from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep import variants
@@ -59,7 +59,7 @@ from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 spec = load_spec(project_path(spec_path))
 order = variants.variant_order(spec)
 colors = variant_colors(order)                     # one colour per variant in every figure

@@ -52,7 +52,7 @@ import pandas as pd
 from bsresearch import results, stats
 from bsresearch.findings import goyal
 from bsresearch.findings.goyal import curves_by_batch, difference_vs_batch, rule_vs_batch
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep import variants
@@ -60,7 +60,7 @@ from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 spec = load_spec(project_path(spec_path))
 order = variants.variant_order(spec)
 runs = results.load(sweep, runs_root=runs_dir)

@@ -74,12 +74,12 @@ from bsresearch.findings.steps_to_target import (
     tuned_lr_vs_batch,
     two_batch_vs_exact,
 )
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, learning_curves, save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 runs = results.load(sweep, runs_root=runs_dir)
 print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
 tried = results.finished(runs, include_diverged=True)   # a diverged run is a data point (no steps)
@@ -98,7 +98,7 @@ seeds_name = f"{sweep}_seeds" if seeds_sweep is None else seeds_sweep
 confirmation = None
 if seeds_name:
     try:
-        require_sweep(seeds_name, runs_dir)
+        results.sweep_dir(seeds_name, runs_dir)
         seeds_runs = results.load(seeds_name, runs_root=runs_dir)
         confirmation = results.finished(seeds_runs, include_diverged=True)
         unfinished = seeds_runs[~seeds_runs["state"].isin(["ok", "diverged"])]
@@ -337,7 +337,7 @@ noise = pd.DataFrame()
 noise_runs = None
 if noise_sweep:
     try:
-        require_sweep(noise_sweep, runs_dir)
+        results.sweep_dir(noise_sweep, runs_dir)
         noise_runs = results.load(noise_sweep, runs_root=runs_dir)
     except ConfigError as exc:   # that sweep has not been run
         print(f"no noise-scale checkpoints: {exc}")
@@ -366,6 +366,7 @@ if len(noise):
         import torch
 
         from bsresearch.data import dataset_for
+        from bsresearch.measure import noise as noise_measure
         from bsresearch.train import load_trained_model
         torch.set_num_threads(1)
         b_small, b_big = (int(v) for v in two_batch_sizes)
@@ -374,8 +375,9 @@ if len(noise):
             model, cfg = load_trained_model(run["run_dir"])
             data = data or dataset_for(cfg, "cpu")
             generator = torch.Generator().manual_seed(int(run["seed"]) * 100_000 + int(run["steps"]))
-            pairs = stt.two_batch_pairs(model, data.x_train, data.y_train, b_small, b_big, two_batch_pairs, generator)
-            est = stt.two_batch_summary(pairs, confidence=confidence)
+            pairs = noise_measure.two_batch_pairs(model, data.x_train, data.y_train, b_small, b_big, two_batch_pairs,
+                                                  generator)
+            est = noise_measure.two_batch_summary(pairs, confidence=confidence)
             rows.append({"seed": run["seed"], "step": run["steps"], "train_loss": run["train_loss"],
                          "exact": run["noise_b_simple"], "two_batch": est["b_simple"], "two_batch_low": est["low"],
                          "two_batch_high": est["high"], "n_pairs": est["n_pairs"],

@@ -73,7 +73,7 @@ from bsresearch.findings.smith_le import (
     power_law_by_seed,
     sgd_noise_scale,
 )
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.sweeps import figure_grid, learning_curves, metric_vs_batch
 
@@ -84,7 +84,7 @@ CHANCE_LOSS = 0.99 * math.log(10)   # a final train loss this high: the network 
 
 def load(name):
     """Finished runs (ok and diverged) of a sweep, with the noise scale and a 'collapsed' flag."""
-    runs = results.load(require_sweep(name, runs_dir))
+    runs = results.load(results.sweep_dir(name, runs_dir))
     print(f"{name}: {len(runs)} runs:", ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
     done = results.finished(runs, include_diverged=True)
     return done.assign(collapsed=pd.to_numeric(done["train_loss"], errors="coerce") >= CHANCE_LOSS,

@@ -49,14 +49,14 @@ from bsresearch.data import dataset_for
 from bsresearch.findings import dinh
 from bsresearch.findings.dinh import measure_vs_alpha, relu_rescale
 from bsresearch.measure import curvature, sharpness
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.runtime import make_generator
 from bsresearch.train import evaluate, load_trained_model
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-source = results.finished(results.load(require_sweep(source_sweep, runs_dir)))
+source = results.finished(results.load(results.sweep_dir(source_sweep, runs_dir)))
 chosen = source[source.batch_size.isin(batch_sizes) & source.seed.isin(seeds)]
 n_train = int(chosen["n_train"].max())
 print(f"{len(chosen)} trained models of {source_sweep} (batch sizes {sorted(set(chosen.batch_size))}, seeds "

@@ -34,14 +34,14 @@ import pandas as pd
 
 from bsresearch import results, stats
 from bsresearch.findings.smith_kindermans import compare_schedules, curves_by_schedule
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 spec = load_spec(project_path(spec_path))
 runs = results.load(sweep, runs_root=runs_dir)
 rows = variants.runs_per_variant(runs, spec)

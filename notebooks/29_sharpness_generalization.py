@@ -46,14 +46,14 @@ import pandas as pd
 
 from bsresearch import results, stats
 from bsresearch.findings import sharpness_generalization as sg
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 runs = results.load(sweep, runs_root=runs_dir)
 rows = variants.runs_per_variant(runs, load_spec(project_path(spec_path))) if spec_path else runs
 # the protocol's population: runs that ended ok and reached the target train loss (equally fit)

@@ -49,12 +49,12 @@ from bsresearch.findings.adam_vs_sgd import (
     tuned_by_optimizer,
 )
 from bsresearch.findings.steps_to_target import critical_batch_fits, local_exponents, steps_vs_lr
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 sweeps = [sweep] + ([seeds_sweep] if seeds_sweep and (runs_dir / seeds_sweep).is_dir() else [])   # before stage 2: none
 runs = results.load(sweeps, runs_root=runs_dir)
 print(f"sweeps {sweeps}: {len(runs)} runs:", dict(runs["state"].value_counts()), "|", results.budget_description(runs))

@@ -36,14 +36,14 @@ from IPython.display import display
 
 from bsresearch import results
 from bsresearch.findings.ghost_batch import accuracy_vs_ghost, best_ghost, by_ghost_size, compare_ghost, ghost_slope
-from bsresearch.paths import project_path, require_sweep
+from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-require_sweep(sweep, runs_dir)
+results.sweep_dir(sweep, runs_dir)
 spec = load_spec(project_path(spec_path))
 runs = results.load(sweep, runs_root=runs_dir)
 rows = variants.runs_per_variant(runs, spec)

@@ -13,11 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bsresearch.advise import advise, optimizer_factory, scale_lr
-from bsresearch.advise.api import accumulated_step
-from bsresearch.advise.loading import token_cross_entropy
 from bsresearch.config import ConfigError
+from bsresearch.losses import cross_entropy
 from bsresearch.systems import search as search_module
-from bsresearch.systems.workload import TrainParts
+from bsresearch.systems.workload import TrainParts, training_step
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -71,7 +70,7 @@ def test_transformer_end_to_end_and_its_noise_scale_against_a_per_example_loop()
     torch.manual_seed(0)  # advise builds each model under seed 0 (its default), in a forked RNG
     model = tiny_transformer.make_model().eval()
     x, y = data.tensors
-    oracle = per_example_loop_b_simple(model, x[:24], y[:24], token_cross_entropy)
+    oracle = per_example_loop_b_simple(model, x[:24], y[:24], cross_entropy)
     assert advice.b_simple == pytest.approx(oracle, rel=1e-5)
     assert advice.b_simple_interval is not None and advice.noise_history is not None
     low, high = advice.b_simple_interval
@@ -175,7 +174,7 @@ def test_the_users_model_weights_data_and_rng_are_left_untouched():
     assert advice.b_simple == pytest.approx(oracle, rel=1e-5)
 
 
-def test_accumulated_step_gives_the_one_big_batch_gradient():
+def test_the_accumulated_step_gives_the_one_big_batch_gradient():
     torch.manual_seed(0)
     x, y = torch.randn(24, 8), torch.randn(24, 1)
     grads = []
@@ -183,7 +182,7 @@ def test_accumulated_step_gives_the_one_big_batch_gradient():
         torch.manual_seed(1)
         model = regression_mlp.make_model(width=8)
         parts = TrainParts(model, torch.optim.SGD(model.parameters(), lr=0.0), None, "fp32")
-        accumulated_step(parts, x, y, F.mse_loss, micro)
+        training_step(parts, x, y, F.mse_loss, micro)
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
 
@@ -213,7 +212,8 @@ def test_lr_rules_and_argument_errors():
 def test_data_in_every_accepted_form_reads_the_same_examples_in_order():
     from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-    from bsresearch.advise.loading import data_tensors, load_object
+    from bsresearch.loading import load_object
+    from bsresearch.userdata import first_examples
 
     x, y = torch.arange(40.0).reshape(20, 2), torch.arange(20)
 
@@ -224,7 +224,7 @@ def test_data_in_every_accepted_form_reads_the_same_examples_in_order():
     forms = [(x, y), TensorDataset(x, y), DataLoader(TensorDataset(x, y), batch_size=3, shuffle=True),
              DataLoader(Stream(), batch_size=3)]
     for data in forms:
-        xs, ys = data_tensors(data, max_examples=10)
+        xs, ys = first_examples(data, max_examples=10)
         assert torch.equal(xs, x[:10]) and torch.equal(ys, y[:10])
     assert torch.equal(torch.get_rng_state(), rng)  # the shuffling loader was not iterated
-    assert load_object("bsresearch.advise.loading:token_cross_entropy", "loss") is token_cross_entropy
+    assert load_object("bsresearch.losses:cross_entropy", "loss") is cross_entropy

@@ -41,16 +41,16 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
 @pytest.mark.parametrize("case, expected", [
     ("missing_file", "model file 'nowhere/model.py' does not exist"),
     ("missing_factory", "has no 'build'; it defines"),
-    ("no_colon", "must be FILE_OR_MODULE:NAME"),
+    ("no_colon", "or FILE.py:NAME / package.module:NAME of your model factory"),
     ("bad_module", "module 'no_such_module_for_advise' cannot be imported"),
     ("model_wrong_kind", "must return a torch.nn.Module; it returned a int"),
-    ("data_wrong_kind", "data must be a torch Dataset, a DataLoader or a pair of tensors"),
-    ("loss_not_scalar", "loss_fn must return a scalar"),
+    ("data_wrong_kind", "must be a map-style torch Dataset of (input, target) items"),
+    ("loss_not_scalar", "must return a scalar (the mean over the batch)"),
     ("loss_unknown", "loss must be one of cross_entropy, mse"),
-    ("bad_optimizer", "--optimizer must be one of sgd, adam, adamw"),
+    ("bad_optimizer", "optimizer must be one of sgd, adam, adamw"),
     ("bad_budget", "--memory-budget must be a size"),
     ("bad_sizes", "--batch-sizes must be a comma-separated list of positive integers"),
-    ("bad_lr", "--lr must be a positive number"),
+    ("bad_lr", "lr must be a positive number"),
 ])
 def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, case, expected):
     factories = _write(tmp_path, "factories.py", "import torch\n"

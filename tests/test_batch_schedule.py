@@ -5,6 +5,9 @@ import pytest
 import torch
 from conftest import tiny_config
 
+import bsresearch.callbacks as CB
+import bsresearch.data as D
+import bsresearch.engine as E
 import bsresearch.train as T
 from bsresearch import config as C
 from bsresearch.rundir import RunDir
@@ -53,13 +56,13 @@ def test_a_schedule_that_outgrows_the_data_is_rejected_before_training(tmp_path)
 
 def test_every_epoch_is_a_permutation_and_the_batches_follow_the_schedule(tmp_path, monkeypatch):
     drawn = []
-    original = T.BatchSampler.next
+    original = D.BatchSampler.next
 
     def recording_next(self):
         idx = original(self)
         drawn.append(idx.clone())
         return idx
-    monkeypatch.setattr(T.BatchSampler, "next", recording_next)
+    monkeypatch.setattr(D.BatchSampler, "next", recording_next)
     result = run(ramp(), tmp_path / "r")
     assert result.state == "ok" and result.metrics["steps"] == 19
     assert [len(i) for i in drawn] == [32] * 10 + [64] * 7 + [128] * 2
@@ -82,16 +85,16 @@ def test_before_the_first_milestone_the_run_is_the_constant_batch_run(tmp_path):
 def test_resume_across_a_batch_change_is_exact(tmp_path, monkeypatch):
     cfg = ramp(checkpoint_every=7, save_checkpoint=True, batchnorm=True, ghost_batch_size=16)
     full = run(cfg, tmp_path / "full")
-    original = T.train_step
+    original = E.train_step
 
     def dying_step(state, *args, **kwargs):
         if state.step == 16:   # after the step-14 checkpoint, between the changes at steps 10 and 17
             raise KeyboardInterrupt
         return original(state, *args, **kwargs)
-    monkeypatch.setattr(T, "train_step", dying_step)
+    monkeypatch.setattr(E, "train_step", dying_step)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "killed")
-    monkeypatch.setattr(T, "train_step", original)
+    monkeypatch.setattr(E, "train_step", original)
     resumed = run(cfg, tmp_path / "killed")
     assert RunDir(tmp_path / "killed").status()["resumed_from"] == 14
     a = T.load_checkpoint(tmp_path / "full" / "checkpoint.pt")["state"]["model"]
@@ -102,12 +105,12 @@ def test_resume_across_a_batch_change_is_exact(tmp_path, monkeypatch):
 
 def test_the_noise_scale_ema_uses_the_current_batch(tmp_path, monkeypatch):
     sizes = []
-    original = T.update_noise_ema
+    original = CB.update_noise_ema
 
     def recording(ema, small, big, b_small, b_big):
         sizes.append((b_small, b_big))
         return original(ema, small, big, b_small, b_big)
-    monkeypatch.setattr(T, "update_noise_ema", recording)
+    monkeypatch.setattr(CB, "update_noise_ema", recording)
     result = run(ramp(micro_batch_size=16, noise_scale_every=1), tmp_path / "r")
     assert sizes == [(16, 32)] * 10 + [(16, 64)] * 7 + [(16, 128)] * 2
     assert result.history[-1]["noise_b_simple_ema"] == result.history[-1]["noise_b_simple_ema"]  # not NaN

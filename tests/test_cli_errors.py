@@ -371,17 +371,19 @@ class _RefusesDevice(torch.nn.Linear):
 @pytest.mark.parametrize("where", ["model_build", "to_device", "training_step", "data_to_device"])
 def test_out_of_memory_is_recorded_as_oom_wherever_it_happens(tmp_path, monkeypatch, kind, where):
     import bsresearch.data as data_module
+    import bsresearch.engine as engine
+    import bsresearch.models as models
     import bsresearch.train as train
     exc = OOMS[kind]()
 
     def raise_it(*args, **kwargs):
         raise exc
     if where == "model_build":
-        monkeypatch.setattr(train, "build_model", raise_it)
+        monkeypatch.setattr(models, "build_model", raise_it)
     elif where == "to_device":
-        monkeypatch.setattr(train, "build_model", lambda *a, **k: _RefusesDevice(exc))
+        monkeypatch.setattr(models, "build_model", lambda *a, **k: _RefusesDevice(exc))
     elif where == "training_step":
-        monkeypatch.setattr(train, "train_step", raise_it)
+        monkeypatch.setattr(engine, "train_step", raise_it)
     else:
         monkeypatch.setattr(data_module.Dataset, "to", raise_it)
     result = train.run(RunConfig(**TINY), tmp_path / "run", progress=False)
@@ -401,15 +403,17 @@ def test_a_real_cpu_allocator_failure_at_model_build_is_oom(tmp_path):
 
 
 def test_other_errors_stay_errors(tmp_path, monkeypatch):
+    import bsresearch.engine as engine
+    import bsresearch.models as models
     import bsresearch.train as train
 
     def broken(*args, **kwargs):
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
-    monkeypatch.setattr(train, "build_model", broken)
+    monkeypatch.setattr(models, "build_model", broken)
     with pytest.raises(RuntimeError, match="shapes"):   # a bug in setup propagates
         train.run(RunConfig(**TINY), tmp_path / "a", progress=False)
     monkeypatch.undo()
-    monkeypatch.setattr(train, "train_step", broken)
+    monkeypatch.setattr(engine, "train_step", broken)
     assert train.run(RunConfig(**TINY), tmp_path / "b", progress=False).state == "failed"
 
 

@@ -43,12 +43,11 @@ from bsresearch.findings.steps_to_target import (
     steps_vs_lr,
     tuned_lr_vs_batch,
     tuned_table,
-    two_batch_pairs,
-    two_batch_summary,
     two_batch_vs_exact,
     value_at_loss,
 )
 from bsresearch.measure.critical import fit_critical_batch
+from bsresearch.measure.noise import two_batch_pairs, two_batch_summary
 
 S_MIN, B_CRIT = 400.0, 50.0
 SIZES = [4, 16, 64, 256, 1024]

@@ -142,7 +142,7 @@ def test_fusion_blocker_names_the_field():
 
 def test_out_of_memory_splits_the_group(monkeypatch):
     """A simulated OOM for groups of more than 2 members: halves are retried, results unchanged."""
-    real_step = fused_trainer._Stack.step
+    real_step = fused_trainer.StackEngine.step
     sizes = []
 
     def step(self, members, *args):
@@ -151,7 +151,7 @@ def test_out_of_memory_splits_the_group(monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_step(self, members, *args)
 
-    monkeypatch.setattr(fused_trainer._Stack, "step", step)
+    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
     cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1)) for s in range(4)]
     check_group(cfgs)
     assert sizes[0] == 4 and set(sizes[1:]) == {2}
@@ -165,7 +165,7 @@ def test_out_of_memory_alone_is_recorded(monkeypatch, tmp_path):
         sizes.append(len(members))
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(fused_trainer._Stack, "step", step)
+    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
     results = train_group([tiny_config(seed=s) for s in range(3)], [tmp_path / str(s) for s in range(3)],
                           progress=False)
     assert sizes == [3, 1, 2, 1, 1]
@@ -178,7 +178,7 @@ def test_failure_is_recorded_per_member(monkeypatch, tmp_path):
     def step(self, members, *args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(fused_trainer._Stack, "step", step)
+    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
     results = train_group([tiny_config(seed=0), tiny_config(seed=1)], [tmp_path / "a", tmp_path / "b"],
                           progress=False)
     assert [r.state for r in results] == ["failed", "failed"]

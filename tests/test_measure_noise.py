@@ -11,6 +11,7 @@ from conftest import requires_cuda, tiny_config
 from measure_oracles import Shift, Snapshot, dense_hessian, per_example_loop, quadratic_loss, tiny_mlp
 
 from bsresearch import noise_tracker
+from bsresearch.callbacks import noise_hooks
 from bsresearch.config import ConfigError, RunConfig
 from bsresearch.data import load_dataset
 from bsresearch.measure import noise
@@ -151,7 +152,7 @@ def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():
     data = load_dataset("synthetic", train_size=256)
     state = new_state(cfg, data, torch.device("cpu"))
     twin = new_state(cfg, data, torch.device("cpu"))   # same seed: same weights and the same batch
-    train_step(state, cfg, data, lr=0.0)
+    train_step(state, cfg, data, lr=0.0, hooks=noise_hooks(cfg, state, data.n_train))
     idx = twin.sampler.next()
 
     def sq_norm(index):

@@ -102,19 +102,19 @@ def test_a_saved_executed_notebook_is_not_what_the_checks_read(tmp_path):
 
 
 def test_template_parameters_are_every_runconfig_field_with_a_comment():
-    # the file as saved: every field, papermill-parseable, each with a comment, and a valid RunConfig
+    # the file as saved: every field, papermill-parseable, each with a comment, and a valid RunConfig; the
+    # fields' part is generated from config.py, so their descriptions live there only
+    from bsresearch.config import parameters_cell as generated
     nb = nbformat.read(TEMPLATE, as_version=4)
     cell = parameters_cell(nb)
+    assert cell.source.startswith(generated() + "\n"), \
+        "notebooks/01_train's parameters cell is generated from bsresearch/config.py: run `make clean-notebooks`"
     params = PythonTranslator.inspect(cell)   # what papermill sees: it must parse every line
-    assert [p.name for p in params] == [*FIELD_NAMES, "runs_dir", "sweep", "run_dir"], \
-        "the template's parameters cell must list every RunConfig field, in order (notebooks/01_train.py)"
+    assert [p.name for p in params] == [*FIELD_NAMES, "runs_dir", "sweep", "run_dir"]
     assert all(p.help and p.inferred_type_name != "None" for p in params), [p.name for p in params if not p.help]
     namespace: dict = {}
     exec(cell.source, namespace)
-    RunConfig(**{name: namespace[name] for name in FIELD_NAMES})
-    config_cell = next(c for c in nb.cells if "RunConfig(" in c.source and c is not cell)
-    for name in FIELD_NAMES:
-        assert f"{name}={name}" in config_cell.source, name
+    RunConfig.from_dict({name: namespace[name] for name in FIELD_NAMES})
 
 
 def test_committed_template_has_the_runconfig_defaults():
@@ -146,15 +146,15 @@ def test_relative_paths_resolve_against_the_project_whatever_the_working_directo
 
 
 def test_a_sweep_that_has_not_run_is_one_line_naming_the_spec_and_the_command(tmp_path):
-    from bsresearch.paths import SweepMissing, require_sweep
+    from bsresearch.results import SweepMissing, sweep_dir
     with pytest.raises(SweepMissing) as err:
-        require_sweep("keskar", tmp_path)
+        sweep_dir("keskar", tmp_path)
     assert str(err.value) == (f"no runs of sweep 'keskar' in {tmp_path}: "
                               "run `bsresearch sweep experiments/keskar.yaml` first")
     assert err.value._render_traceback_() == [f"SweepMissing: {err.value}"]   # what IPython shows: one line
     (tmp_path / "keskar" / "r1").mkdir(parents=True)
     (tmp_path / "keskar" / "r1" / "config.json").write_text("{}")
-    assert require_sweep("keskar", tmp_path) == tmp_path / "keskar"
+    assert sweep_dir("keskar", tmp_path) == tmp_path / "keskar"
 
 
 @pytest.mark.slow
@@ -176,7 +176,7 @@ def test_progress_bar_shows_in_jupyterlab_and_not_under_papermill(monkeypatch):
     import sys
     import types
 
-    from bsresearch.train import _progress_bar
+    from bsresearch.callbacks import progress_bar as _progress_bar
     monkeypatch.setitem(sys.modules, "ipykernel", sys.modules.get("ipykernel") or types.ModuleType("ipykernel"))
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     assert _progress_bar(10, None).disable          # papermill's kernel: no Jupyter server session
@@ -187,7 +187,7 @@ def test_progress_bar_shows_in_jupyterlab_and_not_under_papermill(monkeypatch):
     assert _progress_bar(10, False).disable
 
 
-NEEDS_A_SWEEP = [s for s in STEMS if "require_sweep(" in (NOTEBOOK_DIR / f"{s}.py").read_text()]
+NEEDS_A_SWEEP = [s for s in STEMS if "results.sweep_dir(" in (NOTEBOOK_DIR / f"{s}.py").read_text()]
 
 
 @pytest.mark.slow

@@ -82,7 +82,7 @@ def test_load_gives_one_row_per_run_with_config_metrics_and_provenance(sweep):
     fake_run(other, batch_size=16, lr=0.1, metrics={"test_acc": 0.5})
     both = results.load(["toy", other], runs_root=sweep.parent)
     assert list(both["sweep"].unique()) == ["toy", "other"] and len(both) == 14
-    with pytest.raises(Exception, match="no sweep 'missing'"):
+    with pytest.raises(Exception, match="no runs of sweep 'missing'"):
         results.load("missing", runs_root=sweep.parent)
 
 

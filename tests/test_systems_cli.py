@@ -46,18 +46,18 @@ def affine_throughput(a: float, b: float, sizes) -> pd.DataFrame:
 def test_recommendation_minimises_the_predicted_time_against_brute_force():
     """time(B) = S_min (1 + Bn/B)(a + bB); the continuous optimum is B* = sqrt(a Bn / b). On a grid of
     every integer size the recommendation must be the brute-force minimiser, next to B*."""
-    a, b, b_noise, s_min = 0.02, 1e-5, 500.0, 1000.0
+    a, b, b_simple, s_min = 0.02, 1e-5, 500.0, 1000.0
     sizes = list(range(1, 4097))
-    rec = recommend_batch_size(affine_throughput(a, b, sizes), b_noise, s_min)
-    brute = min(sizes, key=lambda B: s_min * (1 + b_noise / B) * (a + b * B))
+    rec = recommend_batch_size(affine_throughput(a, b, sizes), b_simple, s_min)
+    brute = min(sizes, key=lambda B: s_min * (1 + b_simple / B) * (a + b * B))
     assert rec.batch_size == brute
-    assert abs(rec.batch_size - (a * b_noise / b) ** 0.5) <= 1
-    assert rec.predicted_seconds == pytest.approx(s_min * (1 + b_noise / brute) * (a + b * brute))
+    assert abs(rec.batch_size - (a * b_simple / b) ** 0.5) <= 1
+    assert rec.predicted_seconds == pytest.approx(s_min * (1 + b_simple / brute) * (a + b * brute))
 
 
 def test_progress_rate_times_predicted_time_is_constant():
     """examples/s x statistical efficiency = S_min B_noise / time: maximising one minimises the other."""
-    table = time_to_target(affine_throughput(0.01, 1e-4, [2 ** k for k in range(10)]), b_noise=64.0, s_min=7.0)
+    table = time_to_target(affine_throughput(0.01, 1e-4, [2 ** k for k in range(10)]), b_simple=64.0, s_min=7.0)
     product = table["effective_examples_per_second"] * table["predicted_seconds"]
     assert product.tolist() == pytest.approx([7.0 * 64.0] * len(table))
     assert table["statistical_efficiency"].tolist() == pytest.approx([1 / (1 + B / 64) for B in table["batch_size"]])
@@ -68,7 +68,7 @@ def test_recommendation_ignores_sizes_that_did_not_run_and_rejects_bad_noise_sca
     table.loc[2, "status"] = "oom"
     assert recommend_batch_size(table, 10_000.0).batch_size == 128
     for bad in (0.0, -3.0, float("inf"), float("nan")):
-        with pytest.raises(ConfigError, match="b_noise"):
+        with pytest.raises(ConfigError, match="b_simple"):
             recommend_batch_size(table, bad)
 
 
@@ -121,7 +121,7 @@ def test_figures_draw_from_tables_without_torch():
     assert any(t.get_text() == "OOM" for t in bottom.texts)              # the first size that ran out
     fig2, axes = plt.subplots(1, 4)
     memory_breakdown_plot(axes[0], table[table["precision"] == "fp32"])
-    rec = recommend_batch_size(table[table["precision"] == "fp32"].assign(seconds_per_step=0.01), b_noise=10.0)
+    rec = recommend_batch_size(table[table["precision"] == "fp32"].assign(seconds_per_step=0.01), b_simple=10.0)
     recommendation_plots(axes[1:], rec.table, rec.batch_size)
     plt.close(fig)
     plt.close(fig2)
@@ -129,7 +129,7 @@ def test_figures_draw_from_tables_without_torch():
 
 # ----------------------------------------------------------------------------- command line, script, notebook
 def test_bench_command_writes_table_summary_and_figure(tmp_path, capsys):
-    code = main(["bench", *TINY_BENCH, "--out", str(tmp_path), "--label", "test", "--b-noise", "50"])
+    code = main(["bench", *TINY_BENCH, "--out", str(tmp_path), "--label", "test", "--b-simple", "50"])
     assert code == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["systems_recommendation_test.csv", "systems_summary_test.csv", "systems_test.csv",
@@ -150,7 +150,7 @@ def test_bench_command_writes_table_summary_and_figure(tmp_path, capsys):
     (["--precisions", "fp16"], "precision 'fp16' needs a CUDA device"),
     (["--batch-sizes", "8,0"], "batch_sizes must be a comma-separated list of positive integers"),
     (["--repeats", "0"], "repeats must be a positive integer"),
-    (["--b-noise", "-1"], "b_noise must be a positive number"),
+    (["--b-simple", "-1"], "b_simple must be a positive number"),
     (["--min-batch-size", "64", "--max-batch-size", "8"], "exceeds max_batch_size"),
 ])
 def test_bench_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
@@ -190,7 +190,7 @@ def test_notebook_04_runs_under_papermill_at_tiny_settings(tmp_path):
         assert len(list((tmp_path / "fig").glob(f"nb04_{figure}_cpu-*.png"))) == 1
     executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
-    assert "recommended batch size" in text and "B_noise" in text
+    assert "recommended batch size" in text and "B_simple" in text
 
 
 # ----------------------------------------------------------------------------- CUDA

@@ -103,19 +103,20 @@ def test_resume_after_a_kill_continues_exactly(tmp_path):
         full = run(cfg, tmp_path / f"{opt}-full")
         # a real interruption: the process raises at step 17 (after the step-14 checkpoint)
         target = tmp_path / f"{opt}-killed"
+        import bsresearch.engine as E
         import bsresearch.train as T
-        original = T.train_step
+        original = E.train_step
 
         def dying_step(state, *args, original=original, **kwargs):
             if state.step == 17:
                 raise KeyboardInterrupt
             return original(state, *args, **kwargs)
-        T.train_step = dying_step
+        E.train_step = dying_step
         try:
             with pytest.raises(KeyboardInterrupt):
                 run(cfg, target)
         finally:
-            T.train_step = original
+            E.train_step = original
         assert RunDir(target).state() == "running"
         resumed = run(cfg, target)
         assert RunDir(target).status()["resumed_from"] == 14
@@ -143,16 +144,16 @@ def test_batch_larger_than_dataset_fails_before_any_work(tmp_path):
 
 
 def test_a_crash_during_work_is_recorded_not_lost(tmp_path, monkeypatch):
-    import bsresearch.train as T
+    import bsresearch.engine as E
     calls = {"n": 0}
-    original = T.train_step
+    original = E.train_step
 
     def flaky(state, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 12:
             raise RuntimeError("simulated failure")
         return original(state, *args, **kwargs)
-    monkeypatch.setattr(T, "train_step", flaky)
+    monkeypatch.setattr(E, "train_step", flaky)
     result = run(tiny_config(), tmp_path / "f")
     status = RunDir(tmp_path / "f").status()
     assert result.state == "failed" and status["state"] == "failed"
@@ -161,11 +162,11 @@ def test_a_crash_during_work_is_recorded_not_lost(tmp_path, monkeypatch):
 
 
 def test_simulated_oom_is_recorded(tmp_path, monkeypatch):
-    import bsresearch.train as T
+    import bsresearch.engine as E
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    monkeypatch.setattr(T, "train_step", oom)
+    monkeypatch.setattr(E, "train_step", oom)
     result = run(tiny_config(), tmp_path / "o")
     assert result.state == "oom" and "out of memory" in RunDir(tmp_path / "o").status()["error"]
 

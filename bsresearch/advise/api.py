@@ -1,20 +1,27 @@
 """advise(): which batch size for your model on your hardware, how large fits, which learning rate goes
 with it, and where more examples per step stop buying progress.
 
-For any nn.Module (built by `model_fn`), data of (input, target) pairs and a mean-reduced loss. It
-measures, on fresh models only (the user's objects are never trained or modified):
+For any nn.Module (built by `model_fn`), data of (input, target) pairs and a mean-reduced loss; or for the
+model, dataset, loss and optimizer a RunConfig names (`advise_config`: built-in names or FILE.py:NAME
+references, exactly as `bsresearch train` takes them). It measures, on fresh models only (the user's
+objects are never trained or modified):
 - the largest batch that fits (systems.search: doubling then bisection, only torch.OutOfMemoryError
   counts; on CUDA the real allocator, capped at memory_budget; on the CPU the fitted linear memory model
   decides against memory_budget), and the peak memory of a step at every batch size (systems.memory:
   the allocator's peak on CUDA, tensor accounting on the CPU);
-- synchronised throughput at every batch size (systems.timing); a batch beyond the safe size runs as
-  the accumulation plan (systems.plan) of micro-batches, which is also how it would be trained;
+- synchronised throughput at every batch size (systems.timing) of the training step a run executes
+  (systems.workload.training_step); a batch beyond the safe size runs as the accumulation plan
+  (systems.plan) of micro-batches, which is also how it would be trained;
 - the gradient noise scale B_simple at the given weights: exact from per-example gradients with a
   bootstrap interval (measure.noise, torch.func.vmap), or where vmap cannot run the model the two-batch
-  estimator with an interval from resampling its draws; optionally its EMA along a short training run;
+  estimator with an interval from resampling its draws (measure.noise.two_batch_summary); optionally its
+  EMA along a short training run, trained by the one training loop (loop.py) with the noise-scale callback;
 and recommends the batch that maximises examples/s x statistical efficiency 1 / (1 + B / B_simple)
 (systems.recommend), with its accumulation plan and the learning rate the linear or sqrt rule gives
-there, flagged when the batch is beyond the critical batch (B > B_simple).
+there (config.scale_lr), flagged when the batch is beyond the critical batch (B > B_simple).
+
+What advise measures and how is an AdviseConfig (batch sizes, memory budget, the lr rule, how many examples
+and draws, timing repeats, seed, device); advise() takes one, or its fields as keyword arguments.
 
 The batches for memory and time are the first B examples of the data (repeated cyclically when B is
 larger than the data): a step's time and memory do not depend on the values.
@@ -22,8 +29,9 @@ larger than the data): a step's time and memory do not depend on the values.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,38 +41,41 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from ..config import LR_SCALINGS, ConfigError
-from ..measure.noise import gradient_noise_scale, two_batch_estimate, two_batch_noise_scale
-from ..noise_tracker import NoiseScaleTracker
-from ..runtime import resolve_device
+from ..callbacks import NoiseScale
+from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, did_you_mean, scale_lr
+from ..data import Dataset, dataset_for
+from ..engine import ModelEngine
+from ..loading import check_model
+from ..loop import Callback, Loop, Member
+from ..losses import Loss, LossFn, loss_for
+from ..measure.noise import gradient_noise_scale, two_batch_pairs, two_batch_summary
+from ..models import model_for
+from ..runtime import make_generator, resolve_device
+from ..state import new_state
+from ..step import optimizer_for
 from ..systems.fit import MemoryFit, fit_memory
 from ..systems.memory import memory_cap, step_memory
-from ..systems.plan import accumulation_plan
+from ..systems.plan import accumulation_plan, largest_divisor_at_most
 from ..systems.recommend import time_to_target
 from ..systems.search import BatchSearch, largest_batch_size
 from ..systems.timing import steps_for, summarise, time_steps, torch_threads
 from ..systems.workload import TrainParts, free_memory, training_step
-from .loading import LossFn, check_model, data_tensors, resolve_loss
+from ..train import dry_run
+from ..userdata import first_examples
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]  # parameters -> optimizer
 DEFAULT_BATCH_SIZES = (8, 16, 32, 64, 128, 256, 512)
+__all__ = ["Advice", "AdviseConfig", "advise", "advise_config", "optimizer_factory", "scale_lr"]
 
 
 def optimizer_factory(name: str = "sgd", lr: float = 0.01, momentum: float = 0.9,
                       weight_decay: float = 0.0) -> OptimizerFn:
-    """parameters -> torch.optim.{SGD (with momentum), Adam, AdamW} at lr."""
+    """parameters -> torch.optim.{SGD (with momentum), Adam, AdamW} at lr (step.optimizer_for)."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
     if not (isinstance(lr, (int, float)) and 0 < lr < math.inf):
         raise ConfigError(f"lr must be a positive number; got {lr!r}")
-
-    def make(params: Any) -> torch.optim.Optimizer:
-        if name == "sgd":
-            return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-        return cls(params, lr=lr, weight_decay=weight_decay)
-    return make
+    return lambda params: optimizer_for(name, params, lr, momentum, weight_decay=weight_decay)
 
 
 def format_bytes(n: float) -> str:
@@ -75,10 +86,66 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} bytes"
 
 
-def scale_lr(base_lr: float, base_batch_size: int, batch_size: int, rule: str) -> float:
-    """lr at batch_size from base_lr at base_batch_size: x ratio (linear), x sqrt(ratio) (sqrt), as is (none)."""
-    ratio = batch_size / base_batch_size
-    return base_lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[rule]
+@dataclass(frozen=True)
+class AdviseConfig:
+    """What advise measures and how. Checked on construction: a bad value is one ConfigError naming it."""
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # batch sizes to time and rank
+    memory_budget: int | str | None = None  # bytes or '4GiB': CUDA caps the allocator; CPU: the memory model
+    base_lr: float | None = None          # the lr tuned at base_batch_size (None: the optimizer's lr)
+    base_batch_size: int | None = None    # where base_lr was tuned (None: the smallest batch size)
+    lr_rule: str | None = None            # linear | sqrt | none (None: linear for SGD, sqrt for Adam-type)
+    max_examples: int = 2048              # examples read from the data
+    noise_examples: int = 512             # examples the noise scale is measured on
+    n_bootstrap: int = 200                # resamples for its interval
+    n_draws: int = 40                     # two-batch draws when per-example gradients cannot run
+    train_steps: int = 0                  # > 0: also the noise scale's EMA along this many training steps
+    max_batch_size: int | None = None     # the search's limit (None: the largest of batch_sizes)
+    safety_margin: float = 0.1            # the safe batch is the largest that fits x (1 - this)
+    warmup: int = 2                       # untimed steps before timing
+    repeats: int = 3                      # timings per batch size (the median is reported)
+    min_seconds: float = 0.05             # each timing lasts at least this long
+    threads: int | None = 1               # torch CPU threads while timing (None: as they are)
+    seed: int = 0                         # initial weights of fresh models and every random draw
+    device: str | torch.device = "auto"
+
+    def __post_init__(self) -> None:
+        from ..systems.cli import parse_bytes
+        sizes = self.batch_sizes
+        if isinstance(sizes, str) or not sizes or not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in sizes):
+            raise ConfigError(f"batch_sizes must be a non-empty list of positive integers; got {sizes!r}")
+        object.__setattr__(self, "batch_sizes", tuple(sorted({int(v) for v in sizes})))
+        budget = parse_bytes(self.memory_budget) if isinstance(self.memory_budget, str) else self.memory_budget
+        if budget is not None and budget < 1:
+            raise ConfigError(f"memory_budget must be a positive number of bytes; got {self.memory_budget!r}")
+        object.__setattr__(self, "memory_budget", budget)
+        if self.lr_rule is not None and self.lr_rule not in LR_SCALINGS:
+            raise ConfigError(f"lr_rule must be one of {', '.join(LR_SCALINGS)}; got {self.lr_rule!r}")
+        if not 0 <= self.safety_margin < 1:
+            raise ConfigError(f"safety_margin must be in [0, 1); got {self.safety_margin}")
+        for name, least in (("noise_examples", 2), ("n_draws", 2), ("repeats", 1), ("max_examples", 2),
+                            ("train_steps", 0), ("warmup", 0), ("n_bootstrap", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{name} must be an integer of at least {least}; got {value!r}")
+        if self.limit < self.batch_sizes[0]:
+            raise ConfigError(f"max_batch_size {self.limit} is below the smallest batch size {self.batch_sizes[0]}")
+        if self.base_lr is not None and not (isinstance(self.base_lr, (int, float)) and 0 < self.base_lr < math.inf):
+            raise ConfigError(f"base_lr must be a positive number; got {self.base_lr!r}")
+
+    @property
+    def limit(self) -> int:
+        """The largest batch the search may try."""
+        return int(self.max_batch_size or self.batch_sizes[-1])
+
+    def replace(self, **changes: Any) -> AdviseConfig:
+        """The same settings with `changes`; an unknown name is a ConfigError naming the accepted ones."""
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = [k for k in changes if k not in names]
+        if unknown:
+            raise ConfigError(f"advise: unknown setting {unknown[0]!r}{did_you_mean(unknown[0], names)}; "
+                              f"accepted: {', '.join(names)}")
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,22 +274,6 @@ def _batch_of(x: torch.Tensor, y: torch.Tensor) -> Callable[[int], tuple[torch.T
     return batch
 
 
-def accumulated_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
-                     micro_batch_size: int) -> torch.Tensor:
-    """One optimizer update on (x, y) in micro-batches: each micro-batch's mean loss weighted by its share,
-    so the gradient is the whole batch's (as bsresearch.train does). One micro-batch: systems' training_step."""
-    if micro_batch_size >= len(x):
-        return training_step(parts, x, y, loss_fn)
-    parts.optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=x.device)
-    for xm, ym in zip(x.split(micro_batch_size), y.split(micro_batch_size)):
-        loss = loss_fn(parts.model(xm), ym) * (len(xm) / len(x))
-        loss.backward()
-        total += loss.detach()
-    parts.optimizer.step()
-    return total
-
-
 @contextmanager
 def _quiet_oom(row: dict[str, Any], device: torch.device) -> Iterator[None]:
     """Record an out-of-memory error in row['status'] instead of raising it; free what the trial left."""
@@ -236,8 +287,8 @@ def _quiet_oom(row: dict[str, Any], device: torch.device) -> Iterator[None]:
 
 
 def _memory_and_time(models: _Models, batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], batch_size: int,
-                     micro_batch_size: int, loss_fn: LossFn, device: torch.device, warmup: int, repeats: int,
-                     min_seconds: float) -> dict[str, Any]:
+                     micro_batch_size: int, loss_fn: LossFn, device: torch.device,
+                     settings: AdviseConfig) -> dict[str, Any]:
     """Peak memory of a step at the micro-batch (StepMemory fields) and the time of a whole update of
     batch_size examples in micro-batches (timing.summarise fields, examples_per_second), on fresh parts."""
     parts = models.parts()
@@ -245,97 +296,87 @@ def _memory_and_time(models: _Models, batch: Callable[[int], tuple[torch.Tensor,
     x, y = batch(batch_size)
 
     def step() -> object:
-        return accumulated_step(parts, x, y, loss_fn, micro_batch_size)
+        return training_step(parts, x, y, loss_fn, micro_batch_size)
     step()  # allocation and lazy initialisation: never timed
-    stats = summarise(time_steps(step, device, steps=steps_for(step, device, min_seconds), repeats=repeats,
-                                 warmup=warmup))
+    stats = summarise(time_steps(step, device, steps=steps_for(step, device, settings.min_seconds),
+                                 repeats=settings.repeats, warmup=settings.warmup))
     return {**{k: v for k, v in mem.__dict__.items() if k != "batch_size"}, **stats,
             "examples_per_second": batch_size / stats["seconds_per_step"]}
 
 
 # ----------------------------------------------------------------------------- the noise scale
 def _noise_at_weights(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, b_big: int,
-                      generator: torch.Generator, n_bootstrap: int, n_draws: int,
+                      generator: torch.Generator, settings: AdviseConfig,
                       confidence: float = 0.95) -> tuple[float, tuple[float, float] | None, str, str | None]:
     """(b_simple, interval, method, why the exact method failed). Exact per-example gradients (vmap) on
-    all of (x, y), else the two-batch estimator on n_draws draws with replacement, its interval from
-    resampling the draws (the ratio taken after averaging, in each resample)."""
+    all of (x, y), else the two-batch estimator on n_draws pairs drawn with replacement, its interval from
+    resampling the pairs (measure.noise.two_batch_summary: the ratio taken after averaging)."""
     try:
-        exact = gradient_noise_scale(model, x, y, chunk_size=64, n_bootstrap=n_bootstrap, confidence=confidence,
-                                     generator=generator, loss_fn=loss_fn)
+        exact = gradient_noise_scale(model, x, y, chunk_size=64, n_bootstrap=settings.n_bootstrap,
+                                     confidence=confidence, generator=generator, loss_fn=loss_fn)
         return exact.b_simple, exact.b_simple_interval, "exact_per_example", None
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:  # vmap on a model it cannot batch
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     b_big = max(2, min(b_big, len(x)))
     b_small = max(1, b_big // 4)
-    draws = [two_batch_noise_scale(model, x, y, b_small, b_big, n_draws=1, generator=generator, loss_fn=loss_fn)
-             for _ in range(n_draws)]
-    small = np.array([d.sq_norm_small for d in draws])
-    big = np.array([d.sq_norm_big for d in draws])
-
-    def ratio(s: np.ndarray, b: np.ndarray) -> float:
-        grad_sq, trace = two_batch_estimate(float(s.mean()), float(b.mean()), b_small, b_big)
-        return trace / grad_sq if grad_sq > 0 else math.inf
-    interval = None
-    if n_bootstrap:
-        idx = torch.randint(n_draws, (n_bootstrap, n_draws), generator=generator).numpy()
-        reps = np.array([ratio(small[i], big[i]) for i in idx])
-        low, high = np.quantile(reps, [(1 - confidence) / 2, (1 + confidence) / 2])
-        interval = (float(low), float(high))
-    return ratio(small, big), interval, "two_batch", reason
+    pairs = two_batch_pairs(model, x, y, b_small, b_big, settings.n_draws, generator, loss_fn)
+    summary = two_batch_summary(pairs, n_bootstrap=max(settings.n_bootstrap, 1), confidence=confidence,
+                                seed=settings.seed)
+    interval = (summary["low"], summary["high"]) if settings.n_bootstrap else None
+    return summary["b_simple"], interval, "two_batch", reason
 
 
-def _noise_along_training(models: _Models, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, batch_size: int,
-                          steps: int, generator: torch.Generator) -> pd.DataFrame:
-    """Train a fresh model `steps` steps at batch_size (batches drawn with replacement) with the user's
-    optimizer; NoiseScaleTracker's EMA after every step."""
+class _EMAHistory(Callback):
+    """advise's record of a short training run: the batch loss and B_simple's EMA after every step."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        state = loop.members[0].state
+        ema = state.noise_ema
+        self.rows.append({"step": state.step, "examples_seen": state.examples_seen, "loss": float(losses[0]),
+                          "b_simple_ema": ema.b_simple if ema else math.nan})
+
+
+def _noise_along_training(models: _Models, x: torch.Tensor, y: torch.Tensor, loss: Loss, batch_size: int,
+                          lr: float, settings: AdviseConfig, device: torch.device) -> pd.DataFrame | None:
+    """Train a fresh model train_steps steps at batch_size (batches drawn with replacement) with the
+    user's optimizer at lr, through the one training loop; the noise scale's EMA (callbacks.NoiseScale,
+    decay 0.9) after every step, from the step's two halves. None for a batch of one example."""
+    micro = largest_divisor_at_most(batch_size, batch_size // 2)
+    if micro < 1:
+        return None
+    cfg = RunConfig(batch_size=batch_size, base_batch_size=batch_size, micro_batch_size=micro, lr=lr,
+                    budget="steps", budget_amount=settings.train_steps, sampling="replacement",
+                    noise_scale_every=1, noise_scale_ema=0.9, seed=settings.seed, device=str(device))
+    data = Dataset("advise", x, y, x[:0], y[:0], None)
     parts = models.parts()
-    model, optimizer = parts.model, parts.optimizer
-    tracker = NoiseScaleTracker(model, decay=0.9)
-    rows = []
-    for step in range(steps):
-        idx = torch.randint(len(x), (batch_size,), generator=generator).to(x.device)
-        xb, yb = x[idx], y[idx]
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
-        loss.backward()
-        b_simple = tracker.observe(lambda xs, ys: loss_fn(model(xs), ys), xb, yb)
-        optimizer.step()
-        rows.append({"step": step + 1, "examples_seen": (step + 1) * batch_size, "loss": float(loss.detach()),
-                     "b_simple_ema": b_simple})
-    return pd.DataFrame(rows)
+    state = new_state(cfg, data, device, model=parts.model, optimizer=parts.optimizer)
+    task = dry_run(parts.model, data, loss)
+    member = Member(0, cfg, state, None, settings.train_steps, set())
+    history = _EMAHistory()
+    Loop([member], ModelEngine(data, loss, task), [NoiseScale(), history], data, task, device).run()
+    if member.outcome != "ok":
+        raise RuntimeError(f"the short training run failed: {member.error}")
+    return pd.DataFrame(history.rows)
 
 
 # ----------------------------------------------------------------------------- advise
-def _positive_ints(values: Sequence[int], name: str) -> list[int]:
-    if isinstance(values, str) or not values or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in values):
-        raise ConfigError(f"{name} must be a non-empty list of positive integers; got {values!r}")
-    return sorted(set(int(v) for v in values))
-
-
 def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: str | LossFn = "cross_entropy",
-           optimizer_fn: OptimizerFn | None = None, device: str | torch.device = "auto",
-           memory_budget: int | str | None = None, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-           weights: nn.Module | dict[str, torch.Tensor] | None = None, base_lr: float | None = None,
-           base_batch_size: int | None = None, lr_rule: str | None = None, max_examples: int = 2048,
-           noise_examples: int = 512, n_bootstrap: int = 200, n_draws: int = 40, train_steps: int = 0,
-           max_batch_size: int | None = None, safety_margin: float = 0.1, warmup: int = 2, repeats: int = 3,
-           min_seconds: float = 0.05, threads: int | None = 1, seed: int = 0) -> Advice:
+           optimizer_fn: OptimizerFn | None = None, weights: nn.Module | dict[str, torch.Tensor] | None = None,
+           settings: AdviseConfig | None = None, **changes: Any) -> Advice:
     """Measure and recommend a batch size for model_fn on data with loss_fn; see the module docstring.
 
     model_fn: called with no arguments for each fresh model (its random init runs under a fixed seed,
       the caller's global RNG untouched); or an nn.Module instance, deep-copied (never trained itself).
     data: a Dataset of (input, target) pairs, a DataLoader, or a pair of tensors; the first max_examples
-      are read once (see loading.data_tensors). loss_fn(model(x), y) is a mean-reduced scalar loss: a name
-      in loading.LOSSES ('cross_entropy' also handles (batch, seq, vocab) logits), or a callable.
+      are read once (userdata.first_examples). loss_fn(model(x), y) is a mean-reduced scalar loss: a name
+      in losses.LOSSES ('cross_entropy' also handles (batch, seq, vocab) logits), a reference, or a callable.
     optimizer_fn: parameters -> optimizer (default SGD lr 0.01 momentum 0.9); base_lr defaults to its lr.
     weights: a state_dict or a model whose weights every fresh model gets (read, never modified); the
       noise scale is measured there (default: model_fn's initial weights).
-    memory_budget: bytes or '4GiB'. CUDA: the allocator is capped at it; CPU: the fitted memory model
-      decides what fits. None: the device's memory (CUDA) / no limit (CPU) up to max_batch_size
-      (default the largest of batch_sizes), which bounds the search.
-    lr_rule: linear | sqrt | none; default linear for SGD, sqrt otherwise (Adam-type).
-    train_steps > 0 adds the noise scale's EMA along that many training steps at base_batch_size.
+    settings: an AdviseConfig; `changes` are its fields (advise(..., batch_sizes=[8, 16], device="cpu")).
 
     The table has one row per batch size: batch_size, micro_batch_size, accumulation_steps, status ('ok'
     or 'oom'), examples_per_second, seconds_per_step (median over repeats; q1/q3/min/max), peak_bytes and
@@ -343,46 +384,29 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     effective_examples_per_second, steps_to_target, predicted_seconds (systems.recommend), lr, beyond_critical.
     """
     # --- every argument checked before any work
-    from ..systems.cli import parse_bytes
-    sizes = _positive_ints(batch_sizes, "batch_sizes")
-    budget = parse_bytes(memory_budget) if isinstance(memory_budget, str) else memory_budget
-    if budget is not None and budget < 1:
-        raise ConfigError(f"memory_budget must be a positive number of bytes; got {memory_budget!r}")
-    if lr_rule is not None and lr_rule not in LR_SCALINGS:
-        raise ConfigError(f"lr_rule must be one of {', '.join(LR_SCALINGS)}; got {lr_rule!r}")
-    if not 0 <= safety_margin < 1:
-        raise ConfigError(f"safety_margin must be in [0, 1); got {safety_margin}")
-    for name, count, least in (("noise_examples", noise_examples, 2), ("n_draws", n_draws, 2),
-                               ("repeats", repeats, 1), ("max_examples", max_examples, 2)):
-        if count < least:
-            raise ConfigError(f"{name} must be an integer of at least {least}; got {count}")
-    limit = int(max_batch_size or sizes[-1])
-    if limit < sizes[0]:
-        raise ConfigError(f"max_batch_size {limit} is below the smallest batch size {sizes[0]}")
-    dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    loss = resolve_loss(loss_fn)
+    settings = (settings or AdviseConfig()).replace(**changes)
+    sizes, budget, limit = list(settings.batch_sizes), settings.memory_budget, settings.limit
+    assert budget is None or isinstance(budget, int)
+    dev = resolve_device(settings.device) if isinstance(settings.device, str) else torch.device(settings.device)
+    loss = loss_for(loss_fn)
     optimizer_fn = optimizer_fn or optimizer_factory("sgd", 0.01)
-    x_cpu, y_cpu = data_tensors(data, max_examples)
-    models = _Models(model_fn, weights, optimizer_fn, dev, seed)
+    x_cpu, y_cpu = first_examples(data, settings.max_examples)
+    models = _Models(model_fn, weights, optimizer_fn, dev, settings.seed)
     x, y = x_cpu.to(dev), y_cpu.to(dev)
     batch = _batch_of(x, y)
     probe = models.parts()
-    with torch.no_grad(), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        value: Any = loss(probe.model(x[:2]), y[:2])
-    if not isinstance(value, torch.Tensor) or value.dim() != 0:
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ConfigError(f"loss_fn must return a scalar (a mean-reduced loss, e.g. reduction='mean'); it "
-                          f"returned {shape}")
-    base_lr = float(base_lr if base_lr is not None else probe.optimizer.param_groups[0]["lr"])
-    base_batch_size = int(base_batch_size or sizes[0])
-    rule = lr_rule or ("linear" if isinstance(probe.optimizer, torch.optim.SGD) else "sqrt")
-    generator = torch.Generator().manual_seed(seed)
+    check = Dataset("advise", x, y, x[:0], y[:0], None)
+    dry_run(probe.model, check, loss, model_name=_name(model_fn))
+    base_lr = float(settings.base_lr if settings.base_lr is not None else probe.optimizer.param_groups[0]["lr"])
+    base_batch_size = int(settings.base_batch_size or sizes[0])
+    rule = settings.lr_rule or ("linear" if isinstance(probe.optimizer, torch.optim.SGD) else "sqrt")
+    generator = torch.Generator().manual_seed(settings.seed)
     notes: list[str] = []
 
     # Every random draw of the user's model (dropout) comes from a forked, seeded global RNG: the results
     # repeat, and the caller's RNG state is as it was.
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        torch.manual_seed(seed)
+        torch.manual_seed(settings.seed)
         # --- the largest batch that fits (CPU with a budget: the memory model, fitted from accounted peaks at
         # the smallest sizes, decides)
         fit = None
@@ -392,7 +416,7 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
                 fit_sizes = [sizes[0], 2 * sizes[0]]
             fit = fit_memory(fit_sizes, [step_memory(probe, *batch(b), loss).peak_bytes for b in fit_sizes])
         search = largest_batch_size(probe, None, memory_budget=budget, start=sizes[0], limit=limit,
-                                    safety_margin=safety_margin, fit=fit, batch_fn=batch, loss_fn=loss)
+                                    safety_margin=settings.safety_margin, fit=fit, batch_fn=batch, loss_fn=loss)
         del probe
         safe = search.safe_batch_size if search.largest_batch_size < limit else limit
         if search.largest_batch_size == 0:
@@ -401,14 +425,14 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
 
         # --- memory and throughput at each batch size (a batch beyond the safe size: its accumulation plan)
         rows = []
-        with memory_cap(budget, dev), torch_threads(threads if dev.type == "cpu" else None):
+        threads = settings.threads if dev.type == "cpu" else None
+        with memory_cap(budget, dev), torch_threads(threads):
             for b in sizes:
                 plan = accumulation_plan(b, safe if b > safe else b)
                 row: dict[str, Any] = {"batch_size": b, "micro_batch_size": plan.micro_batch_size,
                                        "accumulation_steps": plan.accumulation_steps}
                 with _quiet_oom(row, dev):
-                    row.update(_memory_and_time(models, batch, b, plan.micro_batch_size, loss, dev, warmup, repeats,
-                                                min_seconds))
+                    row.update(_memory_and_time(models, batch, b, plan.micro_batch_size, loss, dev, settings))
                 rows.append(row)
         table = pd.DataFrame(rows)
         one_pass = table[(table["status"] == "ok") & (table["accumulation_steps"] == 1)]
@@ -417,12 +441,15 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
 
         # --- the noise scale at the given weights, and optionally along training
         model = models.model()
+        n_noise = settings.noise_examples
         b_simple, interval, method, fallback = _noise_at_weights(
-            model, x[:noise_examples], y[:noise_examples], loss, b_big=min(safe, 128), generator=generator,
-            n_bootstrap=n_bootstrap, n_draws=n_draws)
+            model, x[:n_noise], y[:n_noise], loss, b_big=min(safe, 128), generator=generator, settings=settings)
         del model
-        history = (_noise_along_training(models, x, y, loss, base_batch_size, train_steps, generator)
-                   if train_steps > 0 else None)
+        history = None
+        if settings.train_steps > 0:
+            history = _noise_along_training(models, x, y, loss, base_batch_size, base_lr, settings, dev)
+            if history is None:
+                notes.append(f"no noise scale along training: a batch of {base_batch_size} has no two halves")
         if fallback:
             notes.append(f"exact per-example gradients could not run ({fallback}); used the two-batch estimator")
 
@@ -433,7 +460,7 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
             efficiency_scale = math.inf
         else:
             efficiency_scale = b_simple
-        ranked = time_to_target(table, b_noise=efficiency_scale if math.isfinite(efficiency_scale) else 1e300)
+        ranked = time_to_target(table, b_simple=efficiency_scale if math.isfinite(efficiency_scale) else 1e300)
         if ranked.empty:
             raise ConfigError("no batch size ran (every one was out of memory); lower batch_sizes or raise the budget")
         table = table.merge(ranked[["batch_size", "statistical_efficiency", "effective_examples_per_second",
@@ -446,7 +473,37 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
                   accumulation_steps=int(best["accumulation_steps"]), lr=float(best["lr"]), base_lr=base_lr,
                   base_batch_size=base_batch_size, lr_rule=rule, beyond_critical=bool(best["beyond_critical"]),
                   b_simple=float(b_simple), b_simple_interval=interval, noise_method=method,
-                  noise_fallback=fallback, noise_examples=min(noise_examples, len(x)),
+                  noise_fallback=fallback, noise_examples=min(n_noise, len(x)),
                   largest_batch_size=search.largest_batch_size, safe_batch_size=safe, search=search,
                   memory_budget=budget, memory_fit=fit, device=str(dev), table=table, noise_history=history,
                   notes=tuple(notes))
+
+
+def _name(model_fn: Any) -> str:
+    return type(model_fn).__name__ if isinstance(model_fn, nn.Module) else getattr(model_fn, "__name__", "model_fn")
+
+
+def advise_config(cfg: RunConfig, settings: AdviseConfig | None = None, **changes: Any) -> Advice:
+    """advise() for the model, dataset, loss and optimizer that `cfg` names, built-in names or FILE.py:NAME
+    references alike (models.model_for, data.dataset_for, losses.loss_for): fresh models of the config's
+    seed, the first max_examples training examples, the config's optimizer at cfg.lr, which is the base lr
+    at cfg.base_batch_size. The settings' lr_rule, else the config's lr_scaling when it is linear or sqrt, else
+    advise's default by optimizer is the rule; the device is the config's unless the settings name one."""
+    settings = (settings or AdviseConfig()).replace(**changes)
+    if "device" not in changes and (settings.device == "auto"):
+        settings = settings.replace(device=cfg.device)
+    data = dataset_for(cfg, "cpu")
+    x, y = data.first(min(settings.max_examples, data.n_train))
+    init = make_generator(cfg.seed, "init")
+    state = init.get_state()
+
+    def model_fn() -> nn.Module:
+        init.set_state(state)  # every fresh model has the config's initial weights
+        return model_for(cfg, data, init)
+
+    def optimizer_fn(params: Any) -> torch.optim.Optimizer:
+        return optimizer_for(cfg.optimizer, params, cfg.lr, cfg.momentum, cfg.nesterov, cfg.weight_decay)
+    model_fn.__name__ = cfg.model
+    rule = settings.lr_rule or (None if cfg.lr_scaling == "none" else cfg.lr_scaling)
+    return advise(model_fn, (x, y), loss_for(cfg.loss), optimizer_fn,
+                  settings=settings.replace(base_lr=cfg.lr, base_batch_size=cfg.base_batch_size, lr_rule=rule))

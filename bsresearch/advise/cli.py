@@ -1,71 +1,50 @@
-"""`bsresearch advise`: batch-size advice for your own model, data and loss.
+"""`bsresearch advise`: batch-size advice for a model, data and loss, built-in or your own.
 
+    bsresearch advise --out runs/advise_cnn1d                     # the built-in default: cnn1d on MNIST-1D
     bsresearch advise --model examples/tiny_transformer.py:make_model \\
-        --data examples/tiny_transformer.py:make_data --loss cross_entropy --out runs/advise_lm
-    bsresearch advise --model mypkg.models:build --data mypkg.data:train_set --loss mypkg.losses:loss \\
-        --optimizer adamw --lr 3e-4 --base-batch-size 64 --memory-budget 8GiB --batch-sizes 16,32,64,128,256 \\
-        --out advice
+        --dataset examples/tiny_transformer.py:make_data --loss cross_entropy --optimizer adamw --lr 1e-3 \\
+        --out runs/advise_lm
+    bsresearch advise --model mypkg.models:build --model-kwargs width=256 --dataset mypkg.data:train_set \\
+        --loss mypkg.losses:loss --lr 3e-4 --base-batch-size 64 --memory-budget 8GiB \\
+        --batch-sizes 16,32,64,128,256 --out advice
 
-Writes OUT/advice.json (the recommendation and every measured number), OUT/advice.csv (one row per batch
-size), OUT/advice.png and OUT/advice.pdf, and prints a summary. Mistakes in the arguments (a missing
-file or factory, a factory returning the wrong kind of object, a loss that is not a scalar) are one line
-and exit status 2.
+The model, dataset and loss options are those of `bsresearch train` (a built-in name, or FILE.py:NAME /
+package.module:NAME, with --model-kwargs and --dataset-kwargs for the factories). Writes OUT/advice.json
+(the recommendation and every measured number), OUT/advice.csv (one row per batch size), OUT/advice.png
+and OUT/advice.pdf, and prints a summary. Mistakes (a missing file or factory, a factory returning the
+wrong kind of object, a loss that is not a scalar) are one line and exit status 2, before any work.
 """
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-from ..config import LR_SCALINGS, ConfigError
+from ..config import LR_SCALINGS
 
-
-def _positive_float(text: str, name: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"{name} must be a positive number; got {text!r}")
-    return value
-
+# The RunConfig fields advise takes: what to build (model, data, loss), the optimizer, where and the seed.
+ADVISE_FIELDS = ("model", "model_kwargs", "dataset", "dataset_kwargs", "test_size", "data_dir", "train_size",
+                 "loss", "optimizer", "lr", "momentum", "nesterov", "weight_decay", "base_batch_size", "device",
+                 "seed")
 
 def _cmd_advise(args: argparse.Namespace) -> int:
+    from ..cli import config_from_args
     from ..systems.cli import parse_bytes, parse_ints
-    from .api import OPTIMIZERS, optimizer_factory
-    from .loading import check_model, data_tensors, load_factory, resolve_loss
+    from .api import AdviseConfig
 
-    if args.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}; got {args.optimizer!r}")
-    if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N; got {args.device!r}")
-    lr = _positive_float(args.lr, "--lr")
-    budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
-    sizes = parse_ints(args.batch_sizes, "--batch-sizes") if args.batch_sizes else None
-    base = parse_ints(args.base_batch_size, "--base-batch-size")[0] if args.base_batch_size else None
-    model_fn = load_factory(args.model, "--model")
-    data_fn = load_factory(args.data, "--data")
-    loss_fn = resolve_loss(args.loss)
-    if args.train_steps < 0:
-        raise ConfigError(f"--train-steps must be 0 or a positive integer; got {args.train_steps}")
-    check_model(model_fn(), f"--model {args.model}")
-    data = data_fn()
-    try:
-        data_tensors(data, 2)
-    except ConfigError as exc:
-        raise ConfigError(f"--data {args.data}: {exc}") from None
-    kwargs: dict[str, Any] = {"batch_sizes": sizes} if sizes else {}
-
-    from .api import advise
+    cfg = config_from_args(args.config, {name: getattr(args, name) for name in ADVISE_FIELDS})
+    settings = AdviseConfig(
+        batch_sizes=tuple(parse_ints(args.batch_sizes, "--batch-sizes")) if args.batch_sizes else
+        AdviseConfig.batch_sizes, memory_budget=parse_bytes(args.memory_budget, "--memory-budget")
+        if args.memory_budget else None, lr_rule=args.lr_rule, train_steps=args.train_steps,
+        noise_examples=args.noise_examples, repeats=args.repeats)
+    from .api import advise_config
     from .plot import advice_figure
-    advice = advise(model_fn, data, loss_fn, optimizer_fn=optimizer_factory(args.optimizer, lr),
-                    device=args.device, memory_budget=budget, base_lr=lr, base_batch_size=base,
-                    lr_rule=args.lr_rule, train_steps=args.train_steps, seed=args.seed,
-                    noise_examples=args.noise_examples, repeats=args.repeats, **kwargs)
+    advice = advise_config(cfg, settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = advice.to_dict()
+    record["config"] = cfg.to_dict()
     record["arguments"] = {k: v for k, v in vars(args).items() if k != "handler"}
     (out / "advice.json").write_text(json.dumps(record, indent=2) + "\n")
     advice.table.to_csv(out / "advice.csv", index=False)
@@ -78,31 +57,33 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     print(f"wrote {out}/advice.json, advice.csv, advice.png, advice.pdf")
     return 0
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer; got {text!r}")
+    return value
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("advise", help="batch-size advice for your own model, data and loss",
+    from ..cli import add_config_options
+    p = sub.add_parser("advise", help="batch-size advice for a model, data and loss (built-in or your own)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, metavar="FILE_OR_MODULE:FACTORY",
-                   help="a function of no arguments returning a fresh torch.nn.Module")
-    p.add_argument("--data", required=True, metavar="FILE_OR_MODULE:FACTORY",
-                   help="a function of no arguments returning a Dataset or DataLoader of (input, target) "
-                        "pairs, or a pair of tensors")
-    p.add_argument("--loss", default="cross_entropy", metavar="NAME|FILE_OR_MODULE:FUNC",
-                   help="cross_entropy (classes in the last dim; token-level for (batch, seq, vocab) logits), "
-                        "mse, l1, smooth_l1, bce_with_logits, or loss(output, target) -> mean scalar [cross_entropy]")
-    p.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9) | adam | adamw [sgd]")
-    p.add_argument("--lr", default="0.01", help="learning rate at --base-batch-size [0.01]")
-    p.add_argument("--base-batch-size", help="the batch size --lr was tuned at [the smallest of --batch-sizes]")
-    p.add_argument("--lr-rule", choices=LR_SCALINGS, help="lr scaling with the batch size [linear for sgd, "
-                                                          "sqrt for adam/adamw]")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N [auto]")
+    p.add_argument("config", nargs="?", help="a JSON file of RunConfig fields (those below are read from it)")
+    p.add_argument("--out", required=True, help="folder for advice.json, advice.csv, advice.png, advice.pdf")
+    p.add_argument("--lr-rule", choices=LR_SCALINGS,
+                   help="lr scaling with the batch size [the config's lr_scaling when linear or sqrt; else linear for "
+                        "sgd, sqrt for adam/adamw]")
     p.add_argument("--memory-budget", help="e.g. 4GiB: the memory a step may use [the device's; on the CPU no limit]")
     p.add_argument("--batch-sizes", help="comma-separated batch sizes to measure [8,16,...,512]")
-    p.add_argument("--train-steps", type=int, default=0,
+    p.add_argument("--train-steps", type=_nonnegative_int, default=0,
                    help="also track the noise scale along this many training steps [0]")
-    p.add_argument("--noise-examples", type=int, default=512,
+    p.add_argument("--noise-examples", type=_nonnegative_int, default=512,
                    help="examples the noise scale is measured on (per-example gradients of each) [512]")
-    p.add_argument("--repeats", type=int, default=3, help="timings per batch size; the median is reported [3]")
-    p.add_argument("--seed", type=int, default=0, help="seed of the models' initial weights and the draws [0]")
-    p.add_argument("--out", required=True, help="folder for advice.json, advice.csv, advice.png, advice.pdf")
+    p.add_argument("--repeats", type=_nonnegative_int, default=3,
+                   help="timings per batch size; the median is reported [3]")
+    add_config_options(p, ADVISE_FIELDS, "what to advise on: RunConfig fields, as for `bsresearch train`")
+    p.add_argument("--data", dest="dataset", default=None, metavar="V", help=argparse.SUPPRESS)  # the old spelling
     p.set_defaults(handler=_cmd_advise)
+

@@ -13,7 +13,7 @@ def advice_figure(advice: Advice) -> plt.Figure:
     """Four panels side by side from advice.table; batch sizes on a log-2 axis."""
     fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     ok = advice.table[advice.table["status"] == "ok"]
-    recommendation_plots(axes[:3], ok.assign(b_noise=advice.b_simple), advice.batch_size)
+    recommendation_plots(axes[:3], ok.assign(b_simple=advice.b_simple), advice.batch_size)
     table = advice.table.assign(config="peak memory")
     summary = pd.DataFrame([{"config": "peak memory", "largest_batch": advice.largest_batch_size,
                              "search_reached_limit": advice.search.reached_limit}])

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from ..config import ConfigError
-from ..data import dataset_for
+from ..data import resident_dataset_for
 from ..measure.landscape import DEFAULT_ALPHAS, interpolate
 from ..stats import t_interval
 from ..train import load_trained_model
@@ -128,11 +128,12 @@ def interpolate_runs(run_dir_a: str | Path, run_dir_b: str | Path, alphas: Seque
     BatchNorm with interpolated buffers. Both runs must use the same dataset and architecture."""
     model_a, cfg_a = load_trained_model(run_dir_a, device)
     model_b, cfg_b = load_trained_model(run_dir_b, device)
-    same = ("dataset", "data_dir", "train_size", "model", "width", "depth", "batchnorm")
+    same = ("dataset", "dataset_kwargs", "data_dir", "train_size", "model", "model_kwargs", "width", "depth",
+            "batchnorm")
     differ = [f for f in same if getattr(cfg_a, f) != getattr(cfg_b, f)]
     if differ:
         raise ConfigError(f"interpolate_runs needs runs on the same data and architecture; they differ in {differ}")
-    return interpolate(model_a, model_b, dataset_for(cfg_a, device), alphas)
+    return interpolate(model_a, model_b, resident_dataset_for(cfg_a, device), alphas)
 
 
 # ----------------------------------------------------------------------------- figures

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..config import RunConfig
-from ..data import Dataset, dataset_for
+from ..data import Dataset, resident_dataset_for
 from ..train import load_trained_model
 
 
@@ -27,7 +27,7 @@ class _DataCache:
     def __call__(self, cfg: RunConfig) -> Dataset:
         key = (cfg.dataset, cfg.data_dir, cfg.train_size)
         if key not in self.cache:
-            self.cache[key] = dataset_for(cfg, self.device)
+            self.cache[key] = resident_dataset_for(cfg, self.device)
         return self.cache[key]
 
 

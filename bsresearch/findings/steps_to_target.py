@@ -387,48 +387,6 @@ def value_at_loss(table: pd.DataFrame, target: float, value: str = "b_simple", l
     return pd.DataFrame(rows)
 
 
-# ----------------------------------------------------------------------------- the two-batch estimator at checkpoints
-def two_batch_pairs(model, x, y, b_small: int, b_big: int, n_pairs: int, generator) -> pd.DataFrame:
-    """|G_small|^2 and |G_big|^2 of `n_pairs` independent batch pairs at the model's weights, drawn as
-    measure.noise.two_batch_noise_scale draws them (b_big examples with replacement, the small batch the first
-    b_small of them; eval-mode BatchNorm), with each pair's two-batch |G|^2 and tr(Sigma)
-    (noise_tracker.two_batch_estimate). Columns: pair, sq_norm_small, sq_norm_big, grad_sq_norm, trace_cov.
-    Needs torch (imported here: the rest of this module does not)."""
-    from ..measure.noise import two_batch_noise_scale
-    from ..noise_tracker import two_batch_estimate
-    rows = []
-    for i in range(n_pairs):
-        one = two_batch_noise_scale(model, x, y, b_small, b_big, n_draws=1, generator=generator)
-        grad_sq, trace = two_batch_estimate(one.sq_norm_small, one.sq_norm_big, b_small, b_big)
-        rows.append({"pair": i, "sq_norm_small": one.sq_norm_small, "sq_norm_big": one.sq_norm_big,
-                     "grad_sq_norm": grad_sq, "trace_cov": trace})
-    return pd.DataFrame(rows)
-
-
-def two_batch_summary(pairs: pd.DataFrame, n_bootstrap: int = 2000, confidence: float = 0.95,
-                      seed: int = 0) -> dict[str, float]:
-    """The two-batch B_simple of `pairs` (two_batch_pairs) as the tracker forms it, mean tr(Sigma) / mean |G|^2
-    (a ratio of averages), with a percentile bootstrap interval over the pairs (`n_bootstrap` resamples, NumPy
-    generator seeded `seed`; a resample whose mean |G|^2 <= 0 gives inf; the ends are order statistics).
-    Keys: b_simple, low, high, n_pairs, grad_sq_norm, trace_cov, frac_pairs_negative (pairs whose own |G|^2
-    estimate is <= 0)."""
-    g2 = pairs["grad_sq_norm"].to_numpy(float)
-    tr = pairs["trace_cov"].to_numpy(float)
-
-    def ratio(t: np.ndarray, g: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(g > 0, t / g, np.inf)
-
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(pairs), size=(n_bootstrap, len(pairs)))
-    boot = ratio(tr[idx].mean(axis=1), g2[idx].mean(axis=1))
-    alpha = (1 - confidence) / 2
-    low, high = np.quantile(boot, [alpha, 1 - alpha], method="inverted_cdf")  # an order statistic: inf stays inf
-    return {"b_simple": float(ratio(np.array(tr.mean()), np.array(g2.mean()))), "low": float(low),
-            "high": float(high), "n_pairs": len(pairs), "grad_sq_norm": float(g2.mean()),
-            "trace_cov": float(tr.mean()), "frac_pairs_negative": float((g2 <= 0).mean())}
-
-
 # ----------------------------------------------------------------------------- figures
 REGIME_COLORS = ("#d8ecd8", "#f6efd2", "#f3d9d9")  # perfect scaling, diminishing returns, maximal parallelism
 

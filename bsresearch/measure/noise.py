@@ -14,12 +14,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from ..noise_tracker import two_batch_estimate  # noqa: F401 (re-export: the formula lives with the EMA)
+from ..noise_tracker import two_batch_estimate  # re-exported: the formula lives with the EMA
 from .critical import CriticalBatchFit, fit_critical_batch, fit_critical_batch_examples  # noqa: F401 (re-export)
 from .functional import (
     LossFn,
@@ -198,6 +199,46 @@ def two_batch_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, b_
     grad_sq, trace = two_batch_estimate(sq_small, sq_big, b_small, b_big)
     return TwoBatchNoiseScale(trace / grad_sq if grad_sq > 0 else math.inf, grad_sq, trace, b_small, b_big,
                               n_draws, sq_small, sq_big, replacement, bn_mode)
+
+
+# ----------------------------------------------------------------------------- two-batch draws and their interval
+def two_batch_pairs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, b_small: int, b_big: int, n_pairs: int,
+                    generator: torch.Generator | None = None, loss_fn: LossFn = F.cross_entropy) -> pd.DataFrame:
+    """|G_small|^2 and |G_big|^2 of `n_pairs` independent batch pairs at the model's weights, drawn as
+    measure.noise.two_batch_noise_scale draws them (b_big examples with replacement, the small batch the first
+    b_small of them; eval-mode BatchNorm), with each pair's two-batch |G|^2 and tr(Sigma)
+    (noise_tracker.two_batch_estimate). Columns: pair, sq_norm_small, sq_norm_big, grad_sq_norm, trace_cov."""
+    rows = []
+    for i in range(n_pairs):
+        one = two_batch_noise_scale(model, x, y, b_small, b_big, n_draws=1, generator=generator, loss_fn=loss_fn)
+        grad_sq, trace = two_batch_estimate(one.sq_norm_small, one.sq_norm_big, b_small, b_big)
+        rows.append({"pair": i, "sq_norm_small": one.sq_norm_small, "sq_norm_big": one.sq_norm_big,
+                     "grad_sq_norm": grad_sq, "trace_cov": trace})
+    return pd.DataFrame(rows)
+
+
+def two_batch_summary(pairs: pd.DataFrame, n_bootstrap: int = 2000, confidence: float = 0.95,
+                      seed: int = 0) -> dict[str, float]:
+    """The two-batch B_simple of `pairs` (two_batch_pairs) as the tracker forms it, mean tr(Sigma) / mean |G|^2
+    (a ratio of averages), with a percentile bootstrap interval over the pairs (`n_bootstrap` resamples, NumPy
+    generator seeded `seed`; a resample whose mean |G|^2 <= 0 gives inf; the ends are order statistics).
+    Keys: b_simple, low, high, n_pairs, grad_sq_norm, trace_cov, frac_pairs_negative (pairs whose own |G|^2
+    estimate is <= 0)."""
+    g2 = pairs["grad_sq_norm"].to_numpy(float)
+    tr = pairs["trace_cov"].to_numpy(float)
+
+    def ratio(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(g > 0, t / g, np.inf)
+
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(pairs), size=(n_bootstrap, len(pairs)))
+    boot = ratio(tr[idx].mean(axis=1), g2[idx].mean(axis=1))
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(boot, [alpha, 1 - alpha], method="inverted_cdf")  # an order statistic: inf stays inf
+    return {"b_simple": float(ratio(np.array(tr.mean()), np.array(g2.mean()))), "low": float(low),
+            "high": float(high), "n_pairs": len(pairs), "grad_sq_norm": float(g2.mean()),
+            "trace_cov": float(tr.mean()), "frac_pairs_negative": float((g2 <= 0).mean())}
 
 
 # ----------------------------------------------------------------------------- B_noise, with the Hessian

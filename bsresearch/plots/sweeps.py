@@ -90,16 +90,29 @@ def learning_curves(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", 
     return ax
 
 
-def run_curves(ax_loss: plt.Axes, ax_acc: plt.Axes, history: pd.DataFrame, x: str = "step") -> None:
-    """One run's train and test loss (log-log) and accuracy against `x`, from its history rows."""
+def run_curves(ax_loss: plt.Axes, ax_acc: plt.Axes, history: pd.DataFrame, x: str = "step",
+               loss_unit: str = "nats") -> None:
+    """One run's train and test loss (log-log, its unit in the label: config.json's loss_unit) and, on the
+    second axes, its accuracy; for a run without accuracy, its bits per character or byte when it has them
+    (a language model), else that axes says why it is empty."""
     data = history[history[x] > 0]
+    second = next((c.removeprefix("test_") for c in data.columns
+                   if c == "test_acc" or c.startswith("test_bits_per_")), None)
     for split, style in (("train", "-"), ("test", "--")):
         ax_loss.plot(data[x], data[f"{split}_loss"], style, label=split)
-        ax_acc.plot(data[x], data[f"{split}_acc"], style, label=split)
-    ax_loss.set(xscale="log", yscale="log", xlabel=axis_label(x), ylabel="loss (mean cross-entropy)")
-    ax_acc.set(xscale="log", xlabel=axis_label(x), ylabel="accuracy")
+        if second:
+            ax_acc.plot(data[x], data[f"{split}_{second}"], style, label=split)
+    label = "loss (mean cross-entropy)" if loss_unit == "nats" else f"loss ({loss_unit})"
+    ax_loss.set(xscale="log", yscale="log", xlabel=axis_label(x), ylabel=label)
     ax_loss.legend()
-    ax_acc.legend()
+    if second:
+        ax_acc.set(xscale="log", xlabel=axis_label(x), ylabel="accuracy" if second == "acc" else
+                   second.replace("_", " "))
+        ax_acc.legend()
+    else:
+        ax_acc.text(0.5, 0.5, "no accuracy: the targets are not class labels", ha="center", va="center",
+                    transform=ax_acc.transAxes, fontsize=9, color="0.4")
+        ax_acc.set_axis_off()
 
 
 def steps_to_target_plot(ax: plt.Axes, table: pd.DataFrame, steps: str = "steps_to_target",

@@ -171,19 +171,19 @@ def precision_plot(ax: plt.Axes, table: pd.DataFrame, batch_size: int | None = N
 
 def recommendation_plots(axes: Sequence[plt.Axes], table: pd.DataFrame, batch_size: int | None = None) -> None:
     """Three panels from recommend.time_to_target's table: examples/second, statistical efficiency
-    1 / (1 + B / B_noise), and their product (progress per second, which the recommended batch size
+    1 / (1 + B / B_simple), and their product (progress per second, which the recommended batch size
     maximises: it minimises the predicted time to the target). The recommended size is marked."""
     t = table.sort_values("batch_size")
     panels = [("examples_per_second", "examples / second", "log"),
               ("statistical_efficiency", "statistical efficiency  E_min / E", "linear"),
               ("effective_examples_per_second", "examples/s x efficiency  (~ 1 / time)", "log")]
-    b_noise = float(t["b_noise"].iloc[0]) if "b_noise" in t else math.nan
+    b_simple = float(t["b_simple"].iloc[0]) if "b_simple" in t else math.nan
     for ax, (column, label, scale) in zip(axes, panels):
         ax.plot(t["batch_size"], t[column], marker="o", markersize=3)
         if batch_size:
             ax.axvline(batch_size, color="tab:red", linestyle="--", linewidth=1, label=f"recommended {batch_size}")
-        if column == "statistical_efficiency" and math.isfinite(b_noise):
-            ax.axvline(b_noise, color="grey", linestyle=":", linewidth=1, label=f"B_noise {b_noise:.3g}")
+        if column == "statistical_efficiency" and math.isfinite(b_simple):
+            ax.axvline(b_simple, color="grey", linestyle=":", linewidth=1, label=f"B_simple {b_simple:.3g}")
         log2_batch_axis(ax, "x", _ticks(t))
         if scale == "log":
             _plain_log_y(ax)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import ConfigError, check_batch_fits
+from ..config import ConfigError, check_data_size
 from ..rundir import FINISHED_STATES, MANIFEST, RunDir, atomic_write_json, now
 from . import supervise
 from .executors import check_dask, default_workers, make_executor, visible_gpus
@@ -212,22 +212,32 @@ def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None 
 
 
 def check_data(points: list[Point]) -> None:
-    """Load each dataset the points use once (on the CPU) and check every batch fits, and that each device
-    asked for exists here: a missing dataset, a batch larger than the training set or `device: cuda` on a
-    machine without one is reported now, not by each worker."""
+    """Load each dataset the points use once (on the CPU), check every batch fits, check each model with its
+    data and loss in one dry run (train.components), and that each device asked for exists here: a missing
+    dataset, a model file that does not import, an output the loss cannot take, a batch larger than the
+    training set or `device: cuda` on a machine without one is reported now, not by each worker."""
+    import torch
+
     from ..data import dataset_for  # imports torch
+    from ..models import model_for
     from ..runtime import resolve_device
-    sizes: dict[tuple, int] = {}
+    from ..train import components
+    datasets: dict[tuple, Any] = {}
+    checked: set[tuple] = set()
     for point in points:
         cfg = point.config
-        key = (cfg.dataset, cfg.data_dir, cfg.train_size)
+        data_key = (cfg.dataset, cfg.dataset_kwargs, cfg.test_size, cfg.data_dir, cfg.train_size)
+        model_key = (*data_key, cfg.model, cfg.model_kwargs, cfg.width, cfg.depth, cfg.batchnorm,
+                     cfg.ghost_batch_size, cfg.loss, cfg.precision)
         try:
             resolve_device(cfg.device)
-            if key not in sizes:
-                sizes[key] = dataset_for(cfg, "cpu").n_train
-            check_batch_fits(cfg, sizes[key])
-            if cfg.eval_train_size and cfg.eval_train_size > sizes[key]:
-                raise ConfigError(f"eval_train_size {cfg.eval_train_size} exceeds the training set size {sizes[key]}")
+            if data_key not in datasets:
+                datasets[data_key] = dataset_for(cfg.replace(data_loading="auto", loader_workers=0), "cpu")
+            data = datasets[data_key]
+            check_data_size(cfg, data.n_train)
+            if model_key not in checked and cfg.precision != "fp16":  # fp16 needs CUDA; the worker checks it there
+                components(cfg, data, model_for(cfg, data, torch.Generator().manual_seed(0)))
+                checked.add(model_key)
         except ConfigError as exc:
             raise ConfigError(f"grid point {point.label}: {exc}") from None
 

@@ -107,22 +107,22 @@ def bench_args(args: argparse.Namespace):
         min_seconds = -1.0
     if not min_seconds >= 0:
         raise ConfigError(f"min_seconds must be a non-negative number; got {args.min_seconds!r}")
-    b_noise = None
-    if args.b_noise is not None:
+    b_simple = None
+    if args.b_simple is not None:
         try:
-            b_noise = float(args.b_noise)
+            b_simple = float(args.b_simple)
         except ValueError:
-            b_noise = -1.0
-        if not b_noise > 0:
-            raise ConfigError(f"b_noise must be a positive number of examples; got {args.b_noise!r}")
+            b_simple = -1.0
+        if not b_simple > 0:
+            raise ConfigError(f"b_simple must be a positive number of examples; got {args.b_simple!r}")
     return dict(workloads=workloads, batch_sizes=sizes, device=device, memory_budget=budget,
                 search=not args.no_search, search_limit=limit, warmup=warmup, repeats=repeats,
-                min_seconds=min_seconds, threads=threads, inference=args.inference), b_noise
+                min_seconds=min_seconds, threads=threads, inference=args.inference), b_simple
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import device_label, run_bench, write_bench
-    settings, b_noise = bench_args(args)
+    settings, b_simple = bench_args(args)
     log = (lambda message: None) if args.quiet else (lambda message: print(f"bench: {message}", file=sys.stderr))
     result = run_bench(**settings, log=log)
     label = args.label or device_label(settings["device"])
@@ -131,14 +131,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                            "largest_batch", "safe_batch", "first_failed_batch", "achieved_tflops",
                            "fraction_of_peak") if c in result.summary]
     print(result.summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    if b_noise is not None:
-        paths.append(_write_recommendations(result, b_noise, Path(args.out), args.stem, label))
+    if b_simple is not None:
+        paths.append(_write_recommendations(result, b_simple, Path(args.out), args.stem, label))
     for path in paths:
         print(f"written: {path}")
     return 0
 
 
-def _write_recommendations(result, b_noise: float, out: Path, stem: str, label: str) -> Path:
+def _write_recommendations(result, b_simple: float, out: Path, stem: str, label: str) -> Path:
     import pandas as pd
 
     from .recommend import recommend_batch_size
@@ -147,9 +147,9 @@ def _write_recommendations(result, b_noise: float, out: Path, stem: str, label: 
         train = rows[(rows["mode"] == "train") & (rows["status"] == "ok")]
         if train.empty:
             continue
-        rec = recommend_batch_size(train, b_noise)
+        rec = recommend_batch_size(train, b_simple)
         print(f"{model} {precision} {optimizer}: recommended batch size {rec.batch_size} "
-              f"(B_noise {b_noise:g}; predicted time to target {rec.predicted_seconds:.4g} s x S_min)")
+              f"(B_simple {b_simple:g}; predicted time to target {rec.predicted_seconds:.4g} s x S_min)")
         tables.append(rec.table.assign(recommended=rec.table["batch_size"] == rec.batch_size))
     path = out / f"{stem}_recommendation_{label}.csv"
     pd.concat(tables, ignore_index=True).to_csv(path, index=False, float_format="%.6g")
@@ -181,7 +181,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-seconds", default="0.05", help="each repeat runs enough steps to last this long [0.05]")
     p.add_argument("--threads", default="1", help="torch CPU threads (0: torch's default) [1]")
     p.add_argument("--inference", action="store_true", help="also time inference (eval mode, no grad)")
-    p.add_argument("--b-noise", help="a measured gradient noise scale: also recommend a batch size")
+    p.add_argument("--b-simple", "--b-noise", dest="b_simple",
+                   help="a measured gradient noise scale B_simple (examples): also recommend a batch size")
     p.add_argument("--out", default="reports/systems", help="output folder [reports/systems]")
     p.add_argument("--stem", default="systems", help="file name stem [systems]")
     p.add_argument("--label", help="file name label [the device: GPU model or CPU model]")

@@ -116,12 +116,15 @@ def synthetic_batch(workload: Workload, batch_size: int, device: torch.device | 
 
 
 def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
-                  loss_fn: step.LossFn = F.cross_entropy) -> torch.Tensor:
+                  loss_fn: step.LossFn = F.cross_entropy, micro_batch_size: int | None = None) -> torch.Tensor:
     """One optimizer update on (x, y): bsresearch.step.training_step, the step a training run executes,
-    in the model's current mode; loss_fn(model(x), y) is a mean-reduced scalar loss (default: cross-entropy,
-    as the trainer). Returns the mean loss. Nothing is synchronised here: the caller times with device
+    in the model's current mode, in micro-batches of micro_batch_size (gradient accumulation) when it is
+    smaller than the batch; loss_fn(model(x), y) is a mean-reduced scalar loss (default: cross-entropy, as
+    the trainer). Returns the mean loss. Nothing is synchronised here: the caller times with device
     synchronisation."""
-    return step.training_step(parts.model, parts.optimizer, [(x, y)], parts.precision, parts.scaler, loss_fn)
+    batches = list(zip(x.split(micro_batch_size), y.split(micro_batch_size))) \
+        if micro_batch_size and micro_batch_size < len(x) else [(x, y)]
+    return step.training_step(parts.model, parts.optimizer, batches, parts.precision, parts.scaler, loss_fn)
 
 
 def inference_step(parts: TrainParts, x: torch.Tensor) -> torch.Tensor:

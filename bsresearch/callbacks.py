@@ -1,0 +1,240 @@
+"""The pieces of the training loop that differ between paths, as callbacks (loop.Callback).
+
+    Evaluation    evaluate at each member's eval steps; stop a member whose train loss reached its target
+    Divergence    check batch losses every few steps; a non-finite or exploding loss ends the member
+    Checkpointing a resumable checkpoint every checkpoint_every steps
+    NoiseScale    the two-batch noise scale from a step's micro-batches, into the member's EMA
+    Progress      a progress bar (a terminal, JupyterLab; not under papermill or in logs)
+    Recording     the run directory: config.json and status.json at the start, history.csv at each
+                  evaluation, metrics.json (measurements included), the final checkpoint and the final
+                  status when a member stops; and the member's RunResult
+
+A single run uses all of them; a fused group all but Checkpointing and NoiseScale (fused.compat keeps
+those configs out); advise only NoiseScale and its own recorder.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+from . import config as C
+from .data import Dataset
+from .loop import Callback, Loop, Member, RunResult, StepHooks
+from .measure.registry import take_measurements
+from .models import count_parameters
+from .noise_tracker import NoiseScaleEMA, squared_grad_norm, update_noise_ema
+from .runtime import provenance
+from .state import TrainState, save_checkpoint
+
+
+class Evaluation(Callback):
+    """Evaluate members at their eval steps (config.eval_steps); a member with budget 'target' whose train
+    loss reached target_loss stops there."""
+
+    def before_step(self, loop: Loop) -> None:
+        due = [m for m in loop.active
+               if m.state.step in m.evals and not (m.state.history and m.state.history[-1]["step"] == m.state.step)]
+        if not due:
+            return
+        loop.evaluate(due)
+        reached = [m for m in due
+                   if m.cfg.budget == "target" and m.state.history[-1]["train_loss"] <= m.cfg.target_loss]
+        if reached:
+            loop.stop(reached)
+
+
+class Divergence(Callback):
+    """Every loop.check_every steps (and at eval steps and the last step), a member whose batch loss is not
+    finite or exceeds divergence_ratio x its first batch loss ends 'diverged', evaluated where it stopped."""
+
+    def __init__(self) -> None:
+        self.pending: list[torch.Tensor] = []  # batch losses (K_active,) of recent steps, not yet checked by all
+
+    def on_start(self, loop: Loop) -> None:
+        for m in loop.active:
+            m.last_checked = m.state.step
+
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        self.pending.append(losses)
+        step = loop.step
+        closing = [r for r, m in enumerate(loop.active)
+                   if step - m.last_checked >= loop.check_every or step in m.evals or step >= m.total]
+        if not closing:
+            return
+        values = torch.stack(self.pending).tolist()  # (steps, K_active): one device sync
+        diverged = []
+        for r in closing:
+            m = loop.active[r]
+            mine = [row[r] for row in values[len(values) - (step - m.last_checked):]]
+            m.last_checked = step
+            if m.state.first_loss is None:
+                m.state.first_loss = mine[0]
+            bad = next((x for x in mine if not math.isfinite(x) or x > m.cfg.divergence_ratio * m.state.first_loss),
+                       None)
+            if bad is not None:
+                m.outcome = "diverged"
+                m.error = f"batch loss {bad:.4g} by step {step} (first batch loss {m.state.first_loss:.4g})"
+                diverged.append(m)
+        oldest = min(m.last_checked for m in loop.active)
+        self.pending = self.pending[len(self.pending) - (step - oldest):] if step > oldest else []
+        if diverged:
+            loop.evaluate(diverged)
+            loop.stop(diverged)
+
+    def on_remove(self, loop: Loop, keep: torch.Tensor) -> None:
+        self.pending = [p[keep] for p in self.pending]
+
+
+class Checkpointing(Callback):
+    """A resumable checkpoint of each member every cfg.checkpoint_every steps (not at the last step: the
+    final weights are Recording's)."""
+
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        for m in loop.active:
+            every = m.cfg.checkpoint_every
+            if m.rd and every and m.state.step % every == 0 and m.state.step < m.total:
+                with loop.paused():
+                    save_checkpoint(m.rd.checkpoint_path, m.cfg, m.state, resumable=True)
+
+
+def noise_hooks(cfg: C.RunConfig, state: TrainState, n_train: int) -> StepHooks | None:
+    """The hooks that feed state.noise_ema at this step (every cfg.noise_scale_every steps; else None):
+    |G_small|^2 of the first micro-batch alone and |G_big|^2 of the whole batch, at the same parameters."""
+    if not cfg.noise_scale_every or state.step % cfg.noise_scale_every:
+        return None
+    b_big = C.batch_size_at(cfg, state.step, n_train)
+    b_small = cfg.micro_batch_size or b_big
+    small_sq_norm: list[torch.Tensor] = []
+
+    def after_backward(i: int) -> None:
+        if i == 0:  # undo the micro-batch weight: the small batch's own mean-loss gradient
+            small_sq_norm.append(squared_grad_norm(state.model) / (b_small / b_big) ** 2)
+
+    def before_update() -> None:
+        grad_scale_sq = state.scaler.get_scale() ** 2 if state.scaler else 1.0
+        state.noise_ema = update_noise_ema(state.noise_ema or NoiseScaleEMA(cfg.noise_scale_ema),
+                                           float(small_sq_norm[0]) / grad_scale_sq,
+                                           float(squared_grad_norm(state.model)) / grad_scale_sq, b_small, b_big)
+    return StepHooks(after_backward, before_update)
+
+
+class NoiseScale(Callback):
+    """Every cfg.noise_scale_every steps, the two-batch noise scale of the step's micro-batches feeds the
+    member's EMA (noise_hooks): no extra forward or backward pass, and no drift between the two gradients."""
+
+    def step_hooks(self, loop: Loop, member: Member) -> StepHooks | None:
+        return noise_hooks(member.cfg, member.state, loop.data.n_train)
+
+
+def progress_bar(total: int, enabled: bool | None):
+    """A step bar; by default on a terminal, and in a notebook that JupyterLab runs (a widget there: the
+    Jupyter server names its kernels' sessions in JPY_SESSION_NAME), off under papermill and in logs."""
+    from tqdm.auto import tqdm
+    if enabled is None:
+        enabled = sys.stderr.isatty() or ("ipykernel" in sys.modules and bool(os.environ.get("JPY_SESSION_NAME")))
+    return tqdm(total=total, unit="step", disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+class Progress(Callback):
+    """A bar over the longest member's steps; the last evaluation's numbers beside it."""
+
+    def __init__(self, enabled: bool | None) -> None:
+        self.enabled = enabled
+        self.bar: Any = None
+
+    def on_start(self, loop: Loop) -> None:
+        self.bar = progress_bar(max((m.total for m in loop.active), default=0), self.enabled)
+        self.bar.update(loop.step)
+
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def on_evaluation(self, loop: Loop, member: Member) -> None:
+        row = member.state.history[-1]
+        if self.bar is not None and len(loop.members) == 1:
+            self.bar.set_postfix({"train_loss": f"{row['train_loss']:.4f}",
+                                  **({"test_acc": f"{row['test_acc']:.3f}"} if "test_acc" in row else {})})
+
+    def on_end(self, loop: Loop) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def final_metrics(m: Member, loop: Loop) -> dict[str, Any]:
+    """metrics.json's numbers from the member's last evaluation and its state."""
+    cfg, state, history, task, n_train = m.cfg, m.state, m.state.history, loop.task, loop.data.n_train
+    last = history[-1]
+    reached = next((r for r in history if r["train_loss"] <= cfg.target_loss), None)
+    out: dict[str, Any] = {"steps": state.step, "examples": state.examples_seen,
+                           "epochs": state.examples_seen / n_train}
+    if task.kind == "sequence":
+        out["tokens"] = state.examples_seen * task.tokens_per_example
+    out.update(train_loss=last["train_loss"], **({"train_acc": last["train_acc"]} if task.accuracy else {}),
+               test_loss=last["test_loss"], **({"test_acc": last["test_acc"]} if task.accuracy else {}))
+    if task.accuracy:
+        out["gap_acc"] = last["train_acc"] - last["test_acc"]
+    out["gap_loss"] = last["test_loss"] - last["train_loss"]
+    if task.bits_column:
+        out[f"train_{task.bits_column}"] = last[f"train_{task.bits_column}"]
+        out[f"test_{task.bits_column}"] = last[f"test_{task.bits_column}"]
+    out.update({
+        "target_loss": cfg.target_loss, "reached_target": reached is not None,
+        "steps_to_target": reached["step"] if reached else None,
+        "examples_to_target": reached["examples"] if reached else None,
+        "distance_from_init": last["distance_from_init"], "weight_norm": last["weight_norm"],
+        "train_seconds": state.train_seconds, "wall_seconds": last["wall_seconds"],
+        "steps_per_second": state.step / state.train_seconds if state.train_seconds > 0 else None,
+        "n_parameters": count_parameters(state.model),
+    })
+    return out
+
+
+class Recording(Callback):
+    """Each member's run directory (when it has one) and its RunResult; a member that ended ok gets the
+    measurements its config names (measure.registry). `status` adds fields to every status.json written
+    (a fused group's id)."""
+
+    def __init__(self, status: dict[str, Any] | None = None) -> None:
+        self.status = dict(status or {})
+
+    def on_start(self, loop: Loop) -> None:
+        started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        for m in loop.active:
+            if m.rd:
+                m.rd.write_config(m.cfg.to_dict(), {**C.derived(m.cfg, loop.data.n_train, loop.task.tokens_per_example),
+                                                    **loop.task.describe()})
+                m.rd.write_status("running", started=started, resumed_from=m.resumed_from, error=None, traceback=None,
+                                  provenance=provenance(loop.device), **self.status)
+
+    def on_evaluation(self, loop: Loop, member: Member) -> None:
+        if member.rd:
+            member.rd.write_history(member.state.history)
+
+    def on_finish(self, loop: Loop, member: Member) -> None:
+        m, cfg, state, rd = member, member.cfg, member.state, member.rd
+        metrics: dict[str, Any] = final_metrics(m, loop) if state.history else {}
+        if m.outcome == "ok" and cfg.measure:
+            if isinstance(loop.data, Dataset):
+                metrics.update(take_measurements(cfg.measure, state.model, loop.data, cfg, state.generators.probe))
+            else:
+                metrics["measurement_errors"] = {name: "the measurements read the data as tensors; with data_loading "
+                                                       "stream they are taken after training"
+                                                 for name in cfg.measure}
+        if rd:
+            rd.write_history(state.history)
+            rd.write_metrics(metrics)
+            if m.outcome in ("oom", "failed"):
+                if loop.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            elif cfg.save_checkpoint:
+                save_checkpoint(rd.checkpoint_path, cfg, state, resumable=False)
+            elif rd.checkpoint_path.exists():
+                rd.checkpoint_path.unlink()
+            rd.write_status(m.outcome, error=m.error, traceback=m.trace, **self.status)
+        m.result = RunResult(m.outcome, metrics, state.history, rd.path if rd else None, m.error, state.model)

@@ -1,0 +1,262 @@
+"""The training loop: the one loop of every path that trains (a single run, a fused group, advise).
+
+The loop moves its members (runs) in lockstep, one optimizer update each per step, through an engine,
+and calls its callbacks around every step, in the way OLMo-core's trainer takes callbacks:
+
+    on_start(loop)                 once, before the first step (recording writes config.json and status.json)
+    before_step(loop)              evaluations that are due and the target stop (callbacks.Evaluation)
+    step_hooks(loop, member)       hooks inside one member's update (callbacks.NoiseScale)
+    after_step(loop, losses)       divergence, checkpoints, progress
+    on_evaluation(loop, member)    a history row was added (recording rewrites history.csv)
+    on_finish(loop, member)        a member stopped: its results and its run directory
+    on_remove(loop, keep)          members left; `keep` are the positions still training
+    on_end(loop)                   once, after the last step
+
+The engine is what trains: engine.ModelEngine (one nn.Module and its optimizer) or fused.engine.StackEngine
+(K members stacked into one batched program). The loop owns the rest: the step counter, which members
+still train, the budget stop, a history row's contents, the clock (training time, evaluation excluded,
+shared equally by the members of a step), and what a failing step means: out of memory and any other
+exception end the members still training with state oom or failed, recorded, not raised; only an
+out-of-memory error in a group that its caller can split (engine.can_split) is raised, to be split.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+from . import config as C
+from .config import RunConfig
+from .data import Data
+from .losses import Task
+from .noise_tracker import noise_ema_columns
+from .rundir import RunDir
+from .runtime import is_out_of_memory, oom_message, synchronize
+from .state import TrainState
+
+
+@dataclass
+class RunResult:
+    """What a run ends with: the final state name, metrics and history (also on disk when it has a run_dir)."""
+    state: str
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]]
+    run_dir: Path | None = None
+    error: str | None = None
+    model: nn.Module | None = field(default=None, repr=False)
+
+    def summary(self, max_rows: int = 12) -> str:
+        """A small fixed-width table of the history (evenly thinned) and the final numbers."""
+        rows = self.history
+        if len(rows) > max_rows:
+            keep = sorted({round(i * (len(rows) - 1) / (max_rows - 1)) for i in range(max_rows)})
+            rows = [rows[i] for i in keep]
+        accuracy = bool(rows) and "train_acc" in rows[0]
+        lines = [f"{'step':>8} {'epoch':>8} {'lr':>9} {'train_loss':>10} " + (f"{'train_acc':>9} " if accuracy else "")
+                 + f"{'test_loss':>9}" + (f" {'test_acc':>8}" if accuracy else "")]
+        for r in rows:
+            lines.append(f"{int(r['step']):>8d} {float(r['epoch']):>8.2f} {float(r['lr']):>9.3g} "
+                         f"{float(r['train_loss']):>10.4f} " + (f"{float(r['train_acc']):>9.4f} " if accuracy else "")
+                         + f"{float(r['test_loss']):>9.4f}" + (f" {float(r['test_acc']):>8.4f}" if accuracy else ""))
+        m = self.metrics
+        lines.append(f"state: {self.state}" + (f" ({self.error})" if self.error else ""))
+        if "test_loss" in m:
+            shown = (f"test_acc {m['test_acc']:.4f}  gap(acc) {m['gap_acc']:.4f}" if "test_acc" in m else
+                     f"test_loss {m['test_loss']:.4g}  (no accuracy: the targets are not class labels)")
+            lines.append(f"final: train_loss {m['train_loss']:.4g}  {shown}  steps {m['steps']}  "
+                         f"{m['train_seconds']:.1f}s training")
+        if self.run_dir:
+            lines.append(f"run directory: {self.run_dir}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Member:
+    """One run in the loop: its config, TrainState, run directory (or None) and how it ended."""
+    index: int                      # position in the caller's list of runs
+    cfg: RunConfig
+    state: TrainState
+    rd: RunDir | None
+    total: int                      # config.total_steps
+    evals: set[int]                 # config.eval_steps
+    resumed_from: int | None = None  # the step a resumable checkpoint brought it to
+    wall_offset: float = 0.0        # wall seconds spent before a resume
+    last_checked: int = 0           # the step up to which batch losses were checked for divergence
+    outcome: str = "ok"
+    error: str | None = None
+    trace: str | None = None
+    result: RunResult | None = field(default=None, repr=False)
+
+
+@dataclass
+class StepHooks:
+    """Called inside one member's update: after micro-batch i's backward pass, and before the update."""
+    after_backward: Callable[[int], None] | None = None
+    before_update: Callable[[], None] | None = None
+
+
+class Engine(Protocol):
+    """What trains the members: one optimizer update of each per step, their evaluation, their weights."""
+    can_split: bool  # an out-of-memory error with several members is raised, for the caller to split the group
+
+    def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
+        """One update of every member on its own next batch at its lr; advances each member's step and
+        examples_seen; returns the batch losses (K,), not synchronised."""
+
+    def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
+        """(mean loss, accuracy or None) of each member on the first `limit` examples of a split."""
+
+    def weight_stats(self, members: list[Member]) -> list[tuple[float, float]]:
+        """(L2 distance from the initial weights, L2 norm of the weights) of each member."""
+
+    def remove(self, members: list[Member]) -> None:
+        """These members stop: their weights and optimizer state into their TrainState; the engine drops them."""
+
+
+class Callback:
+    """A piece of the loop that differs between paths. Every method does nothing unless overridden."""
+
+    def on_start(self, loop: Loop) -> None: ...
+    def before_step(self, loop: Loop) -> None: ...
+    def step_hooks(self, loop: Loop, member: Member) -> StepHooks | None: return None
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None: ...
+    def on_evaluation(self, loop: Loop, member: Member) -> None: ...
+    def on_finish(self, loop: Loop, member: Member) -> None: ...
+    def on_remove(self, loop: Loop, keep: torch.Tensor) -> None: ...
+    def on_end(self, loop: Loop) -> None: ...
+
+
+class Loop:
+    """Train `members` with `engine` on `data` (whose targets make `task`), calling `callbacks`."""
+
+    def __init__(self, members: Sequence[Member], engine: Engine, callbacks: Sequence[Callback], data: Data,
+                 task: Task, device: torch.device, check_every: int = 1) -> None:
+        self.members, self.active = list(members), list(members)
+        self.engine, self.callbacks, self.data, self.task, self.device = engine, list(callbacks), data, task, device
+        self.check_every = check_every   # steps between divergence checks (each syncs the device)
+        self.step = self.members[0].state.step if self.members else 0
+        self.wall_start = time.perf_counter()
+        self._segment_start = 0.0
+
+    # --- the clock: training time between pauses, shared by the members that trained in it
+    def _stop_clock(self) -> None:
+        synchronize(self.device)
+        share = (time.perf_counter() - self._segment_start) / max(1, len(self.active))
+        for m in self.active:
+            m.state.train_seconds += share
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time inside is not training time (evaluation, checkpoints, results)."""
+        self._stop_clock()
+        try:
+            yield
+        finally:
+            self._segment_start = time.perf_counter()
+
+    # --- what every path does the same way
+    def evaluate(self, members: list[Member]) -> None:
+        """Evaluate `members` now (train loss on eval_train_size examples, test loss), add a history row each."""
+        with self.paused():
+            limit = members[0].cfg.eval_train_size  # equal within a group (fused.compat)
+            train = self.engine.evaluate(members, "train", limit)
+            test = self.engine.evaluate(members, "test", None)
+            weights = self.engine.weight_stats(members)
+            wall = time.perf_counter() - self.wall_start
+            for m, tr, te, w in zip(members, train, test, weights):
+                m.state.history.append(self.history_row(m, tr, te, w, wall + m.wall_offset))
+                for cb in self.callbacks:
+                    cb.on_evaluation(self, m)
+
+    def history_row(self, m: Member, train: tuple[float, float | None], test: tuple[float, float | None],
+                    weights: tuple[float, float], wall: float) -> dict[str, Any]:
+        """One row of history.csv: where training is, train/test loss (and accuracy, bits per character
+        where they apply), weight statistics, time, and the noise-scale EMA when it is tracked."""
+        cfg, state, task, n_train = m.cfg, m.state, self.task, self.data.n_train
+        row: dict[str, Any] = {"step": state.step, "epoch": state.examples_seen / n_train,
+                               "examples": state.examples_seen}
+        if task.kind == "sequence":
+            row["tokens"] = state.examples_seen * task.tokens_per_example
+        row["lr"] = C.lr_at(cfg, max(state.step - 1, 0), n_train, task.tokens_per_example)
+        if cfg.batch_schedule != "constant":
+            row["current_batch_size"] = C.batch_size_at(cfg, max(state.step - 1, 0), n_train)
+        for split, (loss, accuracy) in (("train", train), ("test", test)):
+            row[f"{split}_loss"] = loss
+            if task.accuracy:
+                row[f"{split}_acc"] = accuracy
+        if task.bits_column:
+            row[f"train_{task.bits_column}"], row[f"test_{task.bits_column}"] = task.bits(train[0]), task.bits(test[0])
+        row.update(distance_from_init=weights[0], weight_norm=weights[1], train_seconds=state.train_seconds,
+                   wall_seconds=wall)
+        if cfg.noise_scale_every:
+            row.update(noise_ema_columns(state.noise_ema))
+        return row
+
+    def stop(self, members: list[Member]) -> None:
+        """`members` stop (each with its outcome set): the engine gives back their state, callbacks finish them."""
+        with self.paused():
+            try:
+                self.engine.remove(members)
+            except Exception:  # noqa: BLE001 - after a failure the weights may be what failed; the record matters more
+                if all(m.outcome == "ok" for m in members):
+                    raise
+            for m in members:
+                for cb in self.callbacks:
+                    cb.on_finish(self, m)
+            gone = {id(m) for m in members}
+            keep = [r for r, m in enumerate(self.active) if id(m) not in gone]
+            self.active = [self.active[r] for r in keep]
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            for cb in self.callbacks:
+                cb.on_remove(self, index)
+
+    def _hooks(self, member: Member) -> StepHooks | None:
+        hooks = [h for cb in self.callbacks if (h := cb.step_hooks(self, member)) is not None]
+        if len(hooks) > 1:
+            raise RuntimeError("at most one callback may hook into a step")
+        return hooks[0] if hooks else None
+
+    # --- the loop
+    def run(self) -> list[Member]:
+        """Train until every member has stopped; returns the members (each with its result)."""
+        for cb in self.callbacks:
+            cb.on_start(self)
+        synchronize(self.device)
+        self._segment_start = time.perf_counter()
+        try:
+            while self.active:
+                for cb in self.callbacks:
+                    cb.before_step(self)
+                done = [m for m in self.active if m.state.step >= m.total]
+                if done:
+                    self.stop(done)
+                if not self.active:
+                    break
+                n_train, tokens = self.data.n_train, self.task.tokens_per_example
+                lrs = [C.lr_at(m.cfg, m.state.step, n_train, tokens) for m in self.active]
+                losses = self.engine.step(self.active, lrs, [self._hooks(m) for m in self.active])
+                self.step += 1
+                for cb in self.callbacks:
+                    cb.after_step(self, losses)
+        except Exception as exc:  # noqa: BLE001 - recorded per member, the caller (a sweep) carries on
+            if is_out_of_memory(exc) and self.engine.can_split and len(self.active) > 1:
+                raise
+            if is_out_of_memory(exc):
+                outcome, error, trace = "oom", f"out of memory at step {self.step}: {oom_message(exc)}", None
+            else:
+                outcome, error, trace = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
+            for m in self.active:
+                m.outcome, m.error, m.trace = outcome, error, trace
+            if self.active:
+                self.stop(list(self.active))
+        finally:
+            for cb in self.callbacks:
+                cb.on_end(self)
+        return self.members

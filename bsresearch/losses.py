@@ -1,0 +1,122 @@
+"""Losses by name, a user's loss by reference, and what the targets make of a run (its task).
+
+Every loss is a mean over the batch (and over a sequence's tokens): `loss(output, target)` returns a
+scalar. cross_entropy takes the classes in the last dimension of the output, so it serves a classifier,
+(batch, classes) with targets (batch,), and a language model, (batch, sequence, vocabulary) with targets
+(batch, sequence), alike.
+
+The task follows from the output and the targets, never from the model's name: targets of integer class
+indices with one more output dimension (the classes) give accuracy; a sequence of them is a language
+model's tokens, whose loss is in nats per token (and bits per character or byte when the dataset says
+how many characters or bytes a token holds); anything else reports its loss alone.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import config as C
+from .config import ConfigError
+from .loading import load_factory
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss, a scalar
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy with the classes in the last dimension: (batch, classes) with targets (batch,), or
+    (batch, sequence, vocabulary) with targets (batch, sequence), the mean over every token."""
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+# name -> a mean-reduced loss (the names are config.LOSSES)
+LOSSES: dict[str, LossFn] = {"cross_entropy": cross_entropy, "mse": F.mse_loss, "l1": F.l1_loss,
+                             "smooth_l1": F.smooth_l1_loss, "bce_with_logits": F.binary_cross_entropy_with_logits}
+UNITS = {"cross_entropy": "nats", "mse": "mean squared error", "l1": "mean absolute error",
+         "smooth_l1": "smooth L1 loss", "bce_with_logits": "binary cross-entropy (nats)"}
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A mean-reduced loss and its name (a built-in name, a reference, or the callable's name)."""
+    name: str
+    fn: LossFn
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.fn(output, target)
+
+    def total(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The sum over the examples of each example's mean loss, in float64 (evaluation sums these over
+        chunks and divides by the number of examples, which gives the mean over the whole set)."""
+        if self.name == "cross_entropy":  # summed in one kernel: the numbers the toolkit has always reported
+            per_example = target[0].numel() if target.dim() > 1 else 1
+            total = F.cross_entropy(output.float().reshape(-1, output.shape[-1]), target.reshape(-1),
+                                    reduction="sum").double()
+            return total / per_example if per_example > 1 else total
+        return self.fn(output.float(), target).double() * len(target)
+
+
+def loss_for(loss: str | LossFn) -> Loss:
+    """A Loss from a name in LOSSES, a FILE_OR_MODULE:FUNC reference, or a callable."""
+    if callable(loss):
+        return Loss(getattr(loss, "__name__", "loss_fn"), loss)
+    if loss in LOSSES:
+        return Loss(loss, LOSSES[loss])
+    if C.is_reference(str(loss)):
+        return Loss(str(loss), load_factory(str(loss), "loss"))
+    raise ConfigError(f"loss must be one of {', '.join(LOSSES)} or FILE_OR_MODULE:FUNC; got {loss!r}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the targets make of a run: whether accuracy applies, tokens per example, the loss's units."""
+    kind: str                     # classification | sequence (a language model's tokens) | regression
+    accuracy: bool                # targets are class indices: accuracy is reported
+    tokens_per_example: int       # a sequence's length for a language model, else 1
+    loss_unit: str                # e.g. "nats per token", "nats", "mean squared error"
+    text_unit: str | None = None  # "character" or "byte" when the dataset says how many a token holds
+    units_per_token: float = 1.0
+
+    @property
+    def bits_column(self) -> str | None:
+        """The history's bits-per-unit column suffix ('bits_per_character'), or None."""
+        return f"bits_per_{self.text_unit}" if self.text_unit else None
+
+    def bits(self, loss_nats_per_token: float) -> float:
+        """Loss in nats per token as bits per character (or byte)."""
+        return loss_nats_per_token / math.log(2) / self.units_per_token
+
+    def describe(self) -> dict[str, Any]:
+        """For config.json's derived values."""
+        return {"task": self.kind, "accuracy": self.accuracy, "tokens_per_example": self.tokens_per_example,
+                "loss_unit": self.loss_unit, **({"bits_unit": f"bits per {self.text_unit}"} if self.text_unit else {})}
+
+
+TEXT_UNITS = ("character", "byte")  # a dataset may say `characters_per_token` or `bytes_per_token`
+
+
+def task_of(loss: Loss, output: torch.Tensor, target: torch.Tensor, dataset: Any = None) -> Task:
+    """The task of a run whose model gives `output` for a batch whose targets are `target` (see the module
+    docstring). `dataset` (the user's training data) may carry characters_per_token or bytes_per_token."""
+    is_index = not target.is_floating_point() and not target.is_complex() and target.dtype != torch.bool
+    classes = is_index and output.is_floating_point() and tuple(output.shape[:-1]) == tuple(target.shape)
+    sequence = classes and target.dim() >= 2
+    unit = UNITS.get(loss.name, f"loss ({loss.name})")
+    if loss.name == "cross_entropy" and sequence:
+        unit = "nats per token"
+    text_unit, per_token = None, 1.0
+    if sequence:
+        for name in TEXT_UNITS:
+            value = getattr(dataset, f"{name}s_per_token", None)
+            if value is not None:
+                if not (isinstance(value, (int, float)) and value > 0):
+                    raise ConfigError(f"dataset: {name}s_per_token must be a positive number; got {value!r}")
+                text_unit, per_token = name, float(value)
+                break
+    return Task(kind="sequence" if sequence else "classification" if classes else "regression",
+                accuracy=bool(classes), tokens_per_example=int(target[0].numel()) if sequence else 1,
+                loss_unit=unit, text_unit=text_unit, units_per_token=per_token)
