@@ -47,7 +47,7 @@ OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoin
 # Fields added after run ids were first published: left out of the id while they keep these values, so
 # every run id made before them still names the same run.
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs": {}, "dataset_kwargs": {},
-                                        "test_size": 0.2}
+                                        "test_size": 0.2, "eval_test_size": None}
 
 
 def did_you_mean(value: object, accepted: typing.Iterable[str]) -> str:
@@ -156,6 +156,7 @@ class RunConfig:
     eval_every: int = 100               # eval_schedule every: steps between evaluations
     eval_per_decade: int = 10           # eval_schedule log: evaluations per factor of 10 in steps
     eval_train_size: int | None = None  # examples used for the train loss/accuracy (None: the whole set)
+    eval_test_size: int | None = None   # the first examples of the test set evaluated (None: all of it)
     divergence_ratio: float = 10.0      # "diverged" when a batch loss exceeds this times the first one
     measure: tuple[str, ...] = ()       # measurements taken after training, from MEASUREMENTS
     noise_scale_every: int = 0          # steps between two-batch noise-scale samples from micro-batches (0: off)
@@ -510,7 +511,8 @@ def _validate(cfg: RunConfig) -> None:
                            ("eval_schedule", EVAL_SCHEDULES), ("batch_schedule", BATCH_SCHEDULES)]:
         _choice(cfg, name, accepted)
     _validate_references(cfg)
-    for name in ("train_size", "width", "depth", "ghost_batch_size", "micro_batch_size", "eval_train_size"):
+    for name in ("train_size", "width", "depth", "ghost_batch_size", "micro_batch_size", "eval_train_size",
+                 "eval_test_size"):
         _positive(cfg, name, allow_none=True)
     for name in ("lr", "batch_size", "base_batch_size", "max_steps", "eval_every", "eval_per_decade",
                  "target_loss", "budget_amount", "lr_decay_factor"):

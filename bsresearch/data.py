@@ -52,7 +52,13 @@ class DatasetUnavailable(ConfigError):
         self.reason = reason or message
 
 
-EVAL_CHUNK = 2048  # examples per forward pass during evaluation
+EVAL_CHUNK = 2048    # examples per forward pass during evaluation
+EVAL_TOKENS = 16384  # at most this many targets per forward pass (a language model's sequences of tokens)
+
+
+def eval_chunk_size(tokens_per_example: int = 1) -> int:
+    """Examples per evaluation forward pass: EVAL_CHUNK, fewer when each example holds many targets."""
+    return max(1, min(EVAL_CHUNK, EVAL_TOKENS // tokens_per_example))
 
 
 @dataclass(frozen=True)

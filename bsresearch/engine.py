@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .config import RunConfig
-from .data import EVAL_CHUNK, Data, in_chunks
+from .data import EVAL_CHUNK, Data, eval_chunk_size, in_chunks
 from .loop import Member, StepHooks
 from .losses import Loss, Task, loss_for
 from .runtime import autocast
@@ -105,8 +105,9 @@ class ModelEngine:
                             for m, lr, h in zip(members, lrs, hooks)])
 
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
-        return [evaluate_batches(m.state.model, self.data.eval_batches(split, limit), self.loss, m.cfg.precision,
-                                 self.task.accuracy) for m in members]
+        chunk = eval_chunk_size(self.task.tokens_per_example)
+        return [evaluate_batches(m.state.model, self.data.eval_batches(split, limit, chunk), self.loss,
+                                 m.cfg.precision, self.task.accuracy) for m in members]
 
     def weight_stats(self, members: list[Member]) -> list[tuple[float, float]]:
         return [weight_stats(m.state) for m in members]

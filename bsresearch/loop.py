@@ -165,9 +165,9 @@ class Loop:
     def evaluate(self, members: list[Member]) -> None:
         """Evaluate `members` now (train loss on eval_train_size examples, test loss), add a history row each."""
         with self.paused():
-            limit = members[0].cfg.eval_train_size  # equal within a group (fused.compat)
-            train = self.engine.evaluate(members, "train", limit)
-            test = self.engine.evaluate(members, "test", None)
+            cfg = members[0].cfg  # eval_train_size and eval_test_size are equal within a group (fused.compat)
+            train = self.engine.evaluate(members, "train", cfg.eval_train_size)
+            test = self.engine.evaluate(members, "test", cfg.eval_test_size)
             weights = self.engine.weight_stats(members)
             wall = time.perf_counter() - self.wall_start
             for m, tr, te, w in zip(members, train, test, weights):

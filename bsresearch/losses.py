@@ -13,7 +13,7 @@ how many characters or bytes a token holds); anything else reports its loss alon
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,9 +99,11 @@ class Task:
 TEXT_UNITS = ("character", "byte")  # a dataset may say `characters_per_token` or `bytes_per_token`
 
 
-def task_of(loss: Loss, output: torch.Tensor, target: torch.Tensor, dataset: Any = None) -> Task:
+def task_of(loss: Loss, output: torch.Tensor, target: torch.Tensor,
+            attributes: Mapping[str, Any] | None = None) -> Task:
     """The task of a run whose model gives `output` for a batch whose targets are `target` (see the module
-    docstring). `dataset` (the user's training data) may carry characters_per_token or bytes_per_token."""
+    docstring). `attributes` (what the user's training dataset says of itself) may hold characters_per_token
+    or bytes_per_token."""
     is_index = not target.is_floating_point() and not target.is_complex() and target.dtype != torch.bool
     classes = is_index and output.is_floating_point() and tuple(output.shape[:-1]) == tuple(target.shape)
     sequence = classes and target.dim() >= 2
@@ -111,7 +113,7 @@ def task_of(loss: Loss, output: torch.Tensor, target: torch.Tensor, dataset: Any
     text_unit, per_token = None, 1.0
     if sequence:
         for name in TEXT_UNITS:
-            value = getattr(dataset, f"{name}s_per_token", None)
+            value = (attributes or {}).get(f"{name}s_per_token")
             if value is not None:
                 if not (isinstance(value, (int, float)) and value > 0):
                     raise ConfigError(f"dataset: {name}s_per_token must be a positive number; got {value!r}")

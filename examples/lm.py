@@ -14,10 +14,10 @@ for any other (none survives cleaning): a vocabulary of 98.
 
 The split is by position, never by overlapping random windows: each file's first 90% of characters go to
 training and its last 10% to validation, so both splits cover every collection and no window straddles
-them. Each split is cut into non-overlapping windows of `context + 1` characters: a window's first
-`context` characters are the input, its last `context` the next-character targets. A batch is therefore
-`batch_size` sequences of `context` tokens each. With context 128: about 17,400 training and 1,900
-validation sequences.
+them. Each split is cut into consecutive, non-overlapping windows of `context` characters, the inputs;
+a window's targets are the same positions one character later (its last target is the next window's first
+character). A batch is therefore `batch_size` sequences of `context` tokens each. With context 128:
+17,378 training and 1,930 validation sequences.
 
 The model: token and learned position embeddings, `depth` pre-norm blocks of causal self-attention
 (torch's scaled_dot_product_attention) and a 4x GELU MLP, a final LayerNorm and an output layer tied to

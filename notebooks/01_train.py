@@ -71,6 +71,7 @@ eval_schedule: str = "log"              # every (eval_every steps) | log (eval_p
 eval_every: int = 100                   # eval_schedule every: steps between evaluations
 eval_per_decade: int = 10               # eval_schedule log: evaluations per factor of 10 in steps
 eval_train_size: Optional[int] = None   # examples used for the train loss/accuracy (None: the whole set)
+eval_test_size: Optional[int] = None    # the first examples of the test set evaluated (None: all of it)
 divergence_ratio: float = 10.0          # "diverged" when a batch loss exceeds this times the first one
 measure: list[str] = []                 # measurements taken after training, from MEASUREMENTS
 noise_scale_every: int = 0              # steps between two-batch noise-scale samples from micro-batches (0: off)

@@ -23,9 +23,9 @@ from pathlib import Path
 from ..config import LR_SCALINGS
 
 # The RunConfig fields advise takes: what to build (model, data, loss), the optimizer, where and the seed.
-ADVISE_FIELDS = ("model", "model_kwargs", "dataset", "dataset_kwargs", "test_size", "data_dir", "train_size",
-                 "loss", "optimizer", "lr", "momentum", "nesterov", "weight_decay", "base_batch_size", "device",
-                 "seed")
+ADVISE_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_batch_size", "dataset",
+                 "dataset_kwargs", "test_size", "data_dir", "train_size", "loss", "optimizer", "lr", "momentum",
+                 "nesterov", "weight_decay", "base_batch_size", "lr_scaling", "device", "seed")
 
 def _cmd_advise(args: argparse.Namespace) -> int:
     from ..cli import config_from_args
@@ -73,8 +73,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", nargs="?", help="a JSON file of RunConfig fields (those below are read from it)")
     p.add_argument("--out", required=True, help="folder for advice.json, advice.csv, advice.png, advice.pdf")
     p.add_argument("--lr-rule", choices=LR_SCALINGS,
-                   help="lr scaling with the batch size [the config's lr_scaling when linear or sqrt; else linear for "
-                        "sgd, sqrt for adam/adamw]")
+                   help="lr scaling with the batch size [--lr-scaling when linear or sqrt; else linear for sgd, sqrt "
+                        "for adam/adamw]")
     p.add_argument("--memory-budget", help="e.g. 4GiB: the memory a step may use [the device's; on the CPU no limit]")
     p.add_argument("--batch-sizes", help="comma-separated batch sizes to measure [8,16,...,512]")
     p.add_argument("--train-steps", type=_nonnegative_int, default=0,

@@ -11,10 +11,12 @@ from __future__ import annotations
 from ..config import FIELD_NAMES, RunConfig
 
 # Fields that must be equal, and why (the reason is part of the message the runner shows).
-SHAPE_FIELDS = ("model", "width", "depth", "batchnorm", "ghost_batch_size", "batch_size", "micro_batch_size")
-DATA_FIELDS = ("dataset", "data_dir", "train_size", "sampling", "eval_train_size")
+SHAPE_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_batch_size", "batch_size",
+                "micro_batch_size")
+DATA_FIELDS = ("dataset", "dataset_kwargs", "test_size", "data_dir", "train_size", "sampling", "data_loading",
+               "loader_workers", "eval_train_size", "eval_test_size")
 EXECUTION_FIELDS = ("precision", "device", "threads")
-UPDATE_RULE_FIELDS = ("optimizer",)
+UPDATE_RULE_FIELDS = ("optimizer", "loss")
 MUST_MATCH: dict[str, str] = {
     **{f: "tensor shapes" for f in SHAPE_FIELDS},
     **{f: "data pipeline" for f in DATA_FIELDS},
@@ -44,6 +46,10 @@ def unsupported_reason(cfg: RunConfig) -> str | None:
         return f"checkpoint_every {cfg.checkpoint_every} is not supported in a fused group (0 only: no resume)"
     if cfg.batch_schedule != "constant":
         return f"batch_schedule {cfg.batch_schedule!r} is not supported in a fused group (constant only)"
+    if cfg.loss != "cross_entropy":
+        return f"loss {cfg.loss!r} is not supported in a fused group (cross_entropy only)"
+    if cfg.data_loading == "stream":
+        return "data_loading 'stream' is not supported in a fused group (resident data only)"
     return None
 
 

@@ -77,7 +77,9 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     check_precision(cfg0.precision, device)
     set_threads(cfg0.threads)
     data = dataset_for(cfg0, device)
-    assert isinstance(data, Dataset)  # fused.compat: resident data only
+    if not isinstance(data, Dataset):
+        raise ConfigError(f"train_group: dataset {cfg0.dataset!r} came as a map-style Dataset, which is streamed; a "
+                          f"fused group needs its data resident (data_loading resident, or tensors from the factory)")
     for i in todo:
         C.check_data_size(cfgs[i], data.n_train)
 

@@ -1,0 +1,266 @@
+"""A user's own model, data and loss given as FILE.py:NAME go through everything a built-in name does: the
+config, the run id, `bsresearch train` (and resume), the held-out test split, the resident and the streamed
+data paths (the same history bit for bit), a built-in model on the user's data, a language model's tokens
+and bits per character, a regressor without accuracy. The models here are written in the test, so the
+library cannot special-case them."""
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from bsresearch import config as C
+from bsresearch.cli import main
+from bsresearch.config import ConfigError, RunConfig
+from bsresearch.data import StreamedDataset, dataset_for
+from bsresearch.rundir import RunDir
+from bsresearch.train import run
+
+USER_CODE = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import Dataset, TensorDataset
+
+
+    class TwoTower(nn.Module):
+        """Not a Sequential: two branches, a LayerNorm, a sum."""
+        def __init__(self, hidden=16, classes=3):
+            super().__init__()
+            self.a = nn.Linear(6, hidden)
+            self.b = nn.Linear(6, hidden)
+            self.norm = nn.LayerNorm(hidden)
+            self.head = nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            return self.head(self.norm(torch.tanh(self.a(x)) + torch.relu(self.b(x))))
+
+
+    def make_model(hidden=16, classes=3):
+        return TwoTower(hidden, classes)
+
+
+    def regressor(hidden=8):
+        return nn.Sequential(nn.Linear(6, hidden), nn.Tanh(), nn.Linear(hidden, 2))
+
+
+    def _tensors(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 6, generator=g)
+        return x, (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+
+
+    def make_data(n=300, seed=0):
+        """One TensorDataset: the toolkit holds the test split out."""
+        return TensorDataset(*_tensors(n, seed))
+
+
+    class Items(Dataset):
+        """Map-style, built item by item (a label as a Python int)."""
+        num_classes = 3
+
+        def __init__(self, n, seed):
+            self.x, self.y = _tensors(n, seed)
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return self.x[i] * 1.0, int(self.y[i])
+
+
+    def make_items(n=240):
+        return Items(n, 0), Items(80, 1)
+
+
+    def make_regression(n=200):
+        x = torch.randn(n, 6, generator=torch.Generator().manual_seed(3))
+        return (x, torch.stack([x[:, 0] * x[:, 1], x[:, 2].sin()], 1)), (x[:40], x[:40, :2])
+
+
+    def smoothed(output, target):
+        return torch.nn.functional.cross_entropy(output, target, label_smoothing=0.1)
+''')
+
+
+@pytest.fixture
+def user_file(tmp_path: Path) -> Path:
+    path = tmp_path / "own.py"
+    path.write_text(USER_CODE)
+    return path
+
+
+def cfg_for(path: Path, **changes) -> RunConfig:
+    base = dict(model=f"{path}:make_model", dataset=f"{path}:make_data", batch_size=16, lr=0.1,
+                budget="steps", budget_amount=12, eval_schedule="every", eval_every=4, device="cpu",
+                save_checkpoint=False)
+    return RunConfig(**{**base, **changes})
+
+
+def test_a_reference_is_a_value_of_model_dataset_and_loss(user_file):
+    cfg = cfg_for(user_file, model_kwargs={"hidden": 8}, loss=f"{user_file}:smoothed")
+    assert C.is_reference(cfg.model) and cfg.model_kwargs == {"hidden": 8}
+    assert RunConfig.from_json(cfg.to_json()) == cfg and hash(cfg) == hash(RunConfig.from_json(cfg.to_json()))
+    with pytest.raises(ConfigError, match="width is for the built-in models; for model .* put it in model_kwargs"):
+        cfg.replace(width=8)
+    with pytest.raises(ConfigError, match="model_kwargs is for a model given as FILE.py:NAME"):
+        RunConfig(model="mlp", model_kwargs={"width": 8})
+    with pytest.raises(ConfigError, match="test_size is for a dataset factory"):
+        RunConfig(test_size=0.5)
+    assert RunConfig(model=f"{user_file}:make_model", model_kwargs="hidden=8,classes=3").model_kwargs == \
+        {"hidden": 8, "classes": 3}   # as the command line writes it
+
+
+def test_the_run_id_covers_the_reference_and_the_content_of_its_file(user_file):
+    cfg = cfg_for(user_file)
+    first = C.run_id(cfg)
+    assert C.run_id(cfg_for(user_file)) == first
+    assert C.run_id(cfg.replace(model_kwargs={"hidden": 8})) != first
+    user_file.write_text(USER_CODE + "\n# an edit\n")
+    assert C.run_id(cfg) != first   # a changed model file is a different run
+    sources = C.derived(cfg, 240)["sources"]
+    assert sources["model"]["file"] == str(user_file)
+    assert sources["model"]["sha256"] == sources["dataset"]["sha256"] and len(sources["model"]["sha256"]) == 64
+    assert C.run_id(RunConfig()) == "c55c894255"   # built-in configs keep the ids they always had
+
+
+def test_relative_references_are_found_from_any_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = RunConfig(model="examples/lm.py:make_model")   # under the project root, written relative to it
+    assert cfg.model == "examples/lm.py:make_model"
+    (tmp_path / "mine.py").write_text(USER_CODE)
+    here = RunConfig(model="mine.py:make_model")          # only in the working directory: made absolute
+    assert here.model == f"{tmp_path / 'mine.py'}:make_model"
+
+
+def test_train_from_the_command_line_with_resume(user_file, tmp_path):
+    args = ["train", "--model", f"{user_file}:make_model", "--model-kwargs", "hidden=8", "--dataset",
+            f"{user_file}:make_data", "--loss", f"{user_file}:smoothed", "--batch-size", "16", "--budget", "steps",
+            "--budget-amount", "12", "--eval-schedule", "every", "--eval-every", "4", "--device", "cpu", "--quiet"]
+    assert main([*args, "--run-dir", str(tmp_path / "full")]) == 0
+    rd = RunDir(tmp_path / "full")
+    config = rd.config()
+    assert config["model_kwargs"] == {"hidden": 8} and config["derived"]["task"] == "classification"
+    assert config["derived"]["sources"]["loss"]["reference"] == f"{user_file}:smoothed"
+    assert config["derived"]["n_train"] == 240   # 300 examples, test_size 0.2 held out
+    # killed after the step-8 checkpoint, rerun: the same final weights as the uninterrupted run
+    import bsresearch.engine as E
+    original = E.train_step
+
+    def dying(state, *a, **k):
+        if state.step == 10:
+            raise KeyboardInterrupt
+        return original(state, *a, **k)
+    E.train_step = dying
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(RunConfig.from_dict({k: v for k, v in config.items() if k != "derived"})
+                .replace(checkpoint_every=4), tmp_path / "killed", progress=False)
+    finally:
+        E.train_step = original
+    assert main([*args, "--checkpoint-every", "4", "--run-dir", str(tmp_path / "killed")]) == 0
+    assert RunDir(tmp_path / "killed").status()["resumed_from"] == 8
+
+    def numbers(folder):
+        return [{k: v for k, v in r.items() if "seconds" not in k} for r in RunDir(folder).history_rows()]
+    assert numbers(tmp_path / "killed") == numbers(tmp_path / "full")
+
+
+def test_the_held_out_test_split_is_seeded_and_the_same_for_every_seed(user_file):
+    a = dataset_for(cfg_for(user_file, seed=0))
+    b = dataset_for(cfg_for(user_file, seed=5))
+    assert (a.n_train, a.n_test) == (240, 60) and torch.equal(a.x_test, b.x_test)
+    c = dataset_for(cfg_for(user_file, test_size=100))
+    assert (c.n_train, c.n_test) == (200, 100)
+    whole = torch.cat([a.x_train, a.x_test])
+    assert len(torch.unique(whole, dim=0)) == 300   # a partition: no example in both
+
+
+def test_streamed_and_resident_paths_give_the_same_history_bit_for_bit(user_file):
+    cfg = cfg_for(user_file, dataset=f"{user_file}:make_items", micro_batch_size=8, eval_train_size=100)
+    streamed = dataset_for(cfg)
+    assert isinstance(streamed, StreamedDataset)   # a map-style Dataset: auto streams it
+    runs = [run(cfg.replace(data_loading=how, loader_workers=w), progress=False)
+            for how, w in [("stream", 0), ("resident", 0), ("stream", 1)]]
+    clean = [[{k: v for k, v in r.items() if "seconds" not in k} for r in result.history] for result in runs]
+    assert clean[0] == clean[1] == clean[2] and len(clean[0]) == 4
+
+
+def test_resume_on_the_streamed_path_with_a_worker_continues_exactly(user_file, tmp_path):
+    """A DataLoader worker draws batches ahead of training; the checkpoint must hold the sampler as of the
+    step that trained, not as far as the worker had drawn."""
+    cfg = cfg_for(user_file, dataset=f"{user_file}:make_items", loader_workers=1, budget_amount=20,
+                  checkpoint_every=5, save_checkpoint=True)
+    full = run(cfg, tmp_path / "full", progress=False)
+    import bsresearch.engine as E
+    original = E.train_step
+
+    def dying(state, *a, **k):
+        if state.step == 12:
+            raise KeyboardInterrupt
+        return original(state, *a, **k)
+    E.train_step = dying
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(cfg, tmp_path / "killed", progress=False)
+    finally:
+        E.train_step = original
+    resumed = run(cfg, tmp_path / "killed", progress=False)
+    assert RunDir(tmp_path / "killed").status()["resumed_from"] == 10
+    assert resumed.history[-1]["train_loss"] == full.history[-1]["train_loss"]
+    from bsresearch.state import load_checkpoint
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt")["state"]["model"] for d in ("full", "killed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_built_in_model_on_the_users_data(user_file):
+    result = run(cfg_for(user_file, model="mlp", width=8), progress=False)
+    assert result.state == "ok" and "test_acc" in result.metrics
+    assert result.model is not None and result.model[-1].out_features == 3   # classes from the targets
+
+
+def test_a_regressor_reports_its_loss_and_no_accuracy(user_file, tmp_path):
+    cfg = cfg_for(user_file, model=f"{user_file}:regressor", dataset=f"{user_file}:make_regression", loss="mse")
+    result = run(cfg, tmp_path / "r", progress=False)
+    assert result.state == "ok"
+    assert "train_acc" not in result.history[0] and "test_acc" not in result.metrics
+    assert 0 < result.metrics["train_loss"] < result.history[0]["train_loss"]   # it learns
+    derived = RunDir(tmp_path / "r").config()["derived"]
+    assert derived["task"] == "regression" and derived["loss_unit"] == "mean squared error"
+    assert "no accuracy" in result.summary()
+
+
+def test_a_language_model_counts_tokens_and_reports_bits_per_character(tmp_path):
+    lm = Path(__file__).resolve().parents[1] / "examples" / "tiny_transformer.py"
+    data_file = tmp_path / "text.py"
+    data_file.write_text(textwrap.dedent(f'''
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("tiny", {str(lm)!r})
+        tiny = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tiny)
+
+        def make_data():
+            data = tiny.make_data(n=96)
+            data.characters_per_token = 2.0   # say a token holds two characters
+            return data
+    '''))
+    cfg = RunConfig(model=f"{lm}:make_model", dataset=f"{data_file}:make_data", optimizer="adam", lr=3e-3,
+                    batch_size=8, budget="tokens", budget_amount=8 * 16 * 5, eval_schedule="every", eval_every=5,
+                    device="cpu", save_checkpoint=False)
+    result = run(cfg, tmp_path / "lm", progress=False)
+    row = result.history[-1]
+    assert result.metrics["steps"] == 5 and row["tokens"] == 5 * 8 * 16 == result.metrics["tokens"]
+    assert row["test_bits_per_character"] == pytest.approx(row["test_loss"] / torch.log(torch.tensor(2.0)).item() / 2)
+    derived = RunDir(tmp_path / "lm").config()["derived"]
+    assert derived["task"] == "sequence" and derived["loss_unit"] == "nats per token"
+    assert derived["tokens_per_example"] == 16 and derived["batch_tokens"] == 128
+
+
+def test_advise_takes_a_reference_as_it_takes_a_built_in_name(user_file, tmp_path):
+    quick = ["--device", "cpu", "--batch-sizes", "8,16", "--noise-examples", "32", "--repeats", "1"]
+    assert main(["advise", "--model", f"{user_file}:make_model", "--model-kwargs", "hidden=8", "--dataset",
+                 f"{user_file}:make_data", "--out", str(tmp_path / "own"), *quick]) == 0
+    assert main(["advise", "--model", "mlp", "--width", "8", "--dataset", f"{user_file}:make_data",
+                 "--out", str(tmp_path / "builtin"), *quick]) == 0
+    record = json.loads((tmp_path / "own" / "advice.json").read_text())
+    assert record["config"]["model_kwargs"] == {"hidden": 8} and record["noise_scale"]["b_simple"] > 0
