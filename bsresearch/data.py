@@ -126,6 +126,8 @@ class StreamedDataset:
     num_classes: int | None = None
     attributes: Mapping[str, Any] = field(default_factory=dict)
     resident = False
+    _eval_loaders: dict[tuple[str, int | None, int], DataLoader] = field(default_factory=dict, compare=False,
+                                                                         repr=False)
 
     @property
     def n_train(self) -> int:
@@ -159,10 +161,14 @@ class StreamedDataset:
 
     def eval_batches(self, split: str, limit: int | None = None,
                      chunk_size: int = EVAL_CHUNK) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        dataset = self.train if split == "train" else self.test
-        if limit is not None and limit < len(dataset):  # type: ignore[arg-type]
-            dataset = Subset(dataset, range(limit))
-        for batch in self._loader(dataset, batch_size=chunk_size, shuffle=False):
+        key = (split, limit, chunk_size)
+        if key not in self._eval_loaders:  # kept: its workers (persistent) serve every evaluation of the run
+            dataset = self.train if split == "train" else self.test
+            if limit is not None and limit < len(dataset):  # type: ignore[arg-type]
+                dataset = Subset(dataset, range(limit))
+            self._eval_loaders[key] = self._loader(dataset, batch_size=chunk_size, shuffle=False,
+                                                   persistent_workers=self.workers > 0)
+        for batch in self._eval_loaders[key]:
             yield self._to_device(batch)
 
 

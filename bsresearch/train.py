@@ -24,7 +24,7 @@ import torch.nn as nn
 from . import config as C
 from .callbacks import Checkpointing, Divergence, Evaluation, NoiseScale, Progress, Recording, progress_bar
 from .config import ConfigError, RunConfig
-from .data import Data, dataset_for
+from .data import Data, Dataset, dataset_for
 from .engine import ModelEngine, evaluate, train_step, weight_stats
 from .loop import Loop, Member, RunResult
 from .losses import Loss, Task, loss_for, task_of
@@ -76,6 +76,7 @@ def dry_run(model: nn.Module, data: Data, loss: Loss, precision: str = "fp32", m
             if not isinstance(output, torch.Tensor):
                 raise ConfigError(f"model {model_name} returned a {type(output).__name__}; it must return a tensor "
                                   f"that the loss takes with the targets")
+            _check_labels(output, y, data, model_name, data_name)
             value = loss(output, y)
             if not isinstance(value, torch.Tensor) or value.dim() != 0:
                 raise ConfigError(f"loss {loss.name} must return a scalar (the mean over the batch); it returned "
@@ -89,6 +90,18 @@ def dry_run(model: nn.Module, data: Data, loss: Loss, precision: str = "fp32", m
                 raise
             raise ConfigError(f"{stage} failed: {_message(exc)}") from None
     return task_of(loss, output.detach(), y, data.attributes)
+
+
+def _check_labels(output: torch.Tensor, y: torch.Tensor, data: Data, model_name: str, data_name: str) -> None:
+    """Class-index targets of resident data (all at hand): each must have a class score in the output."""
+    classes = not y.is_floating_point() and tuple(output.shape[:-1]) == tuple(y.shape)
+    if not (classes and isinstance(data, Dataset)):
+        return
+    labels = torch.cat([data.y_train.reshape(-1), data.y_test.reshape(-1)])
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= output.shape[-1]:
+        raise ConfigError(f"model {model_name} gives {output.shape[-1]} class scores, but the targets of "
+                          f"{data_name} run from {low} to {high}: class indices must be 0 to {output.shape[-1] - 1}")
 
 
 @dataclass(frozen=True)

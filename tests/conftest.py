@@ -1,6 +1,12 @@
 """Shared test setup: one torch thread (as the library's default), small helpers."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
 import pandas as pd
 import pytest
 import torch
@@ -8,6 +14,35 @@ import torch
 from bsresearch.config import RunConfig
 
 torch.set_num_threads(1)
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """An examples/ module by its path, as a user's file (the repository root need not be on sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def killed_at(step: int) -> Iterator[None]:
+    """Every run inside dies when it reaches `step`: engine.train_step raises KeyboardInterrupt there, as a
+    killed process would stop (the run directory keeps what was written); the context expects that."""
+    import bsresearch.engine as engine
+    original = engine.train_step
+
+    def dying(state, *args, **kwargs):
+        if state.step == step:
+            raise KeyboardInterrupt
+        return original(state, *args, **kwargs)
+    engine.train_step = dying
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        engine.train_step = original
 
 
 def tiny_config(**changes) -> RunConfig:

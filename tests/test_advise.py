@@ -1,16 +1,14 @@
 """advise() on models outside the registry: the shipped transformer end to end, the largest-batch search
 under a simulated OOM and under the CPU memory model, the noise scale against a per-example loop, the
 fallback to the two-batch estimator, and the user's objects left untouched."""
-import importlib.util
 import math
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import load_example
 
 from bsresearch.advise import advise, optimizer_factory, scale_lr
 from bsresearch.config import ConfigError
@@ -18,19 +16,7 @@ from bsresearch.losses import cross_entropy
 from bsresearch.systems import search as search_module
 from bsresearch.systems.workload import TrainParts, training_step
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _example(name: str) -> ModuleType:
-    """An examples/ module by its path (the repository root need not be on sys.path)."""
-    spec = importlib.util.spec_from_file_location(f"advise_example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tiny_transformer, regression_mlp = _example("tiny_transformer"), _example("regression_mlp")
+tiny_transformer, regression_mlp = load_example("tiny_transformer"), load_example("regression_mlp")
 
 QUICK: dict[str, Any] = dict(device="cpu", min_seconds=0.0, warmup=0, repeats=1, n_bootstrap=20)
 

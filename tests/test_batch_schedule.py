@@ -3,11 +3,10 @@ the lr decaying. Oracles: exact step counts, every epoch a permutation, the cons
 first milestone, an uninterrupted run for resume."""
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import killed_at, tiny_config
 
 import bsresearch.callbacks as CB
 import bsresearch.data as D
-import bsresearch.engine as E
 import bsresearch.train as T
 from bsresearch import config as C
 from bsresearch.rundir import RunDir
@@ -85,16 +84,8 @@ def test_before_the_first_milestone_the_run_is_the_constant_batch_run(tmp_path):
 def test_resume_across_a_batch_change_is_exact(tmp_path, monkeypatch):
     cfg = ramp(checkpoint_every=7, save_checkpoint=True, batchnorm=True, ghost_batch_size=16)
     full = run(cfg, tmp_path / "full")
-    original = E.train_step
-
-    def dying_step(state, *args, **kwargs):
-        if state.step == 16:   # after the step-14 checkpoint, between the changes at steps 10 and 17
-            raise KeyboardInterrupt
-        return original(state, *args, **kwargs)
-    monkeypatch.setattr(E, "train_step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at(16):   # after the step-14 checkpoint, between the changes at steps 10 and 17
         run(cfg, tmp_path / "killed")
-    monkeypatch.setattr(E, "train_step", original)
     resumed = run(cfg, tmp_path / "killed")
     assert RunDir(tmp_path / "killed").status()["resumed_from"] == 14
     a = T.load_checkpoint(tmp_path / "full" / "checkpoint.pt")["state"]["model"]

@@ -1,30 +1,18 @@
 """The two examples a user would write, trained through bsresearch exactly as any reference: the GPT-style
 language model on Debian's fortunes text and the small ResNet on Fashion-MNIST (each skips where `make data`
 could not install its data)."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_example
 
 from bsresearch.config import RunConfig
 from bsresearch.data import StreamedDataset, dataset_for
 from bsresearch.rundir import RunDir
 from bsresearch.train import run
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lm, vision = _example("lm"), _example("vision")
+lm, vision = load_example("lm"), load_example("vision")
 needs_fortunes = pytest.mark.skipif(not (lm.FORTUNES / "cookie").exists(), reason="Debian's fortunes is not installed "
                                     "(`make data` installs it as root)")
 needs_fashion = pytest.mark.skipif(not (vision.FOLDER / "train-images-idx3-ubyte.gz").exists(),

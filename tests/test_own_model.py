@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import EXAMPLES, killed_at
 
 from bsresearch import config as C
 from bsresearch.cli import main
@@ -144,20 +145,9 @@ def test_train_from_the_command_line_with_resume(user_file, tmp_path):
     assert config["derived"]["sources"]["loss"]["reference"] == f"{user_file}:smoothed"
     assert config["derived"]["n_train"] == 240   # 300 examples, test_size 0.2 held out
     # killed after the step-8 checkpoint, rerun: the same final weights as the uninterrupted run
-    import bsresearch.engine as E
-    original = E.train_step
-
-    def dying(state, *a, **k):
-        if state.step == 10:
-            raise KeyboardInterrupt
-        return original(state, *a, **k)
-    E.train_step = dying
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(RunConfig.from_dict({k: v for k, v in config.items() if k != "derived"})
-                .replace(checkpoint_every=4), tmp_path / "killed", progress=False)
-    finally:
-        E.train_step = original
+    with killed_at(10):
+        run(RunConfig.from_dict({k: v for k, v in config.items() if k != "derived"}).replace(checkpoint_every=4),
+            tmp_path / "killed", progress=False)
     assert main([*args, "--checkpoint-every", "4", "--run-dir", str(tmp_path / "killed")]) == 0
     assert RunDir(tmp_path / "killed").status()["resumed_from"] == 8
 
@@ -192,19 +182,8 @@ def test_resume_on_the_streamed_path_with_a_worker_continues_exactly(user_file, 
     cfg = cfg_for(user_file, dataset=f"{user_file}:make_items", loader_workers=1, budget_amount=20,
                   checkpoint_every=5, save_checkpoint=True)
     full = run(cfg, tmp_path / "full", progress=False)
-    import bsresearch.engine as E
-    original = E.train_step
-
-    def dying(state, *a, **k):
-        if state.step == 12:
-            raise KeyboardInterrupt
-        return original(state, *a, **k)
-    E.train_step = dying
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(cfg, tmp_path / "killed", progress=False)
-    finally:
-        E.train_step = original
+    with killed_at(12):
+        run(cfg, tmp_path / "killed", progress=False)
     resumed = run(cfg, tmp_path / "killed", progress=False)
     assert RunDir(tmp_path / "killed").status()["resumed_from"] == 10
     assert resumed.history[-1]["train_loss"] == full.history[-1]["train_loss"]
@@ -231,7 +210,7 @@ def test_a_regressor_reports_its_loss_and_no_accuracy(user_file, tmp_path):
 
 
 def test_a_language_model_counts_tokens_and_reports_bits_per_character(tmp_path):
-    lm = Path(__file__).resolve().parents[1] / "examples" / "tiny_transformer.py"
+    lm = EXAMPLES / "tiny_transformer.py"
     data_file = tmp_path / "text.py"
     data_file.write_text(textwrap.dedent(f'''
         import importlib.util
@@ -264,3 +243,40 @@ def test_advise_takes_a_reference_as_it_takes_a_built_in_name(user_file, tmp_pat
                  "--out", str(tmp_path / "builtin"), *quick]) == 0
     record = json.loads((tmp_path / "own" / "advice.json").read_text())
     assert record["config"]["model_kwargs"] == {"hidden": 8} and record["noise_scale"]["b_simple"] > 0
+
+
+@pytest.mark.slow
+def test_the_run_notebook_takes_a_reference_as_it_takes_a_built_in_name(user_file, tmp_path):
+    """notebooks/01_train under papermill, as a sweep executes it: the user's regressor, its kwargs, its loss."""
+    import papermill as pm
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "01_train.ipynb"
+    run_dir = tmp_path / "run"
+    pm.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), cwd=str(tmp_path), progress_bar=False,
+                        parameters={"model": f"{user_file}:regressor", "model_kwargs": {"hidden": 4},
+                                    "dataset": f"{user_file}:make_regression", "loss": "mse", "batch_size": 16,
+                                    "budget": "steps", "budget_amount": 6, "eval_schedule": "every",
+                                    "eval_every": 3, "device": "cpu", "run_dir": str(run_dir)})
+    rd = RunDir(run_dir)
+    assert rd.state() == "ok" and rd.config()["model_kwargs"] == {"hidden": 4}
+    assert C.run_id(RunConfig.from_dict({k: v for k, v in rd.config().items() if k != "derived"})) == \
+        rd.config()["derived"]["run_id"]
+
+
+def test_a_sweep_over_the_users_model_kwargs(user_file, tmp_path):
+    from bsresearch import results
+    from bsresearch.sweep import load_spec, run_sweep
+    spec = tmp_path / "own.yaml"
+    spec.write_text(textwrap.dedent(f"""
+        name: own
+        base: {{model: "{user_file}:make_model", dataset: "{user_file}:make_data", budget: steps,
+               budget_amount: 6, eval_schedule: every, eval_every: 3, device: cpu, save_checkpoint: false}}
+        grid: {{batch_size: [8, 16], model_kwargs: [{{hidden: 4}}, {{hidden: 8}}]}}
+        seeds: 1
+    """))
+    report = run_sweep(load_spec(spec), tmp_path / "runs", executor="inline", engine="library", progress=False)
+    assert report.all_finished
+    runs = results.load("own", tmp_path / "runs")
+    assert sorted(map(str, runs["model_kwargs"])) == ["{'hidden': 4}"] * 2 + ["{'hidden': 8}"] * 2
+    assert set(runs["state"]) == {"ok"} and runs["run_id"].nunique() == 4
+    assert all(report.planned[i].fusion and "not supported in a fused group" in report.planned[i].fusion
+               for i in range(4))   # a reference model trains alone, and the plan says why

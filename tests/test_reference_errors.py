@@ -26,7 +26,7 @@ BAD = textwrap.dedent('''
 
 
     def make_data(n=64):
-        return TensorDataset(torch.randn(n, 4), torch.randint(8, (n,)))
+        return TensorDataset(torch.randn(n, 4, generator=torch.Generator().manual_seed(0)), 7 - torch.arange(n) % 8)
 
 
     def tiny_data():
@@ -66,7 +66,9 @@ CASES = {
     "dataset_kwargs": (["--dataset-kwargs", "size=4"], "dataset_kwargs: {f}:make_data does not accept 'size'"),
     "items": (["--dataset", "{f}:triples"], "items must be (input, target) pairs; item 0 is a tuple of 3"),
     "smaller than a batch": (["--dataset", "{f}:tiny_data"], "batch_size 16 exceeds the training set size 8"),
-    "output the loss cannot take": (["--model-kwargs", "width=3"], "loss cross_entropy on the output of model"),
+    "fewer classes than the targets": (["--model-kwargs", "width=3"], "gives 3 class scores, but the targets of "
+                                                                     "dataset {f}:make_data run from 0 to 7"),
+    "output the loss cannot take": (["--loss", "bce_with_logits"], "loss bce_with_logits on the output of model"),
     "inputs the model cannot take": (["--dataset", "{f}:wrong_width"], "on a batch of dataset"),
     "loss not a scalar": (["--loss", "{f}:per_example"], "must return a scalar (the mean over the batch); it "
                                                         "returned (2,) float32"),
@@ -101,11 +103,11 @@ def test_a_sweep_with_a_bad_reference_stops_before_any_run(tmp_path, capsys):
         name: badref
         base: {{model: "{user}:make_model", dataset: "{user}:make_data", budget: steps, budget_amount: 3,
                device: cpu}}
-        grid: {{batch_size: [8, 16], model_kwargs: [{{width: 8}}, {{width: 3}}]}}
+        grid: {{batch_size: [8, 16], dataset: ["{user}:make_data", "{user}:wrong_width"]}}
     """))
     code = main(["sweep", str(spec), "--runs", str(tmp_path / "runs"), "--executor", "inline", "--quiet"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "loss cross_entropy on the output of model" in err, err
+    assert code == 2 and err.count("\n") == 1 and "mat1 and mat2 shapes cannot be multiplied" in err, err
     assert "grid point" in err and not (tmp_path / "runs" / "badref").exists()
 
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from conftest import requires_cuda, tiny_config
+from conftest import killed_at, requires_cuda, tiny_config
 
 from bsresearch import config as C
 from bsresearch.config import RunConfig
@@ -103,20 +103,9 @@ def test_resume_after_a_kill_continues_exactly(tmp_path):
         full = run(cfg, tmp_path / f"{opt}-full")
         # a real interruption: the process raises at step 17 (after the step-14 checkpoint)
         target = tmp_path / f"{opt}-killed"
-        import bsresearch.engine as E
         import bsresearch.train as T
-        original = E.train_step
-
-        def dying_step(state, *args, original=original, **kwargs):
-            if state.step == 17:
-                raise KeyboardInterrupt
-            return original(state, *args, **kwargs)
-        E.train_step = dying_step
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                run(cfg, target)
-        finally:
-            E.train_step = original
+        with killed_at(17):
+            run(cfg, target)
         assert RunDir(target).state() == "running"
         resumed = run(cfg, target)
         assert RunDir(target).status()["resumed_from"] == 14

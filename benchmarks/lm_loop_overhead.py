@@ -1,0 +1,127 @@
+"""What bsresearch's one training loop costs on a user's model: the language-model example
+(examples/lm.py) trained through `bsresearch.train.run`, exactly as `bsresearch train` does, against the
+minimal loop a researcher would write by hand for the same model, data order and optimizer; and the
+resident data path against the DataLoader path on the same data.
+
+Hand-written: the same initial weights, the same permutation of the training windows each epoch, AdamW,
+zero_grad / forward / cross-entropy / backward / step, nothing else. bsresearch: `run(cfg)` with every
+callback a run has (evaluation, divergence checks, checkpoints, progress, recording); its time is the
+loop's own training time (metrics.json's train_seconds: the steps, synchronised, evaluation excluded), the
+hand-written loop's the same steps timed the same way. Candidates alternate, several rounds, one process,
+one thread; the same final loss checks that both trained the same steps. Ratios are per batch size.
+
+    python benchmarks/lm_loop_overhead.py [--batch-sizes 16,256] [--seconds 6] [--repeats 3]
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import benchmark_parser, median_and_spread, start, write_results  # noqa: E402
+
+from bsresearch.config import RunConfig  # noqa: E402
+from bsresearch.data import dataset_for  # noqa: E402
+from bsresearch.models import model_for  # noqa: E402
+from bsresearch.runtime import make_generator  # noqa: E402
+from bsresearch.train import run  # noqa: E402
+
+LR = 3e-3
+
+
+def config(batch_size: int, steps: int, device: torch.device, **changes) -> RunConfig:
+    return RunConfig(model="examples/lm.py:make_model", dataset="examples/lm.py:make_data", optimizer="adamw",
+                     lr=LR, batch_size=batch_size, base_batch_size=batch_size, budget="steps", budget_amount=steps,
+                     eval_schedule="every", eval_every=10 ** 9, eval_train_size=batch_size, eval_test_size=batch_size,
+                     device=str(device), save_checkpoint=False, **changes)
+
+
+def bsresearch_run(cfg: RunConfig) -> tuple[float, float]:
+    """(seconds of training, final batch-loss-free check value: the last evaluation's train loss)."""
+    result = run(cfg, progress=False)
+    assert result.state == "ok", result.error
+    return result.metrics["train_seconds"], result.metrics["train_loss"]
+
+
+def hand_written(cfg: RunConfig, data, device: torch.device) -> tuple[float, float]:
+    """The same steps by hand; returns (seconds, the train loss on the same evaluation examples)."""
+    model = model_for(cfg, data, make_generator(cfg.seed, "init")).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    x, y = data.x_train, data.y_train
+    generator = make_generator(cfg.seed, "data", device)
+    order, position = torch.randperm(len(x), generator=generator, device=device), 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start_time = time.perf_counter()
+    for _ in range(int(cfg.budget_amount)):
+        if position + cfg.batch_size > len(x):
+            order, position = torch.randperm(len(x), generator=generator, device=device), 0
+        idx = order[position:position + cfg.batch_size]
+        position += cfg.batch_size
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(x[idx])
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[idx].reshape(-1)).backward()
+        optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start_time
+    model.eval()
+    with torch.no_grad():
+        logits = model(x[:cfg.batch_size])
+        check = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[:cfg.batch_size].reshape(-1)).item()
+    return seconds, check
+
+
+def measure(batch_size: int, device: torch.device, seconds: float, repeats: int) -> list[dict]:
+    probe = config(batch_size, 2, device)
+    data = dataset_for(probe, device)
+    two_steps, _ = hand_written(probe, data, device)   # a first pass: allocation, and the step's length
+    steps = max(3, math.ceil(seconds / max(two_steps / 2, 1e-3)))
+    candidates = {
+        "hand-written loop": lambda: hand_written(config(batch_size, steps, device), data, device),
+        "bsresearch, resident data": lambda: bsresearch_run(config(batch_size, steps, device)),
+        "bsresearch, DataLoader": lambda: bsresearch_run(config(batch_size, steps, device, data_loading="stream")),
+        "bsresearch, DataLoader, 1 worker": lambda: bsresearch_run(
+            config(batch_size, steps, device, data_loading="stream", loader_workers=1)),
+    }
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    checks: dict[str, float] = {}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            seconds_taken, check = fn()
+            times[name].append(seconds_taken)
+            checks[name] = check
+    reference = checks["hand-written loop"]
+    assert all(abs(v - reference) <= 1e-5 * abs(reference) for v in checks.values()), checks  # the same training
+    base = median_and_spread([steps / t for t in times["hand-written loop"]])[0]
+    rows = []
+    for name, values in times.items():
+        rate, spread = median_and_spread([steps / t for t in values])
+        rows.append({"batch_size": batch_size, "tokens_per_step": batch_size * data.x_train.shape[1],
+                     "candidate": name, "steps": steps, "repeats": repeats, "steps_per_second": rate,
+                     "steps_per_second_half_iqr": spread, "time_vs_hand_written": base / rate,
+                     "train_loss_after": checks[name]})
+    return rows
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--batch-sizes", default="16,256")
+    parser.add_argument("--seconds", type=float, default=6.0, help="target length of one timed run")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    device = start(args)
+    rows = []
+    for b in (int(v) for v in args.batch_sizes.split(",")):
+        rows += measure(b, device, args.seconds, args.repeats)
+    write_results(pd.DataFrame(rows), "lm_loop_overhead", device, args.out_dir)
+
+
+if __name__ == "__main__":
+    main()
