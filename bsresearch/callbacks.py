@@ -8,6 +8,7 @@
     Recording     the run directory: config.json and status.json at the start, history.csv at each
                   evaluation, metrics.json (measurements included), the final checkpoint and the final
                   status when a member stops; and the member's RunResult
+    AtSteps       a function of yours at chosen steps (a measurement along training), off the clock
 
 A single run uses all of them; a fused group all but Checkpointing and NoiseScale (fused.compat keeps
 those configs out); advise only NoiseScale and its own recorder.
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from . import config as C
-from .data import Dataset
+from .data import Dataset, resident_dataset_for
 from .loop import Callback, Loop, Member, RunResult, StepHooks
 from .measure.registry import take_measurements
 from .models import count_parameters
@@ -131,6 +132,24 @@ class NoiseScale(Callback):
         return noise_hooks(member.cfg, member.state, loop.data.n_train)
 
 
+class AtSteps(Callback):
+    """Call fn(member, loop) when a member has done each number of steps in `steps` (before its next update;
+    a step past the budget never comes); its time is not training time. For measurements along training:
+    `run(cfg, callbacks=[AtSteps([0, 10, 100], measure)])`, the model being member.state.model."""
+
+    def __init__(self, steps: Any, fn: Any) -> None:
+        self.steps, self.fn = {int(s) for s in steps}, fn
+        self.done: set[tuple[int, int]] = set()
+
+    def before_step(self, loop: Loop) -> None:
+        for m in loop.active:
+            key = (m.index, m.state.step)
+            if m.state.step in self.steps and key not in self.done:
+                self.done.add(key)
+                with loop.paused():
+                    self.fn(m, loop)
+
+
 def progress_bar(total: int, enabled: bool | None):
     """A step bar; by default on a terminal, and in a notebook that JupyterLab runs (a widget there: the
     Jupyter server names its kernels' sessions in JPY_SESSION_NAME), off under papermill and in logs."""
@@ -220,12 +239,8 @@ class Recording(Callback):
         m, cfg, state, rd = member, member.cfg, member.state, member.rd
         metrics: dict[str, Any] = final_metrics(m, loop) if state.history else {}
         if m.outcome == "ok" and cfg.measure:
-            if isinstance(loop.data, Dataset):
-                metrics.update(take_measurements(cfg.measure, state.model, loop.data, cfg, state.generators.probe))
-            else:
-                metrics["measurement_errors"] = {name: "the measurements read the data as tensors; with data_loading "
-                                                       "stream they are taken after training"
-                                                 for name in cfg.measure}
+            data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
+            metrics.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
         if rd:
             rd.write_history(state.history)
             rd.write_metrics(metrics)

@@ -99,13 +99,19 @@ class Task:
 TEXT_UNITS = ("character", "byte")  # a dataset may say `characters_per_token` or `bytes_per_token`
 
 
+def class_indices(output: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether `target` holds class indices for `output`'s scores: integer targets, and an output with one
+    more dimension (the classes) than the targets."""
+    is_index = not target.is_floating_point() and not target.is_complex() and target.dtype != torch.bool
+    return is_index and output.is_floating_point() and tuple(output.shape[:-1]) == tuple(target.shape)
+
+
 def task_of(loss: Loss, output: torch.Tensor, target: torch.Tensor,
             attributes: Mapping[str, Any] | None = None) -> Task:
     """The task of a run whose model gives `output` for a batch whose targets are `target` (see the module
     docstring). `attributes` (what the user's training dataset says of itself) may hold characters_per_token
     or bytes_per_token."""
-    is_index = not target.is_floating_point() and not target.is_complex() and target.dtype != torch.bool
-    classes = is_index and output.is_floating_point() and tuple(output.shape[:-1]) == tuple(target.shape)
+    classes = class_indices(output, target)
     sequence = classes and target.dim() >= 2
     unit = UNITS.get(loss.name, f"loss ({loss.name})")
     if loss.name == "cross_entropy" and sequence:

@@ -51,6 +51,14 @@ def parse(text: str) -> Reference:
     return Reference(text, source, name, is_file)
 
 
+def short_name(value: str) -> str:
+    """A built-in name as it is; a reference as its file's name and the object ('lm.py:make_model'), for labels."""
+    if not looks_like_reference(value):
+        return value
+    source, _, name = value.rpartition(":")
+    return f"{Path(source).name}:{name}" if source.endswith(".py") or "/" in source else value
+
+
 def find_file(source: str) -> Path | None:
     """The file a reference's path names: absolute as given; relative under the project root, then in the
     working directory. None when it is in neither."""

@@ -15,6 +15,7 @@ Conventions (docs/design.md#conventions):
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +27,8 @@ from .callbacks import Checkpointing, Divergence, Evaluation, NoiseScale, Progre
 from .config import ConfigError, RunConfig
 from .data import Data, Dataset, dataset_for
 from .engine import ModelEngine, evaluate, train_step, weight_stats
-from .loop import Loop, Member, RunResult
-from .losses import Loss, Task, loss_for, task_of
+from .loop import Callback, Loop, Member, RunResult
+from .losses import Loss, Task, class_indices, loss_for, task_of
 from .measure.functional import measuring
 from .models import model_for
 from .rundir import RunDir
@@ -94,8 +95,7 @@ def dry_run(model: nn.Module, data: Data, loss: Loss, precision: str = "fp32", m
 
 def _check_labels(output: torch.Tensor, y: torch.Tensor, data: Data, model_name: str, data_name: str) -> None:
     """Class-index targets of resident data (all at hand): each must have a class score in the output."""
-    classes = not y.is_floating_point() and tuple(output.shape[:-1]) == tuple(y.shape)
-    if not (classes and isinstance(data, Dataset)):
+    if not (class_indices(output, y) and isinstance(data, Dataset)):
         return
     labels = torch.cat([data.y_train.reshape(-1), data.y_test.reshape(-1)])
     low, high = int(labels.min()), int(labels.max())
@@ -119,8 +119,9 @@ def components(cfg: RunConfig, data: Data, model: nn.Module) -> Components:
 
 
 def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None = None,
-        overwrite: bool = False) -> RunResult:
-    """Train `cfg` and write its run directory; the whole experiment, top to bottom.
+        overwrite: bool = False, callbacks: Sequence[Callback] = ()) -> RunResult:
+    """Train `cfg` and write its run directory; the whole experiment, top to bottom. `callbacks` are added to
+    the run's own (loop.Callback; e.g. callbacks.AtSteps for a measurement along training).
 
     Bad configuration raises ConfigError before any work (and before the run directory is written).
     Failures during work (NaN or exploding loss, out of memory, any other exception) end the run with
@@ -162,8 +163,8 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     member = Member(0, cfg, state, rd, C.total_steps(cfg, data.n_train, tokens),
                     set(C.eval_steps(cfg, data.n_train, tokens)), resumed_from=resumed_from,
                     wall_offset=state.history[-1]["wall_seconds"] if state.history else 0.0)
-    callbacks = [Evaluation(), Divergence(), Checkpointing(), NoiseScale(), Progress(progress), Recording()]
-    Loop([member], ModelEngine(data, parts.loss, parts.task), callbacks, data, parts.task, device,
+    own = [Evaluation(), Divergence(), Checkpointing(), NoiseScale(), Progress(progress), Recording()]
+    Loop([member], ModelEngine(data, parts.loss, parts.task), [*own, *callbacks], data, parts.task, device,
          LOSS_CHECK_EVERY.get(device.type, 1)).run()
     assert member.result is not None
     return member.result

@@ -19,8 +19,10 @@
 
 # %% tags=["parameters"]
 # Parameters (papermill injects overrides after this cell).
-dataset: str = "mnist1d"           # a bsresearch dataset
-model: str = "cnn1d"               # mlp | cnn1d | ...
+dataset: str = "mnist1d"           # a bsresearch dataset, or FILE.py:NAME
+model: str = "cnn1d"               # mlp | cnn1d | ..., or your own as FILE.py:NAME
+model_kwargs: dict = {}            # keyword arguments for your model factory
+loss: str = "cross_entropy"        # the runs' loss: cross_entropy, mse, ... or FILE.py:NAME
 optimizer: str = "adam"            # Keskar et al. used Adam
 lr: float = 1e-3                   # the same for both batch sizes (no lr scaling)
 small_batch: int = 64              # SB
@@ -47,23 +49,26 @@ import numpy as np
 import pandas as pd
 
 from bsresearch.config import RunConfig
-from bsresearch.data import dataset_for
+from bsresearch.data import resident_dataset_for
+from bsresearch.losses import loss_for
 from bsresearch.measure import curvature, landscape, sharpness
 from bsresearch.measure.functional import batches_of
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.references import short_name
 from bsresearch.runtime import make_generator, resolve_device
 from bsresearch.train import run
 
 out = project_path(out_dir)
-base = RunConfig(dataset=dataset, model=model, optimizer=optimizer, lr=lr, lr_scaling="none", budget=budget,
+base = RunConfig(dataset=dataset, model=model, model_kwargs=model_kwargs, loss=loss, optimizer=optimizer, lr=lr,
+                 lr_scaling="none", budget=budget,
                  budget_amount=budget_amount, target_loss=target_loss, max_steps=max_steps,
                  train_size=train_size or None, seed=seed, device=device, save_checkpoint=False)
 results = {name: run(base.replace(batch_size=b, base_batch_size=b), progress=False)
            for name, b in [("SB", small_batch), ("LB", large_batch)]}
 dev = resolve_device(device)
-data = dataset_for(base, dev)
-x, y = data.x_train, data.y_train
+data = resident_dataset_for(base, dev)
+x, y, loss_fn = data.x_train, data.y_train, loss_for(loss)
 for name, r in results.items():
     print(name, r.summary().splitlines()[-1])
 
@@ -72,14 +77,17 @@ for name, r in results.items():
 def measurements(m):
     probe = make_generator(seed, "probe")
     batches = batches_of(x, y)
-    row = {f"phi eps={e:g} (%)": sharpness.keskar_sharpness(m, x, y, e, generator=probe).phi for e in eps}
-    top = curvature.top_eigenvalues(m, batches, k=top_k, tol=1e-3, generator=probe)
+    row = {f"phi eps={e:g} (%)": sharpness.keskar_sharpness(m, x, y, e, generator=probe, loss_fn=loss_fn).phi
+           for e in eps}
+    top = curvature.top_eigenvalues(m, batches, k=top_k, tol=1e-3, generator=probe, loss_fn=loss_fn)
     row.update({f"lambda_{i + 1}": v for i, v in enumerate(top.eigenvalues)})
-    trace = curvature.hessian_trace(m, batches, n_probes=trace_probes, generator=probe)
+    trace = curvature.hessian_trace(m, batches, n_probes=trace_probes, generator=probe, loss_fn=loss_fn)
     row.update({"trace": trace.trace, "trace s.e.": trace.std_error,
-                "worst rho=0.05": sharpness.worst_case_sharpness(m, x, y, 0.05).sharpness,
-                "average sigma=0.01": sharpness.average_case_sharpness(m, x, y, 0.01, generator=probe).sharpness,
-                "adaptive worst rho=0.5": sharpness.worst_case_sharpness(m, x, y, 0.5, adaptive=True).sharpness})
+                "worst rho=0.05": sharpness.worst_case_sharpness(m, x, y, 0.05, loss_fn=loss_fn).sharpness,
+                "average sigma=0.01": sharpness.average_case_sharpness(m, x, y, 0.01, generator=probe,
+                                                                       loss_fn=loss_fn).sharpness,
+                "adaptive worst rho=0.5": sharpness.worst_case_sharpness(m, x, y, 0.5, adaptive=True,
+                                                                         loss_fn=loss_fn).sharpness})
     return row
 
 
@@ -92,23 +100,24 @@ table
 
 # %%
 alphas = np.linspace(-1, 2, n_alphas)
-line = landscape.interpolate(results["SB"].model, results["LB"].model, data, alphas=alphas)
+line = landscape.interpolate(results["SB"].model, results["LB"].model, data, alphas=alphas, loss_fn=loss_fn)
 fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
 for split, style in [("train", "-"), ("test", "--")]:
     part = line[line.split == split]
     ax.plot(part.alpha, part.loss, "b" + style, label=f"{split} loss")
-ax.set(yscale="log", xlabel="alpha  (0: SB, 1: LB)", ylabel="cross-entropy",
-       title=f"{dataset} / {model}: SB {small_batch} -> LB {large_batch}")
-acc = ax.twinx()
-for split, style in [("train", "-"), ("test", "--")]:
-    part = line[line.split == split]
-    acc.plot(part.alpha, 100 * part.accuracy, "r" + style, label=f"{split} accuracy")
-acc.set_ylabel("accuracy (%)", color="r")
+ax.set(yscale="log", xlabel="alpha  (0: SB, 1: LB)", ylabel=f"loss ({loss})",
+       title=f"{short_name(dataset)} / {short_name(model)}: SB {small_batch} -> LB {large_batch}")
 ax.legend(loc="upper left")
-acc.legend(loc="upper right")
+if line.accuracy.notna().any():   # a regressor has no accuracy
+    acc = ax.twinx()
+    for split, style in [("train", "-"), ("test", "--")]:
+        part = line[line.split == split]
+        acc.plot(part.alpha, 100 * part.accuracy, "r" + style, label=f"{split} accuracy")
+    acc.set_ylabel("accuracy (%)", color="r")
+    acc.legend(loc="upper right")
 save_figure(fig, out / f"{tag}_interpolation", f"Loss and accuracy on the line from the small-batch "
-            f"({small_batch}) to the large-batch ({large_batch}) solution, {dataset}/{model}, {optimizer} lr {lr:g}, "
-            f"seed {seed}; BatchNorm buffers interpolated too")
+            f"({small_batch}) to the large-batch ({large_batch}) solution, {short_name(dataset)}/"
+            f"{short_name(model)}, {optimizer} lr {lr:g}, seed {seed}; BatchNorm buffers interpolated too")
 plt.show()
 
 # %%
@@ -116,7 +125,8 @@ if density_probes:
     fig, ax = plt.subplots(figsize=(6.5, 3.5), layout="constrained")
     for name, r in results.items():
         density = curvature.spectral_density(r.model, batches_of(x, y), n_probes=density_probes,
-                                             n_iter=density_iter, generator=make_generator(seed, "probe"))
+                                             n_iter=density_iter, generator=make_generator(seed, "probe"),
+                                             loss_fn=loss_fn)
         grid = np.linspace(density.nodes.min() - 1, density.nodes.max() + 1, 1000)
         ax.plot(grid, density.density(grid, sigma=0.02 * (grid[-1] - grid[0])) + 1e-8, label=name)
     ax.set(yscale="log", xlabel="Hessian eigenvalue", ylabel="density", title="spectral density (SLQ)")

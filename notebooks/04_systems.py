@@ -23,8 +23,10 @@
 # Parameters (papermill injects overrides after this cell).
 from typing import Optional
 
-model: str = "cnn1d"                      # mlp | cnn1d | convnet | resnet
-dataset: str = "mnist1d"                  # mnist1d (40), cifar10 (3x32x32), fashion_mnist (1x28x28), synthetic (20)
+model: str = "cnn1d"                      # mlp | cnn1d | convnet | resnet, or your own as FILE.py:NAME
+model_kwargs: dict = {}                   # keyword arguments for your model factory
+dataset: str = "mnist1d"                  # mnist1d, cifar10, fashion_mnist, synthetic, or FILE.py:NAME
+loss: str = "cross_entropy"               # cross_entropy, mse, ... or FILE.py:NAME
 precisions: list = ["fp32", "bf16"]       # fp16 needs CUDA
 optimizer: str = "sgd"                    # sgd | adam | adamw
 batch_sizes: list = [2 ** k for k in range(3, 13)]  # swept for memory and throughput (stops at the first OOM)
@@ -44,8 +46,9 @@ tag: str = "nb04"                         # file name stem
 # %%
 import matplotlib.pyplot as plt
 
-from bsresearch import RunConfig, run
-from bsresearch.data import dataset_for
+from bsresearch import run
+from bsresearch.data import resident_dataset_for
+from bsresearch.losses import loss_for
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.systems import bench_figure, memory_breakdown_plot, precision_plot, recommendation_plots
@@ -64,7 +67,9 @@ from bsresearch.systems.cli import parse_bytes
 dev = resolve_device(device)
 set_threads(1)
 budget = parse_bytes(memory_budget) if memory_budget else None
-workloads = [model_workload(model, precision=p, optimizer=optimizer, dataset=dataset) for p in precisions]
+own = {"model_kwargs": model_kwargs} if model_kwargs else {}
+workloads = [model_workload(model, precision=p, optimizer=optimizer, dataset=dataset, loss=loss, **own)
+             for p in precisions]
 out = project_path(out_dir)
 label = device_label(dev)
 print(dev, label, "budget", budget)
@@ -118,12 +123,12 @@ print("RunConfig for the study:", plan.apply(workloads[0].cfg).micro_batch_size,
 
 # %%
 if b_simple is None:
-    cfg = RunConfig(model=model, dataset=dataset, optimizer=optimizer, batch_size=32, budget="steps",
-                    budget_amount=noise_steps, eval_schedule="every", eval_every=noise_steps, device=str(dev),
-                    save_checkpoint=False)
+    cfg = workloads[0].cfg.replace(batch_size=32, budget="steps", budget_amount=noise_steps, eval_schedule="every",
+                                   eval_every=noise_steps, device=str(dev), save_checkpoint=False)
     trained = run(cfg, progress=False)
-    data = dataset_for(cfg, dev)
-    b_simple = measure_b_simple(trained.model, data.x_train[:noise_examples], data.y_train[:noise_examples])
+    data = resident_dataset_for(cfg, dev)
+    b_simple = measure_b_simple(trained.model, data.x_train[:noise_examples], data.y_train[:noise_examples],
+                                loss_fn=loss_for(loss))
 print("B_simple", b_simple)
 train = bench.table[(bench.table["mode"] == "train") & (bench.table["status"] == "ok")
                     & (bench.table["precision"] == precisions[0])]

@@ -53,7 +53,7 @@ def test_measuring_does_not_change_the_saved_model(tmp_path):
 
 
 def test_a_failing_measurement_is_recorded_not_raised(tmp_path, monkeypatch):
-    def broken(model, data, cfg, generator):
+    def broken(model, data, cfg, generator, loss):
         raise RuntimeError("probe exploded")
     monkeypatch.setitem(registry.MEASUREMENTS, "hessian", broken)
     result = run(tiny_config(measure=("hessian", "keskar_sharpness")), tmp_path / "r")
@@ -68,6 +68,15 @@ def test_a_failing_measurement_is_recorded_not_raised(tmp_path, monkeypatch):
                                   n_checkpoints=3, b_small=8, b_big=64, n_draws=3, hessian_probes=2, train_size=256)),
     ("03_sharpness_landscape.ipynb", dict(dataset="synthetic", model="mlp", small_batch=16, large_batch=128,
                                           budget="steps", budget_amount=20, train_size=256, top_k=1, trace_probes=2,
+                                          density_probes=1, density_iter=5, n_alphas=5)),
+    # a user's language model (a sequence of tokens per example), and a user's regressor (no accuracy)
+    ("02_noise_scale.ipynb", dict(dataset="examples/tiny_transformer.py:make_data",
+                                  model="examples/tiny_transformer.py:make_model", optimizer="adam", lr=3e-3,
+                                  batch_size=16, micro_batch_size=8, steps=10, n_checkpoints=3, b_small=4, b_big=32,
+                                  n_draws=3, hessian_probes=2)),
+    ("03_sharpness_landscape.ipynb", dict(dataset="examples/regression_mlp.py:make_data",
+                                          model="examples/regression_mlp.py:make_model", loss="mse", small_batch=8,
+                                          large_batch=64, budget="steps", budget_amount=10, top_k=1, trace_probes=2,
                                           density_probes=1, density_iter=5, n_alphas=5)),
 ])
 def test_notebook_runs_under_papermill_at_tiny_settings(tmp_path, notebook, parameters):

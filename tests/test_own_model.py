@@ -280,3 +280,55 @@ def test_a_sweep_over_the_users_model_kwargs(user_file, tmp_path):
     assert set(runs["state"]) == {"ok"} and runs["run_id"].nunique() == 4
     assert all(report.planned[i].fusion and "not supported in a fused group" in report.planned[i].fusion
                for i in range(4))   # a reference model trains alone, and the plan says why
+
+
+def test_measurements_take_the_runs_loss_and_say_which_noise_estimator_ran(user_file, tmp_path):
+    lm = f"{EXAMPLES / 'tiny_transformer.py'}"
+    sequence = run(RunConfig(model=f"{lm}:make_model", dataset=f"{lm}:make_data", dataset_kwargs={"n": 96},
+                             optimizer="adam", lr=3e-3, batch_size=16, budget="steps", budget_amount=4,
+                             measure=("noise_scale", "hessian"), device="cpu", save_checkpoint=False), progress=False)
+    m = sequence.metrics
+    assert "measurement_errors" not in m and m["noise_method"] == "exact_per_example" and m["noise_b_simple"] > 0
+    assert m["hessian_top_eigenvalue"] > 0
+    # a model torch.func.vmap cannot take (a data-dependent .item()): the two-batch estimator, and why
+    (tmp_path / "novmap.py").write_text(USER_CODE + textwrap.dedent('''
+        class NoVmap(TwoTower):
+            def forward(self, x):
+                return super().forward(x) * (1.0 + 0.0 * x.abs().max().item())
+
+        def no_vmap():
+            return NoVmap()
+    '''))
+    fallback = run(cfg_for(user_file, model=f"{tmp_path / 'novmap.py'}:no_vmap", measure=("noise_scale",)),
+                   progress=False)
+    assert fallback.metrics["noise_method"] == "two_batch" and "vmap" in fallback.metrics["noise_fallback"]
+    assert fallback.metrics["noise_b_simple"] > 0 and "noise_b_noise" not in fallback.metrics
+    # a regressor: the measurements use its mean squared error
+    regression = run(cfg_for(user_file, model=f"{user_file}:regressor", dataset=f"{user_file}:make_regression",
+                             loss="mse", measure=("hessian", "sharpness")), progress=False)
+    assert "measurement_errors" not in regression.metrics and regression.metrics["hessian_trace"] > 0
+
+
+def test_a_measurement_along_training_is_off_the_clock(user_file):
+    from bsresearch.callbacks import AtSteps
+    seen = []
+
+    def slow(member, loop):
+        import time
+        seen.append(member.state.step)
+        time.sleep(0.2)
+    result = run(cfg_for(user_file), progress=False, callbacks=[AtSteps([0, 5, 12, 99], slow)])
+    assert seen == [0, 5, 12] and result.metrics["train_seconds"] < 0.5
+
+
+def test_the_systems_benchmark_takes_the_users_model_and_data(tmp_path, capsys):
+    lm = f"{EXAMPLES / 'tiny_transformer.py'}"
+    assert main(["bench", "--model", f"{lm}:make_model", "--model-kwargs", "width=16", "--dataset", f"{lm}:make_data",
+                 "--optimizer", "adam", "--precisions", "fp32", "--batch-sizes", "1,2,4", "--memory-budget", "64MiB",
+                 "--repeats", "1",
+                 "--min-seconds", "0", "--warmup", "0", "--device", "cpu", "--out", str(tmp_path), "--no-figure",
+                 "--quiet"]) == 0
+    import pandas as pd
+    table = pd.read_csv(next(tmp_path.glob("systems_cpu-*.csv")))
+    assert table["status"].tolist() == ["ok"] * 3 and (table["flops_per_step"].diff().dropna() > 0).all()
+    assert table["model"].iloc[0] == "examples/tiny_transformer.py:make_model"   # as the config writes it

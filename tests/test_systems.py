@@ -105,10 +105,10 @@ def test_throughput_table_and_one_thread_by_default():
 def test_throughput_sweep_stops_at_the_first_out_of_memory(monkeypatch):
     real = timing.training_step
 
-    def fake(parts, x, y):
+    def fake(parts, x, y, *args):
         if len(x) >= 16:
             raise torch.OutOfMemoryError("simulated")
-        return real(parts, x, y)
+        return real(parts, x, y, *args)
 
     monkeypatch.setattr(timing, "training_step", fake)
     df = timing.measure_throughput(tiny_workload(), [4, 8, 16, 32], CPU, warmup=0, repeats=1, min_seconds=0.0)

@@ -175,7 +175,9 @@ def test_gpu_benchmark_script_runs_end_to_end_on_a_cpu(tmp_path):
     assert (tmp_path / "systems_gpu_cpu.png").exists() and (tmp_path / "systems_gpu_cpu.pdf").exists()
 
 
-def test_notebook_04_runs_under_papermill_at_tiny_settings(tmp_path):
+@pytest.mark.parametrize("own", [{}, {"model": "examples/tiny_transformer.py:make_model", "optimizer": "adam",
+                                     "dataset": "examples/tiny_transformer.py:make_data"}], ids=["cnn1d", "own_lm"])
+def test_notebook_04_runs_under_papermill_at_tiny_settings(tmp_path, own):
     import nbformat
     import papermill as pm
     source = nbformat.read(ROOT / "notebooks" / "04_systems.ipynb", as_version=4)
@@ -183,9 +185,10 @@ def test_notebook_04_runs_under_papermill_at_tiny_settings(tmp_path):
     assert all(not c.get("outputs") for c in source.cells if c.cell_type == "code")  # committed without outputs
     pm.execute_notebook(str(ROOT / "notebooks" / "04_systems.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(tmp_path),
                         progress_bar=False, parameters=dict(
-                            batch_sizes=[2, 4, 8], precisions=["fp32"], search_limit=32, memory_budget="1MiB",
-                            warmup=0, repeats=1, min_seconds=0.0, target_batch_size=512, noise_steps=10,
-                            noise_examples=128, device="cpu", out_dir=str(tmp_path / "fig")))
+                            batch_sizes=[2, 4, 8], precisions=["fp32"], search_limit=32,
+                            memory_budget="1MiB" if not own else "16MiB", warmup=0, repeats=1, min_seconds=0.0,
+                            target_batch_size=512, noise_steps=10, noise_examples=128, device="cpu",
+                            out_dir=str(tmp_path / "fig"), **own))
     for figure in ("bench", "recommendation"):
         assert len(list((tmp_path / "fig").glob(f"nb04_{figure}_cpu-*.png"))) == 1
     executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)

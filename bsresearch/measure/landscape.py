@@ -2,9 +2,10 @@
 plot), and 1-D/2-D slices along filter-normalised random directions (Li et al. 2018) or along top
 Hessian eigenvectors.
 
-Results are tidy pandas tables, one row per (point, split): loss is the mean cross-entropy over the
-split, accuracy the fraction correct. Models are evaluated in eval mode (BatchNorm running statistics,
-recorded in `table.attrs["bn_mode"]`); the models passed in are left exactly as found.
+Results are tidy pandas tables, one row per (point, split): loss is the mean loss over the split (the
+cross-entropy unless loss_fn is another mean-reduced loss), accuracy the fraction of targets correct where
+the targets are class indices (NaN otherwise, a regressor's). Models are evaluated in eval mode (BatchNorm
+running statistics, recorded in `table.attrs["bn_mode"]`); the models passed in are left exactly as found.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch.func import functional_call
 
 from ..config import ConfigError
 from ..data import Dataset
+from ..losses import class_indices
 from .curvature import top_eigenvalues
 from .functional import (
     DEFAULT_CHUNK,
@@ -48,14 +50,18 @@ def _split(data: Dataset, split: str) -> tuple[torch.Tensor, torch.Tensor]:
 @torch.no_grad()
 def _loss_and_accuracy(model: nn.Module, tensors: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                        chunk_size: int, loss_fn: LossFn) -> tuple[float, float]:
-    """Mean loss and accuracy of `model` with its parameters and buffers replaced by `tensors`."""
+    """Mean loss and accuracy (NaN unless the targets are class indices) of `model` with its parameters and
+    buffers replaced by `tensors`."""
     loss = torch.zeros((), dtype=torch.float64, device=x.device)
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    classes = True
     for xb, yb in batches_of(x, y, chunk_size):
         logits = functional_call(model, tensors, (xb,))
         loss += loss_fn(logits, yb).double() * len(xb)
-        correct += (logits.argmax(1) == yb).sum()
-    return loss.item() / len(x), correct.item() / len(x)
+        classes = classes and class_indices(logits, yb)
+        if classes:
+            correct += (logits.argmax(-1) == yb).sum()
+    return loss.item() / len(x), correct.item() / y.numel() if classes else float("nan")
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:

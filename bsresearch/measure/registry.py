@@ -1,7 +1,10 @@
 """The measurements a run can take after training (`RunConfig.measure`), merged into metrics.json.
 
-Each entry is `(model, data, cfg, generator) -> dict` of JSON-able numbers. All use the whole training
-set, mean cross-entropy, fp32 and eval-mode BatchNorm, and draw from the run's probe generator.
+Each entry is `(model, data, cfg, generator, loss) -> dict` of JSON-able numbers. All use the whole
+training set, the run's loss (the mean cross-entropy unless the config names another, built in or the
+user's), fp32 and eval-mode BatchNorm, and draw from the run's probe generator. The exact noise scale needs
+per-example gradients (torch.func.vmap); for a model vmap cannot take, the two-batch estimator stands in and
+`noise_method` says which ran (`noise_fallback` why).
 Defaults are chosen so each costs a few seconds at most for the MNIST-1D CNN (5.2k parameters, 4000
 examples) on one CPU thread; README.md lists the measured costs.
 """
@@ -16,6 +19,7 @@ import torch.nn as nn
 
 from ..config import RunConfig
 from ..data import Dataset
+from ..losses import Loss, loss_for
 from . import curvature, noise, sharpness
 from .functional import batches_of
 
@@ -30,50 +34,69 @@ SHARPNESS_SAMPLES = 10
 # examples: its cost is then that of a few full-data ascents). Small m is the variant Andriushchenko et al.
 # (2023) found to track generalization best, especially adaptive.
 M_SHARPNESS_M, M_BATCHES = 128, 16
+TWO_BATCH_SIZES, TWO_BATCH_DRAWS = (32, 256), 40   # the noise scale where vmap cannot take the model
+VMAP_FAILURES = (RuntimeError, NotImplementedError, TypeError, ValueError)
 
 
-def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,
+                        loss: Loss) -> dict[str, Any]:
     """Exact B_simple over the training set (the population SGD samples from: no sample correction, so
-    no sampling error either) and B_noise = tr(H Sigma)/(G^T H G) with its Hutchinson standard error."""
+    no sampling error either) and B_noise = tr(H Sigma)/(G^T H G) with its Hutchinson standard error. Where
+    vmap cannot take the model: the two-batch B_simple (TWO_BATCH_SIZES, TWO_BATCH_DRAWS draws with
+    replacement) and no B_noise."""
     x, y = data.x_train, data.y_train
-    exact = noise.gradient_noise_scale(model, x, y, unbiased=False)
-    with_hessian = noise.hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator)
+    try:
+        exact = noise.gradient_noise_scale(model, x, y, unbiased=False, loss_fn=loss)
+    except VMAP_FAILURES as exc:
+        b_small, b_big = TWO_BATCH_SIZES
+        b_big = min(b_big, len(x))
+        two = noise.two_batch_noise_scale(model, x, y, min(b_small, b_big // 2), b_big, TWO_BATCH_DRAWS,
+                                          generator=generator, loss_fn=loss)
+        return {"noise_b_simple": two.b_simple, "noise_trace_cov": two.trace_cov,
+                "noise_grad_sq_norm": two.grad_sq_norm, "noise_method": "two_batch",
+                "noise_fallback": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    with_hessian = noise.hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator,
+                                             loss_fn=loss)
     return {"noise_b_simple": exact.b_simple, "noise_trace_cov": exact.trace_cov,
-            "noise_grad_sq_norm": exact.grad_sq_norm,
+            "noise_grad_sq_norm": exact.grad_sq_norm, "noise_method": "exact_per_example",
             "noise_n_examples": exact.n_examples, "noise_b_noise": with_hessian.b_noise,
             "noise_b_noise_std_error": with_hessian.b_noise_std_error}
 
 
-def measure_hessian(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+def measure_hessian(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,
+                    loss: Loss) -> dict[str, Any]:
     """Top Hessian eigenvalue (Lanczos) and Hutchinson trace of the training loss."""
     batches = batches_of(data.x_train, data.y_train)
-    top = curvature.top_eigenvalues(model, batches, k=1, tol=HESSIAN_TOL, max_iter=50, generator=generator)
-    trace = curvature.hessian_trace(model, batches, n_probes=HESSIAN_TRACE_PROBES, generator=generator)
+    top = curvature.top_eigenvalues(model, batches, k=1, tol=HESSIAN_TOL, max_iter=50, generator=generator,
+                                    loss_fn=loss)
+    trace = curvature.hessian_trace(model, batches, n_probes=HESSIAN_TRACE_PROBES, generator=generator, loss_fn=loss)
     return {"hessian_top_eigenvalue": top.eigenvalues[0], "hessian_top_eigenvalue_residual": top.residuals[0],
             "hessian_top_eigenvalue_converged": top.converged, "hessian_trace": trace.trace,
             "hessian_trace_std_error": trace.std_error, "hessian_products": top.n_products + trace.n_products}
 
 
-def measure_keskar_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig,
-                             generator: torch.Generator) -> dict[str, Any]:
+def measure_keskar_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,
+                             loss: Loss) -> dict[str, Any]:
     """Keskar et al.'s phi (percent) at eps 1e-3 and 5e-4, full space, on the full training loss."""
     out: dict[str, Any] = {}
     for eps in KESKAR_EPS:
-        result = sharpness.keskar_sharpness(model, data.x_train, data.y_train, eps, generator=generator)
+        result = sharpness.keskar_sharpness(model, data.x_train, data.y_train, eps, generator=generator, loss_fn=loss)
         out["keskar_loss"] = result.loss
         out[f"keskar_phi_eps{eps:.0e}".replace("e-0", "e-")] = result.phi
         out[f"keskar_loss_at_max_eps{eps:.0e}".replace("e-0", "e-")] = result.loss_at_max
     return out
 
 
-def measure_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+def measure_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,
+                      loss: Loss) -> dict[str, Any]:
     """Worst-case (L2 ball) and average-case (Gaussian) sharpness, plain and adaptive, on the training loss."""
     x, y = data.x_train, data.y_train
-    worst = sharpness.worst_case_sharpness(model, x, y, WORST_RHO)
-    average = sharpness.average_case_sharpness(model, x, y, AVERAGE_SIGMA, SHARPNESS_SAMPLES, generator=generator)
-    a_worst = sharpness.worst_case_sharpness(model, x, y, ADAPTIVE_WORST_RHO, adaptive=True)
+    worst = sharpness.worst_case_sharpness(model, x, y, WORST_RHO, loss_fn=loss)
+    average = sharpness.average_case_sharpness(model, x, y, AVERAGE_SIGMA, SHARPNESS_SAMPLES, generator=generator,
+                                               loss_fn=loss)
+    a_worst = sharpness.worst_case_sharpness(model, x, y, ADAPTIVE_WORST_RHO, adaptive=True, loss_fn=loss)
     a_average = sharpness.average_case_sharpness(model, x, y, ADAPTIVE_AVERAGE_SIGMA, SHARPNESS_SAMPLES,
-                                                 adaptive=True, generator=generator)
+                                                 adaptive=True, generator=generator, loss_fn=loss)
     return {f"sharpness_worst_rho{WORST_RHO:g}": worst.sharpness,
             f"sharpness_average_sigma{AVERAGE_SIGMA:g}": average.sharpness,
             f"sharpness_average_sigma{AVERAGE_SIGMA:g}_std_error": average.std_error,
@@ -82,19 +105,20 @@ def measure_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator
             f"sharpness_adaptive_average_sigma{ADAPTIVE_AVERAGE_SIGMA:g}_std_error": a_average.std_error}
 
 
-def measure_m_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator) -> dict[str, Any]:
+def measure_m_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,
+                        loss: Loss) -> dict[str, Any]:
     """m-sharpness (worst case per batch of m, averaged), plain and adaptive, on the training loss."""
     x, y = data.x_train, data.y_train
-    plain = sharpness.m_sharpness(model, x, y, WORST_RHO, M_SHARPNESS_M, M_BATCHES, generator=generator)
+    plain = sharpness.m_sharpness(model, x, y, WORST_RHO, M_SHARPNESS_M, M_BATCHES, generator=generator, loss_fn=loss)
     adaptive = sharpness.m_sharpness(model, x, y, ADAPTIVE_WORST_RHO, M_SHARPNESS_M, M_BATCHES, adaptive=True,
-                                     generator=generator)
+                                     generator=generator, loss_fn=loss)
     return {f"m_sharpness_m{M_SHARPNESS_M}_rho{WORST_RHO:g}": plain.sharpness,
             f"m_sharpness_adaptive_m{M_SHARPNESS_M}_rho{ADAPTIVE_WORST_RHO:g}": adaptive.sharpness}
 
 
-# name -> function(model, data, cfg, generator) -> dict of JSON-able numbers, merged into metrics.json.
+# name -> function(model, data, cfg, generator, loss) -> dict of JSON-able numbers, merged into metrics.json.
 # The names must equal config.MEASUREMENTS (a test checks).
-MEASUREMENTS: dict[str, Callable[[nn.Module, Dataset, RunConfig, torch.Generator], dict[str, Any]]] = {
+MEASUREMENTS: dict[str, Callable[[nn.Module, Dataset, RunConfig, torch.Generator, Loss], dict[str, Any]]] = {
     "noise_scale": measure_noise_scale,
     "hessian": measure_hessian,
     "keskar_sharpness": measure_keskar_sharpness,
@@ -104,14 +128,15 @@ MEASUREMENTS: dict[str, Callable[[nn.Module, Dataset, RunConfig, torch.Generator
 
 
 def take_measurements(names: tuple[str, ...], model: nn.Module, data: Dataset, cfg: RunConfig,
-                      generator: torch.Generator) -> dict[str, Any]:
-    """Run the named measurements; one that fails is recorded under 'measurement_errors', not raised,
-    so a finished training run is never lost to a measurement."""
+                      generator: torch.Generator, loss: Loss | None = None) -> dict[str, Any]:
+    """Run the named measurements with the run's loss (cfg.loss unless given); one that fails is recorded
+    under 'measurement_errors', not raised, so a finished training run is never lost to a measurement."""
+    loss = loss or loss_for(cfg.loss)
     out: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for name in names:
         try:
-            out.update(MEASUREMENTS[name](model, data, cfg, generator))
+            out.update(MEASUREMENTS[name](model, data, cfg, generator, loss))
         except Exception:  # noqa: BLE001
             errors[name] = traceback.format_exc(limit=3)
     if errors:

@@ -144,7 +144,8 @@ def _merge(memory: pd.DataFrame, speed: pd.DataFrame, w: Workload, device: torch
     table.insert(3, "optimizer", w.cfg.optimizer)
     parts = build_parts(w.replace(precision="fp32"), "cpu")  # FLOPs depend on shapes only
     table["parameters"] = sum(p.numel() for p in parts.model.parameters())
-    table["flops_per_step"] = [count_flops(parts.model, w.input_shape, w.num_classes, int(b), backward=m == "train")
+    table["flops_per_step"] = [count_flops(parts.model, w.input_shape, w.num_classes, int(b), backward=m == "train",
+                                           example=w.examples, loss_fn=w.loss)
                                for b, m in zip(table["batch_size"], table["mode"])]
     table["achieved_flops_per_second"] = table["flops_per_step"] / table.get("seconds_per_step", float("nan"))
     dtype = peak_dtype(w.cfg.precision, tf32)
@@ -232,7 +233,8 @@ def write_bench(result: BenchResult, out_dir: str | Path, stem: str = "systems",
         fig = bench_figure(result.table, result.summary, result.settings.get("memory_budget"))
         caption = (f"Training throughput and peak memory vs batch size on {result.device_name} ({result.device}); "
                    f"x marks the first batch size that ran out of memory, the dashed line the largest batch "
-                   f"found by search. Synthetic inputs, one fixed batch per size, median of "
+                   f"found by search. Synthetic inputs (or the first examples of the user's data, cycled), one "
+                   f"fixed batch per size, median of "
                    f"{result.settings.get('repeats')} repeats after {result.settings.get('warmup')} warm-up "
                    f"steps. bsresearch commit {git_commit()}, torch {torch.__version__}, "
                    f"{time.strftime('%Y-%m-%d')}.")

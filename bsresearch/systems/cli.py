@@ -51,6 +51,11 @@ def _positive_int(text: str | None, name: str, allow_zero: bool = False) -> int 
     return value
 
 
+# The RunConfig fields `bench --model` takes: what the step trains (the batch size comes from the benchmark).
+BENCH_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_batch_size", "dataset",
+                "dataset_kwargs", "test_size", "data_dir", "loss", "lr", "momentum", "weight_decay", "seed")
+
+
 def _workloads(models: list[str], precisions: list[str], optimizer: str):
     from .workload import INPUT_SHAPES, model_workload
     out = []
@@ -71,6 +76,22 @@ def _workloads(models: list[str], precisions: list[str], optimizer: str):
     return out
 
 
+def _config_workloads(args: argparse.Namespace, precisions: list[str], optimizer: str):
+    """One workload per precision for the model, dataset and loss the RunConfig options name."""
+    from ..cli import config_from_args
+    from .workload import DEFAULT_DATASET, workload_for
+    fields = {name: getattr(args, name) for name in BENCH_FIELDS}
+    if fields.get("dataset") is None:
+        fields["dataset"] = DEFAULT_DATASET.get(args.model, "mnist1d")
+    cfg = config_from_args(None, {**fields, "optimizer": optimizer, "device": "cpu"})
+    for precision in precisions:
+        if precision not in PRECISIONS:
+            raise ConfigError(f"precisions: unknown precision {precision!r}{did_you_mean(precision, PRECISIONS)}; "
+                              f"accepted: {', '.join(PRECISIONS)}")
+    base = workload_for(cfg)
+    return [base.replace(precision=precision) for precision in precisions]
+
+
 def bench_args(args: argparse.Namespace):
     """Validated settings from the parsed options (ConfigError on any bad value, before any work)."""
     from ..runtime import check_precision, resolve_device
@@ -79,9 +100,15 @@ def bench_args(args: argparse.Namespace):
     check_name("--stem", args.stem)  # both become parts of file names under --out
     if args.label is not None:
         check_name("--label", args.label)
-    models = args.models.split(",") if args.models else list(preset.models)
     precisions = args.precisions.split(",") if args.precisions else list(preset.precisions)
-    workloads = _workloads(models, precisions, args.optimizer or preset.optimizer)
+    if args.model is not None:  # one model of any kind, as `bsresearch train` takes it
+        if args.models:
+            raise ConfigError("give --models (a list of built-in models) or --model (one model, built in or "
+                              "FILE.py:NAME), not both")
+        workloads = _config_workloads(args, precisions, args.optimizer or preset.optimizer)
+    else:
+        models = args.models.split(",") if args.models else list(preset.models)
+        workloads = _workloads(models, precisions, args.optimizer or preset.optimizer)
     device = resolve_device(args.device)
     for w in workloads:
         check_precision(w.cfg.precision, device)
@@ -188,4 +215,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--label", help="file name label [the device: GPU model or CPU model]")
     p.add_argument("--no-figure", action="store_true", help="write the tables only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    from ..cli import add_config_options
+    add_config_options(p, BENCH_FIELDS, "one model of any kind instead of --models: RunConfig fields, as for "
+                                        "`bsresearch train` (a built-in name, or FILE.py:NAME with its kwargs)")
     p.set_defaults(handler=_cmd_bench)

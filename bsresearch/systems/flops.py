@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,17 +89,24 @@ def peak_flops(device_name: str, dtype: str) -> float | None:
 
 
 def count_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
-                backward: bool = True) -> int:
-    """FLOPs of one forward (and backward) pass of `model` on a batch of batch_size, mean cross-entropy loss.
+                backward: bool = True, example: tuple[torch.Tensor, torch.Tensor] | None = None,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> int:
+    """FLOPs of one forward (and backward) pass of `model` on a batch of batch_size: float inputs of
+    input_shape and class labels, with the mean cross-entropy; or, given an `example` batch (inputs,
+    targets), inputs and targets of its shapes and dtypes, with `loss_fn` (a user's model and data).
 
     Counted on a deep copy moved to the meta device: the model itself is untouched and nothing runs.
     The input does not require grad, as in training (the first layer computes no input gradient).
     """
     meta = copy.deepcopy(model).to("meta")
-    x = torch.empty((batch_size, *input_shape), device="meta")
-    y = torch.zeros((batch_size,), dtype=torch.long, device="meta")
+    if example is None:
+        x = torch.empty((batch_size, *input_shape), device="meta")
+        y = torch.zeros((batch_size,), dtype=torch.long, device="meta").clamp(max=num_classes - 1)
+    else:
+        x = torch.empty((batch_size, *example[0].shape[1:]), dtype=example[0].dtype, device="meta")
+        y = torch.empty((batch_size, *example[1].shape[1:]), dtype=example[1].dtype, device="meta")
     with FlopCounterMode(display=False) as counter:
-        loss = F.cross_entropy(meta(x), y.clamp(max=num_classes - 1))
+        loss = (loss_fn or F.cross_entropy)(meta(x), y)
         if backward:
             loss.backward()
     return int(counter.get_total_flops())

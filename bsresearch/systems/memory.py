@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime import is_out_of_memory, synchronize
-from .workload import TrainParts, Workload, build_parts, free_memory, restore, snapshot, synthetic_batch, training_step
+from .workload import TrainParts, Workload, build_parts, free_memory, restore, snapshot, training_step, workload_batch
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,8 @@ def measure_memory(workload: Workload, batch_sizes: Sequence[int], device: torch
                    "optimizer": workload.cfg.optimizer, "batch_size": batch_size}
             try:
                 parts = build_parts(workload, device)
-                x, y = synthetic_batch(workload, batch_size, device)
-                mem = step_memory(parts, x, y)
+                x, y = workload_batch(workload, batch_size, device)
+                mem = step_memory(parts, x, y, workload.loss)
                 row.update(asdict(mem))
                 over = memory_budget is not None and device.type != "cuda" and mem.peak_bytes > memory_budget
                 row["status"] = "oom" if over else "ok"

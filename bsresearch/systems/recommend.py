@@ -13,6 +13,7 @@ batch processes per second stop buying progress.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -69,10 +70,13 @@ def recommend_batch_size(throughput: pd.DataFrame, b_simple: float, s_min: float
                           b_simple=float(b_simple), s_min=float(s_min), table=table)
 
 
-def measure_b_simple(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_size: int = 256) -> float:
-    """B_simple = tr(Sigma) / |G|^2 of `model` on (x, y), from bsresearch.measure.noise (exact, per example).
+def measure_b_simple(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_size: int = 256,
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> float:
+    """B_simple = tr(Sigma) / |G|^2 of `model` on (x, y) with loss_fn (default the cross-entropy), from
+    bsresearch.measure.noise (exact, per example).
 
     A convenience for recommend_batch_size; the model is left as found (the measurement is pure).
     """
+    from ..losses import cross_entropy
     from ..measure.noise import gradient_noise_scale
-    return float(gradient_noise_scale(model, x, y, chunk_size=chunk_size).b_simple)
+    return float(gradient_noise_scale(model, x, y, chunk_size=chunk_size, loss_fn=loss_fn or cross_entropy).b_simple)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..runtime import is_out_of_memory, oom_message
 from .fit import MemoryFit, fit_memory
 from .memory import memory_cap, step_memory
-from .workload import TrainParts, Workload, free_memory, restore, snapshot, synthetic_batch, training_step
+from .workload import TrainParts, Workload, free_memory, restore, snapshot, training_step, workload_batch
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,12 @@ def largest_batch_size(parts: TrainParts, workload: Workload | None, memory_budg
                        limit: int = 2 ** 20, safety_margin: float = 0.1, multiple_of: int = 1,
                        fit: MemoryFit | None = None, fit_sizes: Sequence[int] | None = None,
                        batch_fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
-                       loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> BatchSearch:
+                       loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> BatchSearch:
     """The largest training batch of `workload` that fits, by real training steps on `parts`.
 
-    The batches are `batch_fn(batch_size)` (an (x, y) pair on the parts' device) when given, else synthetic
-    batches of `workload`; loss_fn is the step's mean-reduced loss (default cross-entropy).
+    The batches are `batch_fn(batch_size)` (an (x, y) pair on the parts' device) when given, else the
+    workload's batches (workload_batch); loss_fn is the step's mean-reduced loss (default: the workload's,
+    else cross-entropy).
 
     Each trial is one training step on a synthetic batch; model, gradients, optimizer and scaler are
     restored exactly after every trial (and so after the search). On CUDA the allocator is capped at
@@ -119,7 +120,9 @@ def largest_batch_size(parts: TrainParts, workload: Workload | None, memory_budg
         if workload is None:
             raise ValueError("largest_batch_size needs a workload or a batch_fn")
         def batch_fn(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return synthetic_batch(workload, batch_size, device)
+            return workload_batch(workload, batch_size, device)
+    if loss_fn is None:
+        loss_fn = workload.loss if workload is not None else F.cross_entropy
     if memory_budget is not None and device.type != "cuda" and fit is None:
         sizes = fit_sizes or [start * k for k in (1, 2, 4, 8)]
         fit = fit_memory(sizes, [step_memory(parts, *batch_fn(b), loss_fn).peak_bytes for b in sizes])

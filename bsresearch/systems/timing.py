@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from ..runtime import is_out_of_memory, synchronize
-from .workload import Workload, build_parts, free_memory, inference_step, synthetic_batch, training_step
+from .workload import Workload, build_parts, free_memory, inference_step, training_step, workload_batch
 
 _clock = time.perf_counter  # a module attribute so tests can substitute a fake clock
 
@@ -131,10 +131,10 @@ def measure_throughput(workload: Workload, batch_sizes: Sequence[int], device: t
 def _time_one(workload: Workload, batch_size: int, device: torch.device, mode: str, warmup: int,
               repeats: int, min_seconds: float) -> dict[str, object]:
     parts = build_parts(workload, device)
-    x, y = synthetic_batch(workload, batch_size, device)
+    x, y = workload_batch(workload, batch_size, device)
     if mode == "train":
         def step() -> object:
-            return training_step(parts, x, y)
+            return training_step(parts, x, y, workload.loss)
     else:
         parts.model.eval()
 

@@ -1,8 +1,10 @@
-"""What a systems measurement runs: one training step of a model on synthetic inputs.
+"""What a systems measurement runs: one training step of a model on a batch of its inputs.
 
-A `Workload` describes the step (the model and optimizer a RunConfig names, an input shape, a precision);
-`build_parts` turns it into live objects (`TrainParts`) on a device; `training_step` runs the one training
-step a run executes (bsresearch.step.training_step) on a given batch, without the batch sampler.
+A `Workload` describes the step (the model, loss and optimizer a RunConfig names, built in or the user's
+own, and the inputs: synthetic tensors of a built-in dataset's shape, or real examples of the user's data);
+`build_parts` turns it into live objects (`TrainParts`) on a device; `workload_batch` makes a batch of any
+size; `training_step` runs the one training step a run executes (bsresearch.step.training_step) on a given
+batch, without the batch sampler.
 `snapshot` and `restore` put a model, its optimizer and scaler back exactly as they were, so a benchmark
 can run steps on a live model.
 """
@@ -17,9 +19,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import config as C
 from .. import step
 from ..config import ConfigError, RunConfig
-from ..models import build_model
+from ..losses import Loss, loss_for
+from ..models import build_model, classes_of, model_for
+from ..references import short_name
 from ..runtime import autocast, check_precision, make_generator
 
 # dataset -> (input shape, classes): the shapes a model sees, known without loading the data (the
@@ -31,43 +36,60 @@ INPUT_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
 }
 # The dataset each model is benchmarked on unless told otherwise.
 DEFAULT_DATASET = {"mlp": "mnist1d", "cnn1d": "mnist1d", "convnet": "cifar10", "resnet": "cifar10"}
+EXAMPLES = 256  # real examples of a user's data that a workload's batches cycle through
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Workload:
-    """One training step to measure: the model and optimizer `cfg` describes, inputs of `input_shape`.
+    """One training step to measure: the model, loss and optimizer `cfg` describes, and its inputs.
 
-    Used from `cfg`: model, width, depth, batchnorm, ghost_batch_size (the model); optimizer, lr, momentum,
-    nesterov, weight_decay (the update); precision; seed (the initial weights). The batch size comes
-    from the measurement, not from cfg. Inputs are standard-normal, labels uniform over num_classes: a
-    step's time and memory do not depend on the values.
+    Used from `cfg`: model, model_kwargs, width, depth, batchnorm, ghost_batch_size (the model); loss;
+    optimizer, lr, momentum, nesterov, weight_decay (the update); precision; seed (the initial weights).
+    The batch size comes from the measurement, not from cfg. A built-in dataset's inputs are synthetic
+    (standard-normal inputs of `input_shape`, labels uniform over num_classes): a step's time and memory do
+    not depend on the values. A dataset of the user's gives `examples`, the first EXAMPLES of its training
+    split, which batches of any size cycle through (an integer token is not a normal draw).
     """
     cfg: RunConfig
     input_shape: tuple[int, ...]
     num_classes: int
+    examples: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.cfg.model} {self.cfg.precision} {self.cfg.optimizer}"
+        return f"{short_name(self.cfg.model)} {self.cfg.precision} {self.cfg.optimizer}"
+
+    @property
+    def loss(self) -> Loss:
+        return loss_for(self.cfg.loss)
 
     def replace(self, **changes: Any) -> Workload:
         """The same workload with RunConfig fields changed (e.g. precision='bf16')."""
-        return Workload(self.cfg.replace(**changes), self.input_shape, self.num_classes)
+        return Workload(self.cfg.replace(**changes), self.input_shape, self.num_classes, self.examples)
 
 
 def workload_for(cfg: RunConfig, input_shape: tuple[int, ...] | None = None,
                  num_classes: int | None = None) -> Workload:
-    """The Workload of `cfg`, with the input shape and classes of cfg.dataset unless given."""
+    """The Workload of `cfg`: a built-in dataset's shape and classes (unless given), or for a dataset of the
+    user's (a reference) its first EXAMPLES training examples."""
+    if C.is_reference(cfg.dataset):
+        from ..data import dataset_for
+        data = dataset_for(cfg.replace(data_loading="auto", loader_workers=0), "cpu")
+        x, y = data.first(min(EXAMPLES, data.n_train))
+        classes = num_classes or (classes_of(data) if not C.is_reference(cfg.model) else 0)
+        return Workload(cfg, tuple(x.shape[1:]), int(classes), (x, y))
     shape, classes = INPUT_SHAPES[cfg.dataset]
     return Workload(cfg, tuple(input_shape or shape), int(num_classes or classes))
 
 
 def model_workload(model: str, precision: str = "fp32", optimizer: str = "sgd", dataset: str | None = None,
                    **fields: Any) -> Workload:
-    """A workload for one of MODELS on its default dataset shape (cnn1d: MNIST-1D, convnet/resnet: CIFAR-10)."""
+    """A workload for one of MODELS on its default dataset shape (cnn1d: MNIST-1D, convnet/resnet: CIFAR-10),
+    or for a model and dataset of the user's (references; `fields` such as model_kwargs, loss)."""
     dataset = dataset or DEFAULT_DATASET.get(model, "mnist1d")
-    if dataset not in INPUT_SHAPES:
-        raise ConfigError(f"dataset must be one of {', '.join(INPUT_SHAPES)}; got {dataset!r}")
+    if dataset not in INPUT_SHAPES and not C.is_reference(dataset):
+        raise ConfigError(f"dataset must be one of {', '.join(INPUT_SHAPES)}, or FILE.py:NAME of your dataset "
+                          f"factory; got {dataset!r}")
     cfg = RunConfig(model=model, dataset=dataset, precision=precision, optimizer=optimizer, device="cpu", **fields)
     return workload_for(cfg)
 
@@ -93,13 +115,26 @@ def build_parts(workload: Workload, device: torch.device | str) -> TrainParts:
     device = torch.device(device)
     cfg = workload.cfg
     check_precision(cfg.precision, device)
-    model = build_model(cfg, workload.input_shape, workload.num_classes, make_generator(cfg.seed, "init"))
+    init = make_generator(cfg.seed, "init")
+    model = model_for(cfg, None, init) if C.is_reference(cfg.model) else \
+        build_model(cfg, workload.input_shape, workload.num_classes, init)
     model = model.to(device).train()
     optimizer = step.make_optimizer(cfg, model)
     for group in optimizer.param_groups:
         group["lr"] = cfg.lr  # make_optimizer leaves lr 0 for the loop to set; any fixed value times the same
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     return TrainParts(model, optimizer, scaler, cfg.precision)
+
+
+def workload_batch(workload: Workload, batch_size: int, device: torch.device | str,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of batch_size for the workload on `device`: its examples cycled (the user's data), else
+    synthetic_batch."""
+    if workload.examples is None:
+        return synthetic_batch(workload, batch_size, device, generator)
+    x, y = workload.examples
+    idx = torch.arange(batch_size) % len(x)
+    return x[idx].to(device), y[idx].to(device)
 
 
 def synthetic_batch(workload: Workload, batch_size: int, device: torch.device | str,
