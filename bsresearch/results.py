@@ -199,8 +199,27 @@ def to_target(history: pd.DataFrame, target: float, loss: str = "train_loss") ->
 
 
 def generalization_gap(runs: pd.DataFrame) -> pd.DataFrame:
-    """`runs` with gap_acc = train_acc - test_acc and gap_loss = test_loss - train_loss (final values)."""
-    return runs.assign(gap_acc=runs["train_acc"] - runs["test_acc"], gap_loss=runs["test_loss"] - runs["train_loss"])
+    """`runs` with gap_loss = test_loss - train_loss and, where the runs report accuracy, gap_acc =
+    train_acc - test_acc (final values)."""
+    out = runs.assign(gap_loss=runs["test_loss"] - runs["train_loss"])
+    if "train_acc" in runs and "test_acc" in runs:
+        out = out.assign(gap_acc=runs["train_acc"] - runs["test_acc"])
+    return out
+
+
+def loss_unit(runs: pd.DataFrame) -> str:
+    """The unit of the runs' losses as their config.json records it ('nats per token', 'mean squared error'),
+    several joined by ' / '; 'nats' (a mean cross-entropy) for runs from before it was recorded."""
+    units = sorted({str(u) for u in runs["loss_unit"].dropna()}) if "loss_unit" in runs else []
+    return " / ".join(units) or "nats"
+
+
+def accuracy_is_the_metric(runs: pd.DataFrame) -> bool:
+    """Whether a report's final metric is the accuracy: the runs are classifiers (their targets are class
+    indices, one per example). A language model's (a sequence of tokens per example) and a regressor's is
+    its loss."""
+    tasks = set(runs["task"].dropna()) if "task" in runs else {"classification"}  # runs from before `task`
+    return tasks == {"classification"} and "test_acc" in runs and bool(runs["test_acc"].notna().any())
 
 
 def critical_batch(table: pd.DataFrame, steps: str = "steps_to_target", batch: str = "batch_size",

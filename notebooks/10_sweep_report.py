@@ -48,15 +48,20 @@ ok = results.finished(runs)
 print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
 axes_of_sweep = [a for a in results.sweep_axes(sweep, runs_dir) if a not in ("batch_size", "seed")]
 hue = axes_of_sweep[0] if len(axes_of_sweep) == 1 else None   # e.g. lr, when the grid varies it
-print("grid axes:", results.sweep_axes(sweep, runs_dir), "| budget:", results.budget_description(ok))
+unit = results.loss_unit(ok)                                    # e.g. nats, nats per token, mean squared error
+accuracy = results.accuracy_is_the_metric(ok)                   # a classifier's; else the loss is the metric
+print("grid axes:", results.sweep_axes(sweep, runs_dir), "| budget:", results.budget_description(ok),
+      "| loss:", unit)
 
 # %%
-# final metrics against batch size
+# final metrics against batch size: accuracy where the runs report it, else the loss in its unit
+final = ["test_acc", "train_acc", "gap_acc"] if accuracy else ["test_loss", "train_loss", "gap_loss"]
 fig, axes = figure_grid(3)
-for ax, metric in zip(axes, ["test_acc", "train_acc", "gap_acc"]):
-    metric_vs_batch(ax, results.generalization_gap(ok), metric, hue=hue)
+for ax, metric in zip(axes, final):
+    metric_vs_batch(ax, results.generalization_gap(ok), metric, hue=hue, unit=unit)
+what = "accuracy" if accuracy else f"loss ({unit})"
 save_figure(fig, out / "metrics_vs_batch",
-            "Final test accuracy, train accuracy and their gap against batch size; mean and 95% "
+            f"Final test {what}, train {what} and their gap against batch size; mean and 95% "
             "interval over seeds, seeds as grey points.", runs=ok)
 plt.show()
 
@@ -80,11 +85,11 @@ else:
 # learning curves: mean over seeds, one line per batch size
 history = results.load_history(ok)
 fig, axes = figure_grid(2)
-learning_curves(axes[0], history, "train_loss")
-learning_curves(axes[1], history, "test_acc", log_y=False)
+learning_curves(axes[0], history, "train_loss", unit=unit)
+learning_curves(axes[1], history, "test_acc" if accuracy else "test_loss", log_y=not accuracy, unit=unit)
 save_figure(fig, out / "learning_curves",
-            "Full-train loss and test accuracy against optimizer steps, per batch size; mean and 95% "
-            "interval over seeds (and learning rates, if the sweep varied them).", runs=ok)
+            f"Full-train loss ({unit}) and test {'accuracy' if accuracy else 'loss'} against optimizer steps, per "
+            f"batch size; mean and 95% interval over seeds (and learning rates, if the sweep varied them).", runs=ok)
 plt.show()
 
 # %%
@@ -107,8 +112,9 @@ if "lr" in axes_of_sweep and set(ok["budget"]) == {"target"} and ok["batch_size"
 
 # %%
 # the summary table: mean, std and 95% interval over seeds per batch size (and the varied axis)
-metrics = [m for m in ["test_acc", "train_acc", "gap_acc", "train_loss", "steps", "train_seconds", *measured]
-           if m in results.generalization_gap(ok)]
+bits = [c for c in ok.columns if c.startswith("test_bits_per_")]   # a language model's, when its data says
+metrics = [m for m in ["test_acc", "train_acc", "gap_acc", "test_loss", "train_loss", *bits, "steps", "train_seconds",
+                       *measured] if m in results.generalization_gap(ok)]
 table = stats.summarize(results.generalization_gap(ok), ["batch_size"] + ([hue] if hue else []), metrics)
 table.to_csv(out / "summary.csv", index=False)
 shown = ["batch_size"] + ([hue] if hue else []) + ["n"] + [f"{m}_mean" for m in metrics]

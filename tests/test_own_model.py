@@ -332,3 +332,65 @@ def test_the_systems_benchmark_takes_the_users_model_and_data(tmp_path, capsys):
     table = pd.read_csv(next(tmp_path.glob("systems_cpu-*.csv")))
     assert table["status"].tolist() == ["ok"] * 3 and (table["flops_per_step"].diff().dropna() > 0).all()
     assert table["model"].iloc[0] == "examples/tiny_transformer.py:make_model"   # as the config writes it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["local", "dask"])
+def test_a_sweep_of_the_users_model_through_papermill(user_file, tmp_path, executor):
+    """The run notebook executed by papermill for every point, in local worker processes or Dask workers."""
+    from bsresearch.sweep import load_spec, run_sweep
+    if executor == "dask":
+        pytest.importorskip("distributed")
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "01_train.ipynb"
+    spec = tmp_path / "own_pm.yaml"
+    spec.write_text(textwrap.dedent(f"""
+        name: own_pm
+        notebook: {notebook}
+        base: {{model: "{user_file}:make_model", dataset: "{user_file}:make_data", loss: "{user_file}:smoothed",
+               budget: steps, budget_amount: 6, eval_schedule: every, eval_every: 3, device: cpu}}
+        grid: {{model_kwargs: [{{hidden: 4}}, {{hidden: 8}}]}}
+        seeds: 1
+    """))
+    report = run_sweep(load_spec(spec), tmp_path / "runs", executor=executor, workers=2, progress=False)
+    assert report.all_finished and sorted(o.state for o in report.outcomes) == ["ok", "ok"]
+    for o in report.outcomes:
+        rd = RunDir(tmp_path / "runs" / "own_pm" / o.run_id)
+        assert rd.notebook_path.exists() and rd.config()["derived"]["sources"]["loss"]["file"] == str(user_file)
+
+
+@pytest.mark.slow
+def test_the_own_model_notebook_goes_from_a_file_to_a_report(user_file, tmp_path):
+    """notebooks/06_own_model as a user runs it, on a regressor of the user's: its report's figures are in the
+    regressor's units (mean squared error), not accuracy."""
+    import nbformat
+    import papermill as pm
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "06_own_model.ipynb"
+    pm.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), cwd=str(tmp_path), progress_bar=False,
+                        parameters=dict(model=f"{user_file}:regressor", model_kwargs={"hidden": 4},
+                                        dataset=f"{user_file}:make_regression", dataset_kwargs={}, loss="mse",
+                                        optimizer="sgd", lr=0.05, budget="steps", budget_amount=8,
+                                        batch_sizes=[8, 16], seeds=2, eval_examples=0, workers=1,
+                                        runs_dir=str(tmp_path / "runs"),
+                                        reports_dir=str(tmp_path / "reports"), device="cpu"))
+    report = tmp_path / "reports" / "own_model_notebook"
+    assert "loss (mean squared error)" in (report / "metrics_vs_batch.txt").read_text()
+    assert "accuracy" not in (report / "metrics_vs_batch.txt").read_text()
+    executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert not [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+@pytest.mark.slow
+def test_a_language_models_report_is_in_nats_per_token(tmp_path):
+    from bsresearch.report import run_report
+    from bsresearch.sweep import parse_spec, run_sweep
+    lm = f"{EXAMPLES / 'tiny_transformer.py'}"
+    spec = parse_spec({"name": "lm_report", "analysis": str(Path(__file__).resolve().parents[1] / "notebooks" /
+                                                             "10_sweep_report.ipynb"),
+                       "base": {"model": f"{lm}:make_model", "dataset": f"{lm}:make_data", "optimizer": "adam",
+                                "lr": 3e-3, "budget": "tokens", "budget_amount": 16 * 16 * 8, "eval_schedule": "every",
+                                "eval_every": 4, "device": "cpu", "save_checkpoint": False},
+                       "grid": {"batch_size": [4, 16]}, "seeds": 2})
+    assert run_sweep(spec, tmp_path / "runs", executor="inline", engine="library", progress=False).all_finished
+    folder = run_report(spec, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
+    assert "loss (nats per token)" in (folder / "metrics_vs_batch.txt").read_text()
+    assert "test_loss_mean" in (folder / "summary.md").read_text()

@@ -24,9 +24,28 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
 
 
-def write_spec(tmp_path: Path, name: str, **base_changes) -> Path:
+OWN_MODEL = """
+import torch, torch.nn as nn
+from torch.utils.data import TensorDataset
+
+def make_model(hidden=16):
+    return nn.Sequential(nn.Linear(20, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Linear(hidden, 4))
+
+def make_data():
+    x = torch.randn(320, 20, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x, (x[:, :4] * torch.arange(1.0, 5.0)).argmax(1))
+"""
+
+
+def write_spec(tmp_path: Path, name: str, own_model: bool = False, **base_changes) -> Path:
     spec = yaml.safe_load((ROOT / "experiments" / "smoke.yaml").read_text())
     spec.update(name=name, notebook=str(ROOT / "notebooks" / "01_train.ipynb"), analysis=None)
+    if own_model:  # the same sweep on a model and data of the user's, given as FILE.py:NAME
+        (tmp_path / "own.py").write_text(OWN_MODEL)
+        for key in ("width", "depth", "train_size"):
+            spec["base"].pop(key)
+        spec["base"].update(model=f"{tmp_path / 'own.py'}:make_model", dataset=f"{tmp_path / 'own.py'}:make_data",
+                            model_kwargs={"hidden": 16})
     spec["base"].update(base_changes)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -76,8 +95,9 @@ def snapshot(sweep_dir: Path) -> dict[str, dict[str, bytes]]:
 
 
 @pytest.mark.slow
-def test_kill_9_during_a_papermill_sweep_then_resume(tmp_path):
-    spec = write_spec(tmp_path, "killme")
+@pytest.mark.parametrize("own_model", [False, True], ids=["built_in", "own_model"])
+def test_kill_9_during_a_papermill_sweep_then_resume(tmp_path, own_model):
+    spec = write_spec(tmp_path, "killme", own_model)
     sweep_dir = tmp_path / "runs" / "killme"
     points = expand(load_spec(spec))
     proc = start_sweep(spec, tmp_path / "runs", "--workers", "2", "--fuse", "off")  # fused groups: test_sweep_fused

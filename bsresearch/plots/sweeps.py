@@ -24,10 +24,12 @@ LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate
           "steps_to_target": "steps to target", "examples_to_target": "examples to target"}
 
 
-def axis_label(name: str) -> str:
+def axis_label(name: str, unit: str | None = None) -> str:
+    """A column's axis label; a loss with its unit (config.json's loss_unit, e.g. 'nats per token')."""
     if name.startswith("keskar_phi_eps"):  # measure.registry's names, e.g. keskar_phi_eps1e-3
         return f"Keskar sharpness phi (%), eps {name.removeprefix('keskar_phi_eps')}"
-    return LABELS.get(name, name.replace("_", " "))
+    label = LABELS.get(name, name.replace("_", " "))
+    return f"{label} ({unit})" if unit and name.endswith("_loss") else label
 
 
 def plain_numbers(ax: plt.Axes) -> None:
@@ -47,8 +49,9 @@ def categorical(data: pd.DataFrame, column: str | None) -> tuple[pd.DataFrame, l
 
 
 def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: str | None = None,
-                    errorbar: Any = CI, seeds: bool = True, **kwargs: Any) -> plt.Axes:
-    """Mean of `y` over seeds against batch size (log2 axis), with a 95% interval; one line per `hue`."""
+                    errorbar: Any = CI, seeds: bool = True, unit: str | None = None, **kwargs: Any) -> plt.Axes:
+    """Mean of `y` over seeds against batch size (log2 axis), with a 95% interval; one line per `hue`; a loss
+    labelled with its `unit`."""
     import seaborn as sns
     data, order = categorical(runs.dropna(subset=[y]), hue)
     sns.lineplot(data=data, x="batch_size", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
@@ -57,7 +60,7 @@ def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: 
         ax.scatter(data["batch_size"], data[y], s=10, color="0.3", alpha=0.35, zorder=3, linewidths=0)
     log2_batch_axis(ax, "x", [int(b) for b in runs["batch_size"].unique()])
     plain_numbers(ax)
-    ax.set(xlabel=axis_label("batch_size"), ylabel=axis_label(y))
+    ax.set(xlabel=axis_label("batch_size"), ylabel=axis_label(y, unit))
     return ax
 
 
@@ -75,9 +78,9 @@ def metric_vs_lr(ax: plt.Axes, runs: pd.DataFrame, y: str, hue: str | None = "ba
 
 def learning_curves(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", x: str = "step",
                     hue: str | None = "batch_size", errorbar: Any = CI, log_x: bool = True, log_y: bool = True,
-                    **kwargs: Any) -> plt.Axes:
+                    unit: str | None = None, **kwargs: Any) -> plt.Axes:
     """`y` against `x` from a long-form history (results.load_history), mean over seeds with a 95%
-    interval, one line per `hue`. Step 0 is left out of a log x axis."""
+    interval, one line per `hue`; a loss labelled with its `unit`. Step 0 is left out of a log x axis."""
     import seaborn as sns
     data = history[history[x] > 0] if log_x else history
     data, order = categorical(data, hue)
@@ -86,7 +89,7 @@ def learning_curves(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", 
         ax.set_xscale("log")
     if log_y:
         ax.set_yscale("log")
-    ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
+    ax.set(xlabel=axis_label(x), ylabel=axis_label(y, unit))
     return ax
 
 
