@@ -2,18 +2,25 @@
 one after another (bsresearch.train.train_step), in the same process, interleaved, warmed up.
 
 Both sides do what their loop does per step: the fused side computes each member's lr (config.lr_at),
-runs _Stack.step (gather K batches, batched forward/backward, one optimizer update for all members) and
-reads the K losses back (the divergence check); the separate side runs train_step for each of the K
-members with its lr and reads its loss back. Members differ in seed and lr, as in an lr sweep.
+runs its engine's step (gather K batches, batched forward/backward, one optimizer update for all members)
+and reads the K losses back (the divergence check); the separate side runs train_step for each of the K
+members with its lr and reads its loss back. Members differ in seed and lr, as in an lr sweep. The
+built-in mlp and cnn1d fuse through their batched layers (fused.trainer.StackEngine); any other model, a
+user's given as FILE.py:NAME with --dataset and --model-kwargs, through torch.func.vmap
+(fused.generic.VmapEngine), and the row also gives what train_group's calibration decided for that group.
 A third mode, where the data allow (K x B <= the training set), is one run at batch K x B: the same
 arithmetic with one step's overhead, the practical limit of fusing (its examples/s divided by B).
 
     python benchmarks/fused_runs.py [--device cpu|cuda] [--models mlp,cnn1d] [--batch-sizes 32,256]
                                     [--ks 1,4,16,32,64] [--seconds 0.5] [--repeats 3] [--threads 1]
+    python benchmarks/fused_runs.py --models examples/lm.py:make_model --dataset examples/lm.py:make_data \
+        --model-kwargs '{"context": 64, "width": 64, "depth": 2}' --dataset-kwargs '{"context": 64}' \
+        --optimizer adam --batch-sizes 1,2,4 --ks 8 --stem fused_runs_lm
 """
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,41 +34,48 @@ from common import benchmark_parser, interleaved, median_and_spread, start, time
 
 from bsresearch.config import RunConfig, lr_at  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.fused.trainer import StackEngine, _new_member  # noqa: E402
-from bsresearch.train import new_state, train_step  # noqa: E402
+from bsresearch.fused import generic  # noqa: E402
+from bsresearch.fused.compat import STACKED_MODELS  # noqa: E402
+from bsresearch.fused.trainer import StackEngine, _calibrate, _new_member  # noqa: E402
+from bsresearch.models import model_for  # noqa: E402
+from bsresearch.train import components, new_state, train_step  # noqa: E402
 
 
-def configs(model: str, batch_size: int, k: int, device: torch.device) -> list[RunConfig]:
-    base = RunConfig(dataset="mnist1d", model=model, batch_size=batch_size, base_batch_size=batch_size,
-                     budget="steps", budget_amount=10**6, device=str(device))
-    return [base.replace(seed=i, lr=0.01 * (1 + i % 8)) for i in range(k)]
+def configs(model: str, batch_size: int, k: int, device: torch.device, **fields: Any) -> list[RunConfig]:
+    base = RunConfig(**{"dataset": "mnist1d", **fields}, model=model, batch_size=batch_size,
+                     base_batch_size=batch_size, budget="steps", budget_amount=10**6, device=str(device))
+    return [base.replace(seed=i, lr=base.lr * (1 + i % 8) / 4) for i in range(k)]
 
 
-def fused_step(cfgs: list[RunConfig], data, device: torch.device):
-    members = [_new_member(i, cfg, None, data, device) for i, cfg in enumerate(cfgs)]
-    stack = StackEngine(members, data, device)
+def fused_step(cfgs: list[RunConfig], data, device: torch.device, parts):
+    members = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    engine = StackEngine(members, data, device) if cfgs[0].model in STACKED_MODELS else \
+        generic.VmapEngine(members, data, parts.loss, parts.task, device)
 
     def run_step() -> None:
         lrs = [lr_at(m.cfg, m.state.step, data.n_train) for m in members]
-        stack.step(members, lrs, [None] * len(members)).tolist()
+        engine.step(members, lrs, [None] * len(members)).tolist()
     return run_step
 
 
-def separate_steps(cfgs: list[RunConfig], data, device: torch.device):
+def separate_steps(cfgs: list[RunConfig], data, device: torch.device, parts):
     states = [new_state(cfg, data, device) for cfg in cfgs]
 
     def run_steps() -> None:
         for cfg, state in zip(cfgs, states):
-            float(train_step(state, cfg, data, lr_at(cfg, state.step, data.n_train)))
+            float(train_step(state, cfg, data, lr_at(cfg, state.step, data.n_train), parts.loss))
     return run_steps
 
 
-def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: float, repeats: int) -> list[dict]:
-    cfgs = configs(model, batch_size, k, device)
+def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: float, repeats: int,
+            **fields: Any) -> list[dict]:
+    cfgs = configs(model, batch_size, k, device, **fields)
     data = dataset_for(cfgs[0], device)
-    candidates = {"fused": fused_step(cfgs, data, device), "separate": separate_steps(cfgs, data, device)}
+    parts = components(cfgs[0], data, model_for(cfgs[0], data, torch.Generator().manual_seed(0)).to(device))
+    candidates = {"fused": fused_step(cfgs, data, device, parts), "separate": separate_steps(cfgs, data, device, parts)}
     if 1 < k and k * batch_size <= data.n_train:
-        candidates["one run at batch K*B"] = separate_steps(configs(model, k * batch_size, 1, device), data, device)
+        candidates["one run at batch K*B"] = separate_steps(configs(model, k * batch_size, 1, device, **fields), data,
+                                                            device, parts)
     for fn in candidates.values():  # warm up
         time_steps(fn, 3, device)
     rate = min(time_steps(fn, 3, device) for fn in candidates.values())
@@ -75,8 +89,13 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
         med, spread = median_and_spread([v * k for v in values])
         rows.append({"model": model, "batch_size": batch_size, "k": k, "mode": mode,
                      "member_steps_per_s": med, "spread": spread, "calls_timed": n, "repeats": repeats})
+    decision = "stacked layers" if model in STACKED_MODELS else None
+    if decision is None and k > 1:  # what train_group would decide for this group, by its calibration
+        ratio = _calibrate(cfgs, data, device, parts)
+        decision = f"calibration {ratio:.2f}x: " + ("fuse" if ratio >= generic.PAYS else "each alone")
     for row in rows:
         row["speedup"] = float(row["member_steps_per_s"]) / float(rows[1]["member_steps_per_s"])
+        row["train_group_decision"] = decision
     limit = f", one batch-K*B run x{rows[2]['speedup']:.2f}" if len(rows) > 2 else ""
     print(f"{model} b{batch_size} K={k}: fused {rows[0]['member_steps_per_s']:.0f}, separate "
           f"{rows[1]['member_steps_per_s']:.0f} member steps/s, x{rows[0]['speedup']:.2f}{limit}", flush=True)
@@ -85,7 +104,13 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--models", default="mlp,cnn1d")
+    parser.add_argument("--models", default="mlp,cnn1d", help="built-in names, or one FILE.py:NAME")
+    parser.add_argument("--dataset", help="the dataset of every model [mnist1d]")
+    parser.add_argument("--model-kwargs", default="{}", help="JSON: keyword arguments of a model factory")
+    parser.add_argument("--dataset-kwargs", default="{}", help="JSON: keyword arguments of a dataset factory")
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--lr", type=float, default=0.04, help="the members' lrs are this x 1/4, 2/4, ... 8/4")
+    parser.add_argument("--stem", default="fused_runs", help="the result file's name")
     parser.add_argument("--batch-sizes", default="32,256")
     parser.add_argument("--ks", default="1,4,16,32,64")
     parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
@@ -93,12 +118,19 @@ def main() -> None:
     args = parser.parse_args()
     device = start(args)
     rows = []
-    for model in args.models.split(","):
+    fields: dict[str, Any] = {"optimizer": args.optimizer, "lr": args.lr}
+    if args.dataset:
+        fields["dataset"] = args.dataset
+    for key in ("model_kwargs", "dataset_kwargs"):
+        if json.loads(getattr(args, key)):
+            fields[key] = json.loads(getattr(args, key))
+    models = [args.models] if ":" in args.models else args.models.split(",")
+    for model in models:
         for b in map(int, args.batch_sizes.split(",")):
             for k in map(int, args.ks.split(",")):
-                rows += measure(model, b, k, device, args.seconds, args.repeats)
+                rows += measure(model, b, k, device, args.seconds, args.repeats, **fields)
     df = pd.DataFrame(rows)
-    write_results(df, "fused_runs", device, args.out_dir)
+    write_results(df, args.stem, device, args.out_dir)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,28 @@ def derive_seed(seed: int, purpose: str) -> int:
 def make_generator(seed: int, purpose: str, device: torch.device | str = "cpu") -> torch.Generator:
     """A torch.Generator for one purpose, so e.g. data order does not shift the initial weights."""
     return torch.Generator(device=device).manual_seed(derive_seed(seed, purpose))
+
+
+@contextlib.contextmanager
+def model_randomness(seed: int, device: torch.device, state: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
+    """The global RNG a model draws from while it trains (dropout in a user's model: the library itself
+    never draws from it), seeded from the run's seed for the 'model' purpose, or set to a saved `state`
+    (global_rng_state, at a resume); the caller's global RNG state is restored afterwards."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(derive_seed(seed, "model"))
+        if state:
+            torch.set_rng_state(state["cpu"])
+            if device.type == "cuda" and "cuda" in state:
+                torch.cuda.set_rng_state(state["cuda"], device)
+        yield
+
+
+def global_rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The global RNG's state on the CPU (and on `device` when it is CUDA), for a checkpoint."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
 @dataclass

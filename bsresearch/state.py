@@ -23,7 +23,7 @@ from .data import BatchIndices, BatchSampler, Data
 from .models import model_for
 from .noise_tracker import NoiseScaleEMA
 from .rundir import atomic_write_bytes
-from .runtime import Generators, is_out_of_memory
+from .runtime import Generators, global_rng_state, is_out_of_memory
 from .step import make_optimizer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -59,7 +59,9 @@ class TrainState:
                 "sampler": self.indices.sampler_state(self.step), "generators": self.generators.state_dict(),
                 "initial_params": self.initial_params, "step": self.step, "examples_seen": self.examples_seen,
                 "first_loss": self.first_loss, "train_seconds": self.train_seconds, "history": self.history,
-                "noise_ema": dataclasses.asdict(self.noise_ema) if self.noise_ema else None}
+                "noise_ema": dataclasses.asdict(self.noise_ema) if self.noise_ema else None,
+                # the global RNG the model draws from (runtime.model_randomness)
+                "model_rng": global_rng_state(next(self.model.parameters()).device)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])

@@ -36,6 +36,7 @@ from .runtime import (
     autocast,
     check_precision,
     is_out_of_memory,
+    model_randomness,
     oom_message,
     provenance,
     resolve_device,
@@ -153,19 +154,20 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
             rd.write_status("oom", error=error, traceback=None, provenance=provenance(device))
         return RunResult("oom", {}, [], rd.path if rd else None, error)
 
-    resumed_from = None
+    resumed_from, model_rng = None, None
     if rd and rd.checkpoint_path.exists() and not overwrite:
         ckpt = load_checkpoint(rd.checkpoint_path, device)
         if ckpt.get("resumable") and ckpt.get("run_id") == C.run_id(cfg):
             state.load_state_dict(ckpt["state"])
-            resumed_from = state.step
+            resumed_from, model_rng = state.step, ckpt["state"].get("model_rng")
     tokens = parts.task.tokens_per_example
     member = Member(0, cfg, state, rd, C.total_steps(cfg, data.n_train, tokens),
                     set(C.eval_steps(cfg, data.n_train, tokens)), resumed_from=resumed_from,
                     wall_offset=state.history[-1]["wall_seconds"] if state.history else 0.0)
     own = [Evaluation(), Divergence(), Checkpointing(), NoiseScale(), Progress(progress), Recording()]
-    Loop([member], ModelEngine(data, parts.loss, parts.task), [*own, *callbacks], data, parts.task, device,
-         LOSS_CHECK_EVERY.get(device.type, 1)).run()
+    with model_randomness(cfg.seed, device, model_rng):   # dropout repeats with the seed, and across a resume
+        Loop([member], ModelEngine(data, parts.loss, parts.task), [*own, *callbacks], data, parts.task, device,
+             LOSS_CHECK_EVERY.get(device.type, 1)).run()
     assert member.result is not None
     return member.result
 

@@ -56,6 +56,24 @@ USER_CODE = textwrap.dedent('''
         return TensorDataset(*_tensors(n, seed))
 
 
+    class Noisy(TwoTower):
+        """Dropout in training: a draw vmap cannot give each member of a fused group on its own stream."""
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, x):
+            return super().forward(self.drop(x))
+
+
+    def noisy():
+        return Noisy()
+
+
+    def normed():
+        return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
     class Items(Dataset):
         """Map-style, built item by item (a label as a Python int)."""
         num_classes = 3
@@ -278,8 +296,6 @@ def test_a_sweep_over_the_users_model_kwargs(user_file, tmp_path):
     runs = results.load("own", tmp_path / "runs")
     assert sorted(map(str, runs["model_kwargs"])) == ["{'hidden': 4}"] * 2 + ["{'hidden': 8}"] * 2
     assert set(runs["state"]) == {"ok"} and runs["run_id"].nunique() == 4
-    assert all(report.planned[i].fusion and "not supported in a fused group" in report.planned[i].fusion
-               for i in range(4))   # a reference model trains alone, and the plan says why
 
 
 def test_measurements_take_the_runs_loss_and_say_which_noise_estimator_ran(user_file, tmp_path):
@@ -394,3 +410,59 @@ def test_a_language_models_report_is_in_nats_per_token(tmp_path):
     folder = run_report(spec, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
     assert "loss (nats per token)" in (folder / "metrics_vs_batch.txt").read_text()
     assert "test_loss_mean" in (folder / "summary.md").read_text()
+
+
+def test_a_fused_group_of_the_users_model_gives_each_member_its_separate_run(user_file, tmp_path, monkeypatch):
+    """The generic fused path (torch.func.vmap over stacked parameters): members that differ in seed, lr and
+    optimizer settings end as their separate runs do, to float32 rounding; their status names the group."""
+    import bsresearch.fused.generic as generic
+    from bsresearch.fused import train_group
+    monkeypatch.setattr(generic, "PAYS", 0.0)   # fused whatever the calibration measures on this machine now
+    cfgs = [cfg_for(user_file, seed=s, lr=lr, momentum=m, micro_batch_size=8, budget_amount=16)
+            for s, lr, m in [(0, 0.05, 0.9), (1, 0.2, 0.0), (2, 0.1, 0.5)]]
+    fused = train_group(cfgs, [tmp_path / str(i) for i in range(3)], progress=False, group_id="g1")
+    for f, cfg in zip(fused, cfgs):
+        alone = run(cfg, progress=False)
+        assert f.state == alone.state == "ok" and len(f.history) == len(alone.history)
+        for a, b in zip(f.history, alone.history):
+            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+            assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1e-9)
+    status = RunDir(tmp_path / "0").status()
+    assert status["group"] == "g1" and "fusion" not in status
+
+
+@pytest.mark.parametrize("factory, reason", [("noisy", "draws random numbers in training (dropout)"),
+                                             ("normed", "BatchNorm's running statistics")])
+def test_a_model_that_cannot_fuse_trains_alone_and_says_why(user_file, tmp_path, factory, reason):
+    from bsresearch.fused import train_group
+    cfgs = [cfg_for(user_file, model=f"{user_file}:{factory}", seed=s) for s in range(2)]
+    results = train_group(cfgs, [tmp_path / str(i) for i in range(2)], progress=False)
+    assert [r.state for r in results] == ["ok", "ok"]
+    assert reason in RunDir(tmp_path / "1").status()["fusion"]
+
+
+def test_a_group_whose_fusing_does_not_pay_trains_alone(user_file, tmp_path, monkeypatch):
+    import bsresearch.fused.generic as generic
+    from bsresearch.fused import train_group
+    monkeypatch.setattr(generic, "PAYS", 1e9)   # no calibration can show such a gain
+    results = train_group([cfg_for(user_file, seed=s) for s in range(2)], [tmp_path / "a", tmp_path / "b"],
+                          progress=False)
+    assert [r.state for r in results] == ["ok", "ok"]
+    assert RunDir(tmp_path / "a").status()["fusion"].startswith("fusing does not pay here: ")
+
+
+def test_a_model_with_dropout_repeats_with_its_seed_and_resumes_exactly(user_file, tmp_path):
+    """A user's model that draws random numbers in training (dropout) draws from the global RNG, seeded from the
+    run's seed and saved in its checkpoints; the caller's global RNG is left as it was."""
+    cfg = cfg_for(user_file, model=f"{user_file}:noisy", budget_amount=20, checkpoint_every=5, save_checkpoint=True)
+    before = torch.get_rng_state()
+    a, b = run(cfg, progress=False), run(cfg, progress=False)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert [r["train_loss"] for r in a.history] == [r["train_loss"] for r in b.history]
+    assert run(cfg.replace(seed=1), progress=False).history[-1]["train_loss"] != a.history[-1]["train_loss"]
+    full = run(cfg, tmp_path / "full", progress=False)
+    with killed_at(13):
+        run(cfg, tmp_path / "killed", progress=False)
+    resumed = run(cfg, tmp_path / "killed", progress=False)
+    assert RunDir(tmp_path / "killed").status()["resumed_from"] == 10
+    assert resumed.history[-1]["train_loss"] == full.history[-1]["train_loss"]

@@ -1,10 +1,15 @@
 """Which RunConfigs may train together in one fused group, and why not when they may not.
 
 A fused group stacks K members' parameters and runs them as one batched program, so the members
-must share every tensor shape and the data pipeline. What may differ per member: the seed and the
-optimisation hyperparameters that only scale an update (lr, momentum, nesterov, weight_decay,
-lr_scaling, base_batch_size, schedule and its parameters, warmup), the duration (budget, target,
-max_steps), the evaluation schedule, divergence_ratio, measurements and save_checkpoint.
+must share every tensor shape and the data pipeline. The built-in mlp and cnn1d (with BatchNorm and ghost
+BatchNorm too) have their own batched layers (fused/layers.py); any other model, a user's included, fuses
+through torch.func.vmap (fused/generic.py) when its probe and calibration say it can and it pays, which only
+the model's code can tell: this module plans without torch, so it lets such configs group.
+
+What may differ per member: the seed and the optimisation hyperparameters that only scale an update (lr,
+momentum, nesterov, weight_decay, lr_scaling, base_batch_size, schedule and its parameters, warmup), the
+duration (budget, target, max_steps), the evaluation schedule, divergence_ratio, measurements and
+save_checkpoint.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ MUST_MATCH: dict[str, str] = {
     **{f: "execution" for f in EXECUTION_FIELDS},
     **{f: "update rule" for f in UPDATE_RULE_FIELDS},
 }
-FUSED_MODELS = ("mlp", "cnn1d")  # the batched layers in fused/layers.py cover these
+STACKED_MODELS = ("mlp", "cnn1d")  # the batched layers in fused/layers.py cover these
 # Everything else may differ per member because the fused trainer reads it per member. A RunConfig field
 # added later is neither here nor in MUST_MATCH until someone decides: it must then be equal (so a new
 # feature can never be silently ignored by a group).
@@ -36,8 +41,9 @@ MAY_DIFFER = frozenset({
 
 def unsupported_reason(cfg: RunConfig) -> str | None:
     """Why `cfg` cannot be in any fused group (a feature fused training does not implement), or None."""
-    if cfg.model not in FUSED_MODELS:
-        return f"model {cfg.model!r} is not supported in a fused group (only {', '.join(FUSED_MODELS)})"
+    if cfg.model in ("convnet", "resnet") and cfg.batchnorm:
+        return (f"model {cfg.model!r} with BatchNorm is not supported in a fused group (its running statistics "
+                f"cannot be vmapped; the batched BatchNorm covers {', '.join(STACKED_MODELS)} only)")
     if cfg.precision != "fp32":
         return f"precision {cfg.precision!r} is not supported in a fused group (fp32 only)"
     if cfg.noise_scale_every > 0:
@@ -46,8 +52,6 @@ def unsupported_reason(cfg: RunConfig) -> str | None:
         return f"checkpoint_every {cfg.checkpoint_every} is not supported in a fused group (0 only: no resume)"
     if cfg.batch_schedule != "constant":
         return f"batch_schedule {cfg.batch_schedule!r} is not supported in a fused group (constant only)"
-    if cfg.loss != "cross_entropy":
-        return f"loss {cfg.loss!r} is not supported in a fused group (cross_entropy only)"
     if cfg.data_loading == "stream":
         return "data_loading 'stream' is not supported in a fused group (resident data only)"
     return None

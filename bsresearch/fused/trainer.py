@@ -16,7 +16,7 @@ Numbers agree with separate runs to float32 rounding (batched kernels sum in ano
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -26,12 +26,16 @@ from .. import config as C
 from ..callbacks import Divergence, Evaluation, Progress, Recording
 from ..config import ConfigError, RunConfig
 from ..data import EVAL_CHUNK, Dataset, dataset_for
+from ..engine import ModelEngine
 from ..loop import Loop, Member, RunResult, StepHooks
+from ..losses import Task
+from ..models import model_for
 from ..rundir import RunDir
 from ..runtime import check_precision, resolve_device, set_threads
 from ..state import new_state
-from ..train import LOSS_CHECK_EVERY, components
-from .compat import fusion_blocker
+from ..train import LOSS_CHECK_EVERY, Components, components, run
+from . import generic
+from .compat import STACKED_MODELS, fusion_blocker
 from .layers import StackedModel
 from .memory import cuda_group_size
 from .optim import FusedOptimizer
@@ -82,14 +86,27 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
                           f"fused group needs its data resident (data_loading resident, or tensors from the factory)")
     for i in todo:
         C.check_data_size(cfgs[i], data.n_train)
+    parts = components(cfg0, data, model_for(cfg0, data, torch.Generator().manual_seed(0)).to(device))
+    stacked = cfg0.model in STACKED_MODELS and cfg0.loss == "cross_entropy"   # fused/layers.py's own program
+    reason = None if stacked else generic.probe(model_for(cfg0, data, torch.Generator().manual_seed(0)).to(device),
+                                                *data.first(min(2, data.n_train)), parts.loss)
+    if reason is None and not stacked and len(todo) > 1:
+        ratio = _calibrate([cfgs[i] for i in todo], data, device, parts)
+        if ratio < generic.PAYS:
+            reason = (f"fusing does not pay here: {ratio:.2f}x per member in a calibration of "
+                      f"{generic.CALIBRATION_STEPS} steps")
+    if reason is not None:  # each member trains alone, as train.run trains it, and its status says why
+        for i in todo:
+            results[i] = _alone(cfgs[i], dirs[i], progress, reason)
+        return [r for r in results if r is not None]
 
     limit = cuda_group_size(cfg0, device) or len(todo)  # on CUDA, from the memory model
     queue = [todo[i:i + limit] for i in range(0, len(todo), limit)]
     while queue:
         group = queue.pop(0)
-        members = [_new_member(i, cfgs[i], dirs[i], data, device) for i in group]
+        members = [_new_member(i, cfgs[i], dirs[i], data, device, parts.task) for i in group]
         try:
-            _train_fused(members, data, device, progress, group_id)
+            _train_fused(members, data, device, progress, group_id, parts, stacked)
         except torch.OutOfMemoryError:  # more than one member: halve, and start those members again
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -102,21 +119,45 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     return [r for r in results if r is not None]
 
 
-def _new_member(index: int, cfg: RunConfig, run_dir: str | Path | None, data: Dataset,
-                device: torch.device) -> Member:
+def _new_member(index: int, cfg: RunConfig, run_dir: str | Path | None, data: Dataset, device: torch.device,
+                task: Task) -> Member:
     rd = RunDir(run_dir) if run_dir is not None else None
-    return Member(index, cfg, new_state(cfg, data, device), rd, C.total_steps(cfg, data.n_train),
-                  set(C.eval_steps(cfg, data.n_train)))
+    tokens = task.tokens_per_example
+    return Member(index, cfg, new_state(cfg, data, device), rd, C.total_steps(cfg, data.n_train, tokens),
+                  set(C.eval_steps(cfg, data.n_train, tokens)))
+
+
+def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, reason: str) -> RunResult:
+    """A member of a group that cannot fuse, trained alone by train.run; its status.json records why."""
+    result = run(cfg, run_dir, progress=progress)
+    if run_dir is not None:
+        RunDir(run_dir).write_status(result.state, fusion=reason)
+    return result
+
+
+def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: Components) -> float:
+    """generic.calibrate on fresh copies of the group's members (their training is untouched)."""
+    copies = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    engine = generic.VmapEngine(copies, data, parts.loss, parts.task, device)
+    lrs = [C.lr_at(m.cfg, 0, data.n_train) for m in copies]
+    alone = ModelEngine(data, parts.loss, parts.task)
+    loners = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    def fused() -> object:
+        return engine.step(copies, lrs, [None] * len(copies))
+
+    def one(member: Member, lr: float) -> Callable[[], object]:
+        return lambda: alone.step([member], [lr], [None])
+    return generic.calibrate(fused, [one(m, lr) for m, lr in zip(loners, lrs)], device)
 
 
 def _train_fused(members: list[Member], data: Dataset, device: torch.device, progress: bool | None,
-                 group_id: str | None) -> None:
+                 group_id: str | None, parts: Components, stacked: bool) -> None:
     """Train `members` together with the one training loop, each member's result in m.result. An
     out-of-memory error with more than one member still training is raised, for train_group to split."""
-    parts = components(members[0].cfg, data, members[0].state.model)
-    engine: StackEngine | _OutOfMemory
+    engine: StackEngine | generic.VmapEngine | _OutOfMemory
     try:
-        engine = StackEngine(members, data, device)
+        engine = StackEngine(members, data, device) if stacked else \
+            generic.VmapEngine(members, data, parts.loss, parts.task, device)
     except torch.OutOfMemoryError as exc:
         if len(members) > 1:
             raise

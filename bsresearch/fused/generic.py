@@ -1,0 +1,236 @@
+"""Fused runs of any model torch.func can batch: K members' parameters stacked, one vmapped program.
+
+The built-in mlp and cnn1d have their own batched layers (fused/layers.py). Any other model, a user's
+included, fuses here when torch.func.vmap can take it: its parameters become (K, ...) tensors, views of one
+flat (K, P) tensor, so fused/optim.py updates all members in one set of operations; gradients accumulate
+into one flat (K, P) buffer (each parameter's .grad is a view of it, filled in place by autograd); the
+forward pass and the loss are vmapped over the members, each on its own batch.
+
+What cannot fuse, and is said in one line before any training (`probe`): BatchNorm (its running statistics
+are updated in place in training), random draws in training (dropout: vmap cannot give each member its own
+stream, so a fused member would not be the run it stands for), and anything else vmap refuses (a
+data-dependent `.item()`, an operation without a batching rule).
+
+Fusing a small model pays (the per-step overhead is paid once for K members); a model whose one-member
+step already keeps the processor busy gains nothing, or loses. `calibrate` times a few fused steps against
+the same steps one member after another, on copies, before a group trains; train_group then fuses only
+where it pays.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call, vmap
+
+from .. import config as C
+from ..data import Dataset, eval_chunk_size
+from ..loop import Member, StepHooks
+from ..losses import Loss, Task
+from .optim import FusedOptimizer
+
+# The parameters' .grad are views of one flat buffer, which is the point; autograd warns that such a grad does
+# not follow its "layout contract" (the performance it means is not lost here: the views are dense rows).
+LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
+CALIBRATION_STEPS = 3     # timed steps of each kind (after one untimed) when calibrating
+PAYS = 1.05               # fuse only when the fused step is at least this much faster per member
+EVAL_MEMBERS = 8          # members per evaluation forward pass
+
+
+def probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> str | None:
+    """Why vmap over stacked parameters cannot train `model` (one line), or None. Tries two members on the
+    two examples (x, y): forward, loss and backward, in train mode, random draws forbidden."""
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules()):
+        return "BatchNorm's running statistics are updated in place in training, which vmap cannot batch"
+    stack = _Stack([model, model], x.device)
+    try:
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+            value = vmap(stack.loss_fn(model, loss), randomness="error")(stack.leaves,
+                                                                          x.expand(2, *x.shape),
+                                                                          y.expand(2, *y.shape))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
+                value.sum().backward()
+    except RuntimeError as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "randomness" in text:
+            return "the model draws random numbers in training (dropout): vmap cannot give each member its own stream"
+        return f"torch.func.vmap cannot batch the model ({type(exc).__name__}: {text[:160]})"
+    except Exception as exc:  # noqa: BLE001 - whatever vmap refuses is a reason not to fuse, not a failure
+        return f"torch.func.vmap cannot batch the model ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+    finally:
+        model.zero_grad(set_to_none=True)
+    return None
+
+
+class _Stack:
+    """K models' parameters as views of one flat (K, P) tensor, and their gradients as views of one flat
+    (K, P) buffer, in named_parameters order (torch's own layout)."""
+
+    def __init__(self, models: list[nn.Module], device: torch.device):
+        template = models[0]
+        self.names = [name for name, _ in template.named_parameters()]
+        self.shapes = [tuple(p.shape) for _, p in template.named_parameters()]
+        self.flat = torch.stack([torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models]
+                                ).to(device)
+        self.buffers = dict(template.named_buffers())   # constant buffers (a causal mask): shared by every member
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Leaves (views of flat, requiring grad) whose .grad are views of one zeroed flat buffer."""
+        k = len(self.flat)
+        self.grad = torch.zeros_like(self.flat)
+        self.leaves: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, shape in zip(self.names, self.shapes):
+            n = int(torch.Size(shape).numel())
+            leaf = self.flat[:, offset:offset + n].view(k, *shape).requires_grad_(True)
+            leaf.grad = self.grad[:, offset:offset + n].view(k, *shape)
+            self.leaves[name] = leaf
+            offset += n
+
+    def loss_fn(self, model: nn.Module, loss: Loss) -> Callable[..., torch.Tensor]:
+        buffers = self.buffers
+
+        def one(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return loss(functional_call(model, (params, buffers), (x,)), y)
+        return one
+
+    def rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The members at `rows`, detached (evaluation)."""
+        index = torch.tensor(rows, device=self.flat.device)
+        return {name: leaf.detach()[index] for name, leaf in self.leaves.items()}
+
+
+class VmapEngine:
+    """The loop's engine for a fused group of any model `probe` accepts (module docstring)."""
+    can_split = True
+
+    def __init__(self, members: list[Member], data: Dataset, loss: Loss, task: Task, device: torch.device):
+        self.members = list(members)
+        self.data, self.loss, self.task = data, loss, task
+        self.model = members[0].state.model
+        self.micro_batch_size = members[0].cfg.micro_batch_size
+        self.stack = _Stack([m.state.model for m in members], device)
+        self.initial = self.stack.flat.clone()
+        self.optimizer = FusedOptimizer.for_members([m.cfg for m in members], self.stack.flat)
+        self.one = self.stack.loss_fn(self.model, loss)
+
+    def _rows(self, members: list[Member]) -> list[int]:
+        return [next(r for r, s in enumerate(self.members) if s is m) for m in members]
+
+    def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
+        """One update of every member on its own next batch (micro-batches accumulate); losses (K,)."""
+        stack, data = self.stack, self.data
+        idx = torch.stack([next(m.state.indices) for m in members])            # (K, B)
+        micro_batches = idx.split(self.micro_batch_size, dim=1) if self.micro_batch_size else (idx,)
+        stack.grad.zero_()
+        total = torch.zeros(len(members), device=stack.flat.device)
+        for micro in micro_batches:
+            losses = vmap(self.one, randomness="error")(stack.leaves, data.x_train[micro], data.y_train[micro])
+            if len(micro_batches) > 1:
+                losses = losses * (micro.shape[1] / idx.shape[1])
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
+                losses.sum().backward()
+            total += losses.detach()
+        lr = torch.tensor(lrs, device=stack.flat.device, dtype=stack.flat.dtype).view(-1, 1)
+        self.optimizer.update(stack.flat, stack.grad, lr)
+        for m in members:
+            m.state.step += 1
+            m.state.examples_seen += idx.shape[1]
+        return total
+
+    @torch.no_grad()
+    def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
+        x, y = (self.data.x_train, self.data.y_train) if split == "train" else (self.data.x_test, self.data.y_test)
+        x, y = x[:limit], y[:limit]
+        rows = self._rows(members)
+        chunk = eval_chunk_size(self.task.tokens_per_example)
+        buffers, model, loss = self.stack.buffers, self.model, self.loss
+        out: list[tuple[float, float | None]] = []
+        for lo in range(0, len(rows), EVAL_MEMBERS):
+            params = self.stack.rows(rows[lo:lo + EVAL_MEMBERS])
+            k = len(rows[lo:lo + EVAL_MEMBERS])
+            loss_sum = torch.zeros(k, dtype=torch.float64, device=x.device)
+            correct = torch.zeros(k, dtype=torch.int64, device=x.device)
+            for start in range(0, len(x), chunk):
+                xb, yb = x[start:start + chunk], y[start:start + chunk]
+                output = vmap(lambda p, xs: functional_call(model, (p, buffers), (xs,)), in_dims=(0, None))(params, xb)
+                loss_sum += torch.stack([loss.total(output[i], yb) for i in range(k)])
+                if self.task.accuracy:
+                    correct += (output.argmax(-1) == yb).flatten(1).sum(1)
+            targets = max(1, y.numel())
+            out += [(s / len(x), c / targets if self.task.accuracy else None)
+                    for s, c in zip(loss_sum.tolist(), correct.tolist())]
+        return out
+
+    @torch.no_grad()
+    def weight_stats(self, members: list[Member]) -> list[tuple[float, float]]:
+        index = torch.tensor(self._rows(members), device=self.stack.flat.device)
+        flat = self.stack.flat[index]
+        distance = ((flat - self.initial[index]) ** 2).sum(1).sqrt()
+        return list(zip(distance.tolist(), (flat ** 2).sum(1).sqrt().tolist()))
+
+    def remove(self, members: list[Member]) -> None:
+        """Write the members' rows into their TrainState (weights, optimizer state); drop them."""
+        rows = self._rows(members)
+        for m, row in zip(members, rows):
+            self._unstack(m, row)
+        keep = [r for r in range(len(self.members)) if r not in set(rows)]
+        index = torch.tensor(keep, dtype=torch.long, device=self.stack.flat.device)
+        self.stack.flat = self.stack.flat[index]
+        self.stack.rebuild()
+        self.initial = self.initial[index]
+        self.optimizer.keep(index)
+        self.members = [self.members[r] for r in keep]
+
+    @torch.no_grad()
+    def _unstack(self, member: Member, row: int) -> None:
+        state, cfg, opt = member.state, member.cfg, self.optimizer
+        params = dict(state.model.named_parameters())
+        offset = 0
+        for name, shape in zip(self.stack.names, self.stack.shapes):
+            n = int(torch.Size(shape).numel())
+            p = params[name]
+            p.copy_(self.stack.flat[row, offset:offset + n].view(shape))
+            first = opt.buf[row, offset:offset + n].view(shape).clone()
+            if opt.kind == "sgd":
+                if cfg.momentum != 0 and opt.step > 0:
+                    state.optimizer.state[p] = {"momentum_buffer": first}
+            elif opt.step > 0:
+                assert opt.sq is not None
+                state.optimizer.state[p] = {"step": torch.tensor(float(opt.step)), "exp_avg": first,
+                                            "exp_avg_sq": opt.sq[row, offset:offset + n].view(shape).clone()}
+            offset += n
+        if state.step > 0:
+            for group in state.optimizer.param_groups:
+                group["lr"] = C.lr_at(cfg, state.step - 1, state.sampler.n)
+
+
+def _seconds(step: Callable[[], object], device: torch.device) -> float:
+    """Median seconds of CALIBRATION_STEPS calls after an untimed one."""
+    step()
+    times = []
+    for _ in range(CALIBRATION_STEPS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def calibrate(fused: Callable[[], object], alone: list[Callable[[], object]], device: torch.device) -> float:
+    """How many times faster per member a fused step is than the members' steps one after another (the
+    steps given run on copies of the members, so the group's training is untouched)."""
+    fused_seconds = _seconds(fused, device)
+    alone_seconds = sum(_seconds(step, device) for step in alone)
+    return alone_seconds / max(fused_seconds, 1e-12)
+
+
