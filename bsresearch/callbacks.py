@@ -29,6 +29,7 @@ from .loop import Callback, Loop, Member, RunResult, StepHooks
 from .measure.registry import take_measurements
 from .models import count_parameters
 from .noise_tracker import NoiseScaleEMA, squared_grad_norm, update_noise_ema
+from .rundir import storage_error
 from .runtime import provenance
 from .state import TrainState, save_checkpoint
 
@@ -242,14 +243,19 @@ class Recording(Callback):
             data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
             metrics.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
         if rd:
-            rd.write_history(state.history)
-            rd.write_metrics(metrics)
-            if m.outcome in ("oom", "failed"):
-                if loop.device.type == "cuda":
-                    torch.cuda.empty_cache()
-            elif cfg.save_checkpoint:
-                save_checkpoint(rd.checkpoint_path, cfg, state, resumable=False)
-            elif rd.checkpoint_path.exists():
-                rd.checkpoint_path.unlink()
+            try:
+                rd.write_history(state.history)
+                rd.write_metrics(metrics)
+                if m.outcome in ("oom", "failed"):
+                    if loop.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                elif cfg.save_checkpoint:
+                    save_checkpoint(rd.checkpoint_path, cfg, state, resumable=False)
+                elif rd.checkpoint_path.exists():
+                    rd.checkpoint_path.unlink()
+            except OSError as exc:  # the disk is full or read-only: the run failed for it, and says so
+                if not storage_error(exc):
+                    raise
+                m.outcome, m.error, m.trace = "failed", f"the run directory could not be written: {exc}", None
             rd.write_status(m.outcome, error=m.error, traceback=m.trace, **self.status)
         m.result = RunResult(m.outcome, metrics, state.history, rd.path if rd else None, m.error, state.model)

@@ -397,6 +397,7 @@ def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[s
         "warmup_steps": warmup_steps(cfg, n_train),
         "accumulation_steps": accumulation_steps(cfg),
         "bn_statistics_batch": bn_statistics_batch(cfg),
+        **({"bn_batches": bn_batches(cfg)} if cfg.ghost_batch_size else {}),
         "batch_phases": [list(p) for p in batch_phases(cfg, n_train)],
         "run_id": run_id(cfg),
         **({"sources": reference_sources(cfg)} if any(is_reference(getattr(cfg, f)) for f in REFERENCE_FIELDS)
@@ -504,6 +505,33 @@ def _validate_references(cfg: RunConfig) -> None:
                           f"got {cfg.test_size!r}")
 
 
+def bn_batches(cfg: RunConfig) -> list[int]:
+    """The sizes of the batches each training-mode BatchNorm statistic is computed over, largest first, for
+    every (micro-)batch the run trains on: the (micro-)batch, or its ghost batches (the last one smaller when
+    the ghost size does not divide it). [] without BatchNorm."""
+    if not cfg.batchnorm:
+        return []
+    phases = [round(cfg.batch_size * cfg.batch_growth ** k) for k in range(len(cfg.lr_decay_at) + 1)] \
+        if cfg.batch_schedule != "constant" else [cfg.batch_size]
+    sizes: set[int] = set()
+    for size in {cfg.micro_batch_size or p for p in phases}:
+        ghost = cfg.ghost_batch_size or size
+        sizes |= {min(ghost, size)} | ({size % ghost} if size > ghost and size % ghost else set())
+    return sorted(sizes, reverse=True)
+
+
+def _validate_batchnorm_batches(cfg: RunConfig) -> None:
+    """BatchNorm in training normalises each (micro-)batch, or each ghost batch of it: every such batch needs
+    at least 2 examples (a ghost size that leaves 1 example over, a micro-batch of 1)."""
+    sizes = bn_batches(cfg)
+    if sizes and sizes[-1] < 2:
+        what = (f"ghost_batch_size {cfg.ghost_batch_size} leaves 1 example over in a batch of "
+                f"{cfg.micro_batch_size or cfg.batch_size}" if cfg.ghost_batch_size and cfg.ghost_batch_size > 1
+                else "a (micro-, ghost) batch of 1 example")
+        raise ConfigError(f"BatchNorm needs at least 2 examples for each statistic in training: {what}; accepted: "
+                          f"a ghost_batch_size that divides the (micro-)batch, or leaves at least 2 over")
+
+
 def _validate(cfg: RunConfig) -> None:
     for name, accepted in [("optimizer", OPTIMIZERS),
                            ("lr_scaling", LR_SCALINGS), ("schedule", SCHEDULES), ("budget", BUDGETS),
@@ -538,6 +566,10 @@ def _validate(cfg: RunConfig) -> None:
     _validate_batch_schedule(cfg)
     if cfg.ghost_batch_size is not None and not cfg.batchnorm:
         raise ConfigError("ghost_batch_size needs batchnorm: true")
+    _validate_batchnorm_batches(cfg)
+    if cfg.loader_workers and cfg.data_loading == "resident":
+        raise ConfigError(f"loader_workers {cfg.loader_workers} is for a DataLoader (data_loading stream or auto); "
+                          f"with data_loading resident no worker runs")
     if cfg.micro_batch_size is not None:
         if cfg.micro_batch_size > cfg.batch_size or cfg.batch_size % cfg.micro_batch_size:
             raise ConfigError(f"micro_batch_size must divide batch_size ({cfg.batch_size}); "

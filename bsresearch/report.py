@@ -17,8 +17,8 @@ from pathlib import Path
 from .config import ConfigError
 from .rundir import MANIFEST
 from .source import git_commit, is_dirty
+from .sweep.kernels import execute_notebook
 from .sweep.spec import SweepSpec, load_spec
-from .sweep.task import KERNEL_ARGS
 
 
 def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", reports_root: str | Path = "reports",
@@ -55,10 +55,8 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     try:
-        pm.execute_notebook(str(spec.analysis), str(in_progress), parameters=parameters, kernel_name=kernel,
-                            cwd=str(out_dir), progress_bar=False, execution_timeout=timeout,
-                            coalesce_streams=True, shutdown_kernel="immediate",
-                            extra_arguments=list(KERNEL_ARGS))
+        execute_notebook(spec.analysis, in_progress, parameters, out_dir, kernel, timeout, progress_bar=False,
+                         coalesce_streams=True, shutdown_kernel="immediate")
     except pm.PapermillExecutionError as exc:
         raise RuntimeError(f"{spec.analysis.name} cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(the executed notebook is {output})") from None

@@ -13,6 +13,7 @@ process never leaves a half-written file behind.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -28,6 +29,37 @@ from .config import ConfigError
 STATES = ("running", "ok", "failed", "diverged", "oom", "timeout", "died")
 FINISHED_STATES = ("ok", "diverged")  # a rerun skips these; the others are retried when asked
 MANIFEST = "sweep.json"  # RUNS/<sweep>/sweep.json: the sweep's points, written by bsresearch.sweep.runner
+# RUNS/<sweep>/.reserve: space a sweep sets aside when it starts, given back when the disk fills, so that the
+# status of every run it touches can still say what happened ("failed: ... No space left on device").
+RESERVE, RESERVE_BYTES = ".reserve", 1 << 20
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def storage_error(exc: BaseException) -> bool:
+    """Whether `exc` is the disk's (full, over quota, read-only), not the run's."""
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+
+
+def make_reserve(folder: Path) -> None:
+    """Set RESERVE_BYTES aside in `folder` (a sweep's), if the disk has them."""
+    reserve = Path(folder) / RESERVE
+    if not reserve.exists():
+        try:
+            atomic_write_bytes(reserve, b"\0" * RESERVE_BYTES)
+        except OSError:
+            pass  # no room even for the reserve: the runs will say so themselves
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Refuse, as one line before any work, a folder that could not be created or written (a read-only file
+    system, a folder not ours); `option` names the command-line option that picks another. Creates nothing."""
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return
+    why = ("not a folder" if not existing.is_dir() else
+           "read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else "permission denied")
+    raise ConfigError(f"the folder {folder} cannot be written ({existing}: {why}): choose another with {option}")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -128,7 +160,14 @@ class RunDir:
             status.pop("ended", None)
         else:
             status["ended"] = status["updated"]
-        atomic_write_json(self.path / "status.json", status)
+        try:
+            atomic_write_json(self.path / "status.json", status)
+        except OSError as exc:  # a full disk: the sweep's reserve makes room for the status that says so
+            reserve = self.path.parent / RESERVE
+            if exc.errno != errno.ENOSPC or not reserve.exists():
+                raise
+            reserve.unlink()
+            atomic_write_json(self.path / "status.json", status)
         return status
 
     # --- config, metrics, history

@@ -31,7 +31,7 @@ from .loop import Callback, Loop, Member, RunResult
 from .losses import Loss, Task, class_indices, loss_for, task_of
 from .measure.functional import measuring
 from .models import model_for
-from .rundir import RunDir
+from .rundir import RunDir, check_writable
 from .runtime import (
     autocast,
     check_precision,
@@ -131,8 +131,10 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     checkpoint continues from it exactly.
     """
     rd = RunDir(run_dir) if run_dir is not None else None
-    if rd and rd.is_finished() and not overwrite:
+    if rd and rd.path.is_dir() and rd.is_finished() and not overwrite:   # read-only storage is fine for these
         return RunResult(rd.state() or "ok", rd.metrics(), rd.history_rows(), rd.path)
+    if rd:
+        check_writable(rd.path, "--runs or --run-dir")
 
     # --- setup: everything that can be wrong with the input fails here, before any training
     device = resolve_device(cfg.device)

@@ -150,3 +150,34 @@ def test_derived_values_and_bn_statistics_batch():
     assert d["bn_statistics_batch"] == 64
     assert C.bn_statistics_batch(cfg.replace(ghost_batch_size=16)) == 16
     assert C.bn_statistics_batch(cfg.replace(batchnorm=False)) is None
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"batchnorm": True, "batch_size": 1}, "a (micro-, ghost) batch of 1 example"),
+    ({"batchnorm": True, "batch_size": 8, "micro_batch_size": 1}, "a (micro-, ghost) batch of 1 example"),
+    ({"batchnorm": True, "batch_size": 16, "ghost_batch_size": 1}, "a (micro-, ghost) batch of 1 example"),
+    ({"batchnorm": True, "batch_size": 33, "ghost_batch_size": 16}, "leaves 1 example over in a batch of 33"),
+    ({"batchnorm": True, "batch_size": 64, "micro_batch_size": 32, "ghost_batch_size": 31},
+     "leaves 1 example over in a batch of 32"),
+])
+def test_batchnorm_statistics_over_one_example_are_refused(overrides, words):
+    with pytest.raises(ConfigError, match="BatchNorm needs at least 2 examples") as info:
+        RunConfig(model="cnn1d", **overrides)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, sizes", [
+    ({"batchnorm": True, "batch_size": 64, "ghost_batch_size": 16}, [16]),
+    ({"batchnorm": True, "batch_size": 34, "ghost_batch_size": 16}, [16, 2]),   # a smaller last ghost batch
+    ({"batchnorm": True, "batch_size": 8, "ghost_batch_size": 32}, [8]),        # larger than the batch: the batch
+    ({"batchnorm": True, "batch_size": 64, "micro_batch_size": 16}, [16]),
+    ({"batch_size": 1}, []),
+])
+def test_bn_batches_are_the_sizes_each_statistic_is_taken_over(overrides, sizes):
+    assert C.bn_batches(RunConfig(model="cnn1d", **overrides)) == sizes
+
+
+def test_loader_workers_with_resident_data_are_refused():
+    with pytest.raises(ConfigError, match="loader_workers 2 is for a DataLoader"):
+        RunConfig(loader_workers=2, data_loading="resident")
+    assert RunConfig(loader_workers=2, data_loading="stream").loader_workers == 2

@@ -228,7 +228,9 @@ def test_divergence_checked_in_windows_as_on_cuda(monkeypatch):
 
 def test_measurements_after_training_per_member():
     cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1), measure=("hessian",)) for s in range(2)]
-    for fused, cfg in zip(train_group(cfgs, progress=False), cfgs):
+    results = train_group(cfgs, progress=False)
+    assert len(results) == 2 and all("hessian_top_eigenvalue" in r.metrics for r in results)
+    for fused, cfg in zip(results, cfgs):
         separate = train.run(cfg, progress=False)
         assert fused.metrics["hessian_top_eigenvalue"] == pytest.approx(
             separate.metrics["hessian_top_eigenvalue"], rel=1e-4)

@@ -105,7 +105,7 @@ def test_without_the_fused_trainer_nothing_is_fused_and_the_plan_says_so(tiny, m
 def test_the_fused_trainers_blocker_in_a_sweep_plan(tmp_path):
     """With bsresearch.fused.compat (no stand-in): seeds and learning rates fuse, batch sizes do not, and a
     feature fused training lacks (checkpoint_every) keeps a run alone with the trainer's reason."""
-    pytest.importorskip("bsresearch.fused.compat")
+    import bsresearch.fused.compat  # noqa: F401 - the real blocker (a broken import fails, it does not skip)
     spec = write_spec(tmp_path, "real", {"batch_size": [16, 64], "lr": [0.05, 0.2]}, seeds=(0, 1))
     report = run_sweep(spec, runs_root=tmp_path, dry_run=True, workers=1)
     assert sorted(len(m) for m in report.groups.values()) == [4, 4]

@@ -73,7 +73,7 @@ def test_recommendation_ignores_sizes_that_did_not_run_and_rejects_bad_noise_sca
 
 
 def test_measure_b_simple_calls_the_noise_module_and_leaves_the_model_alone():
-    noise = pytest.importorskip("bsresearch.measure.noise")
+    import bsresearch.measure.noise as noise
     w = model_workload("mlp", dataset="synthetic", width=8, depth=1)
     parts = build_parts(w, CPU)
     x, y = synthetic_batch(w, 64, CPU)

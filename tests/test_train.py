@@ -31,8 +31,10 @@ def test_accumulated_gradient_equals_the_single_large_batch(micro):
 def test_accumulated_training_follows_the_large_batch_trajectory(tmp_path):
     a = run(tiny_config(budget_amount=10), tmp_path / "a")
     b = run(tiny_config(budget_amount=10, micro_batch_size=8), tmp_path / "b")
+    assert [r["step"] for r in a.history] == [r["step"] for r in b.history] == [0, 5, 10]
     for ra, rb in zip(a.history, b.history):
         assert ra["train_loss"] == pytest.approx(rb["train_loss"], rel=1e-4)
+    assert a.history[-1]["train_loss"] < a.history[0]["train_loss"]   # it trained: the comparison is not of two inits
 
 
 def test_batch_size_does_not_change_initial_weights():

@@ -34,7 +34,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, check_data_size
-from ..rundir import FINISHED_STATES, MANIFEST, RunDir, atomic_write_json, now
+from ..rundir import (
+    FINISHED_STATES,
+    MANIFEST,
+    RunDir,
+    atomic_write_json,
+    check_writable,
+    make_reserve,
+    now,
+    storage_error,
+)
 from . import supervise
 from .executors import check_dask, default_workers, make_executor, visible_gpus
 from .spec import Point, SweepSpec, expand, load_spec
@@ -296,7 +305,9 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
         workers = max(1, min(workers, len(tasks)))
     start = time.monotonic()
     if not dry_run:
+        check_writable(sweep_dir, "--runs")
         write_manifest(spec, sweep_dir, points)
+        make_reserve(sweep_dir)   # room for the statuses that say the disk filled (rundir.RESERVE)
     if dry_run or not todo:
         waited = () if dry_run else wait_for_others([p for p in planned if p.action == BUSY], progress)
         return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run, waited,
@@ -432,8 +443,12 @@ def _outcomes(task: RunTask | GroupTask, future: Future) -> list[RunOutcome]:
         out = []
         for run in task.members if isinstance(task, GroupTask) else (task,):
             rd = RunDir(run.run_dir)
-            if not is_locked(rd.path) and rd.state() not in FINISHED_STATES:
-                rd.write_status("died", error=error)
+            try:
+                if not is_locked(rd.path) and rd.state() not in FINISHED_STATES:
+                    rd.write_status("died", error=error)
+            except OSError as write_error:  # a read-only or full disk: the report below still says it
+                if not storage_error(write_error):
+                    raise
             out.append(RunOutcome(run.run_id, run.label, "died", error))
         return out
 

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..rundir import FINISHED_STATES, RunDir
+from ..rundir import FINISHED_STATES, RunDir, storage_error
 from .task import (
     BUSY,
     RUNNER_LOG,
@@ -95,7 +95,9 @@ def run_task(task: RunTask) -> RunOutcome:
         return RunOutcome(task.run_id, task.label, "interrupted", "the sweep was stopped", seconds)
     if code == EXIT_BUSY:
         return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it", seconds)
-    _judge(task, code, timed_out, pid, task.timeout)
+    unwritten = _judge(task, code, timed_out, pid, task.timeout)
+    if unwritten:
+        return RunOutcome(task.run_id, task.label, "died", unwritten, seconds)
     return outcome_from_status(task, seconds)
 
 
@@ -112,8 +114,9 @@ def run_group_task(task: GroupTask) -> list[RunOutcome]:
             outcomes.append(RunOutcome(member.run_id, member.label, BUSY, "another live process is running it",
                                        seconds))
             continue
-        _judge(member, code, timed_out, pid, task.timeout, f"of its fused group {task.group_id}")
-        outcomes.append(outcome_from_status(member, seconds))
+        unwritten = _judge(member, code, timed_out, pid, task.timeout, f"of its fused group {task.group_id}")
+        outcomes.append(RunOutcome(member.run_id, member.label, "died", unwritten, seconds) if unwritten
+                        else outcome_from_status(member, seconds))
     return outcomes
 
 
@@ -151,22 +154,31 @@ def _spawn(task: RunTask | GroupTask, folder: Path) -> tuple[int, bool, int]:
     return code, timed_out, proc.pid
 
 
-def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: float, per: str = "per run") -> None:
-    """Record the supervisor's verdict on a run its worker left unjudged (killed, timed out, crashed)."""
+def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: float,
+           per: str = "per run") -> str | None:
+    """Record the supervisor's verdict on a run its worker left unjudged (killed, timed out, crashed). Returns
+    None, or, when the disk refused the verdict (full, read-only), the verdict in words for the sweep's report."""
     rd = RunDir(task.run_dir)
     leftover = recorded_pid(rd.path)  # a kernel outliving its worker exits within a second or two
     if leftover and leftover != worker_pid:
         wait_for_exit(leftover, PREVIOUS_OWNER_WAIT)
-    with run_lock(rd.path) as held:  # not held: another sweep has taken the run over since; leave it be
-        state = rd.state()
-        if held and timed_out and state not in FINISHED_STATES:
-            rd.write_status("timeout", error=f"killed after the {timeout:g} s timeout {per}")
-        elif held and timed_out:  # trained, killed while its notebook was still plotting: redone next time
-            rd.write_status(str(state), notebook_error=f"the notebook was killed after the {timeout:g} s timeout "
-                                                       f"{per}; the next sweep executes it again")
-        elif held and state in (None, "running"):
-            rd.write_status("died", error=f"the worker process ended without a verdict ({describe_exit(code)}); "
-                                          f"see {RUNNER_LOG}")
+    try:
+        with run_lock(rd.path) as held:  # not held: another sweep has taken the run over since; leave it be
+            state = rd.state()
+            if held and timed_out and state not in FINISHED_STATES:
+                rd.write_status("timeout", error=f"killed after the {timeout:g} s timeout {per}")
+            elif held and timed_out:  # trained, killed while its notebook was still plotting: redone next time
+                rd.write_status(str(state), notebook_error=f"the notebook was killed after the {timeout:g} s "
+                                                           f"timeout {per}; the next sweep executes it again")
+            elif held and state in (None, "running"):
+                rd.write_status("died", error=f"the worker process ended without a verdict "
+                                              f"({describe_exit(code)}); see {RUNNER_LOG}")
+    except OSError as exc:  # a read-only or full disk: the verdict cannot be written; the sweep's report has it
+        if not storage_error(exc):
+            raise
+        return (f"the worker process ended ({describe_exit(code)}) and the run directory could not be written: "
+                f"{exc}")
+    return None
 
 
 def stop(proc: subprocess.Popen) -> int:

@@ -34,7 +34,6 @@ LOCK_NAME = ".lock"
 PARTIAL_NOTEBOOK = ".run.partial.ipynb"   # papermill writes here; renamed to run.ipynb when it ends
 # papermill's kernel arguments: its "running over TCP without encryption" warning is noise for a kernel
 # that listens on 127.0.0.1 only (cell output is unaffected)
-KERNEL_ARGS = ("--IPKernelApp.log_level=ERROR",)
 RUNNER_LOG = "runner.log"                 # the worker's and the kernel's output, appended per attempt
 BUSY = "busy"                             # outcome (not a run state): another live process holds the lock
 

@@ -26,13 +26,14 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig
 from ..rundir import RunDir, atomic_write_bytes
+from .kernels import execute_notebook
 from .task import (
     BUSY,
-    KERNEL_ARGS,
     PARTIAL_NOTEBOOK,
     GroupTask,
     RunOutcome,
@@ -150,23 +151,29 @@ def group_parameters(task: GroupTask, members: list[RunTask]) -> dict[str, objec
             "group_id": task.group_id}
 
 
-def _execute_notebook(task: RunTask | GroupTask, parameters: dict[str, object], cwd: Path, partial: Path,
-                      final: Path, what: str) -> tuple[tuple[str, str] | None, str | None]:
-    """Execute task.notebook with papermill into `partial`, then move it to `final` (also when it fails).
+@dataclass(frozen=True)
+class NotebookOutcome:
+    """What executing a run's (or a group's) notebook came to, beside the run's own status.json."""
+    forced: tuple[str, str] | None   # a state the runner knows better than papermill (timeout, died) and why
+    problem: str | None              # a notebook error that is not by itself a run state
+    failed_starts: list[str]         # kernels that did not start and were started again (kernels.py)
 
-    Returns (forced, problem): a state the runner knows better than papermill (timeout, died), and a
-    notebook error that is not by itself a run state. `what` is "" for a run, "group " for a fused group.
-    """
+
+def _execute_notebook(task: RunTask | GroupTask, parameters: dict[str, object], cwd: Path, partial: Path,
+                      final: Path, what: str) -> NotebookOutcome:
+    """Execute task.notebook with papermill into `partial`, then move it to `final` (also when it fails).
+    `what` is "" for a run, "group " for a fused group."""
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     forced: tuple[str, str] | None = None
     problem: str | None = None
+    failed_starts: list[str] = []
+    assert task.notebook is not None  # the papermill engine's tasks always name their notebook
     try:
-        pm.execute_notebook(str(task.notebook), str(partial), parameters=parameters, kernel_name=task.kernel,
-                            cwd=str(cwd), progress_bar=False, log_output=True, execution_timeout=task.timeout,
-                            coalesce_streams=True, extra_arguments=list(KERNEL_ARGS),
-                            shutdown_kernel="immediate")  # its files are written; a graceful stop takes seconds
+        failed_starts = execute_notebook(task.notebook, partial, parameters, cwd, task.kernel, task.timeout,
+                                         progress_bar=False, log_output=True, coalesce_streams=True,
+                                         shutdown_kernel="immediate")  # files written: a graceful stop takes s
         problem = unfinished_cells(partial)
     except CellTimeoutError:
         forced = ("timeout", f"a notebook cell ran past the {task.timeout:g} s timeout"
@@ -180,15 +187,18 @@ def _execute_notebook(task: RunTask | GroupTask, parameters: dict[str, object], 
     finally:
         if partial.exists():
             os.replace(partial, final)
-    return forced, problem
+    return NotebookOutcome(forced, problem, failed_starts)
 
 
 def _run_group_papermill(task: GroupTask, members: list[RunTask]) -> None:
     group_dir = Path(task.group_dir)
-    forced, problem = _execute_notebook(task, group_parameters(task, members), group_dir,
-                                        group_dir / PARTIAL_GROUP_NOTEBOOK, group_dir / GROUP_NOTEBOOK, "group ")
+    outcome = _execute_notebook(task, group_parameters(task, members), group_dir,
+                                group_dir / PARTIAL_GROUP_NOTEBOOK, group_dir / GROUP_NOTEBOOK, "group ")
+    forced, problem = outcome.forced, outcome.problem
     for m in members:
         rd = RunDir(m.run_dir)
+        if outcome.failed_starts:
+            rd.write_status(str(rd.state()), kernel_start_failures=outcome.failed_starts)
         if (group_dir / GROUP_NOTEBOOK).exists():  # each run directory keeps the notebook that ran it
             atomic_write_bytes(rd.notebook_path, (group_dir / GROUP_NOTEBOOK).read_bytes())
         if rd.state() == "running":
@@ -211,8 +221,11 @@ def _run_library(task: RunTask, rd: RunDir) -> None:
 
 
 def _run_papermill(task: RunTask, rd: RunDir) -> None:
-    forced, problem = _execute_notebook(task, {**task.config, "run_dir": str(rd.path)}, rd.path,
-                                        rd.path / PARTIAL_NOTEBOOK, rd.notebook_path, "")
+    outcome = _execute_notebook(task, {**task.config, "run_dir": str(rd.path)}, rd.path,
+                                rd.path / PARTIAL_NOTEBOOK, rd.notebook_path, "")
+    forced, problem = outcome.forced, outcome.problem
+    if outcome.failed_starts:  # attempts of the machinery, kept beside the run's own verdict
+        rd.write_status(str(rd.state()), kernel_start_failures=outcome.failed_starts)
 
     if rd.state() == "running":  # training did not finish: the runner's verdict
         state, error = forced or ("failed", problem or "the notebook ended before the run finished "
