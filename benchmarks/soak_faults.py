@@ -40,7 +40,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine_label  # noqa: E402
 
-from bsresearch.rundir import RunDir  # noqa: E402
+from bsresearch.rundir import FINISHED_STATES, RunDir  # noqa: E402
 from bsresearch.sweep import load_spec  # noqa: E402
 from bsresearch.sweep.runner import sweep_state  # noqa: E402
 
@@ -127,13 +127,13 @@ def inject(trial: Trial, runner: subprocess.Popen, runs: Path, filler: Path) -> 
             time.sleep(0.02)
         return False
     if trial.fault == "enospc":
-        with open(filler, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-            except OSError:
-                pass
+        with open(filler, "wb", buffering=0) as f:   # unbuffered: nothing left to fail at close
+            chunk = 1 << 20
+            while chunk:   # 1 MiB at a time, then smaller, to the last byte
+                try:
+                    f.write(b"\0" * chunk)
+                except OSError:
+                    chunk //= 2
         return True
     return False
 
@@ -185,7 +185,7 @@ def run_trial(trial: Trial, work: Path, reference: dict[str, dict[str, float]]) 
         trial.after_fault = Counter(p.found for p in planned)
         trial.damaged = sum(p.found == "damaged" for p in planned)
         trial.half_written_after_fault = sum(1 for _ in (runs / loaded.name).rglob("*.tmp")) if runs.exists() else 0
-        kept = {d.name: files_of(d) for d in dirs if d.exists() and RunDir(d).is_finished()}
+        kept = {p.run_dir.name: files_of(p.run_dir) for p in planned if p.found in FINISHED_STATES}
         filler.unlink(missing_ok=True)
         rerun = sweep(spec, runs, trial, "--retry-failed")
         rerun.wait(timeout=900)
