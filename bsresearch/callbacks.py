@@ -32,6 +32,7 @@ from .noise_tracker import NoiseScaleEMA, squared_grad_norm, update_noise_ema
 from .rundir import storage_error
 from .runtime import provenance
 from .state import TrainState, save_checkpoint
+from .trajectory import Trajectory
 
 
 class Evaluation(Callback):
@@ -104,12 +105,32 @@ class Checkpointing(Callback):
                     save_checkpoint(m.rd.checkpoint_path, m.cfg, m.state, resumable=True)
 
 
-def noise_hooks(cfg: C.RunConfig, state: TrainState, n_train: int) -> StepHooks | None:
+class Snapshots(Callback):
+    """Save the run's whole state at its trajectory's snapshot steps (after their evaluation), for the runs
+    that continue from them (bsresearch/trajectory.py); let go of the trajectory once past its end."""
+
+    def __init__(self, trajectory: Trajectory) -> None:
+        self.trajectory = trajectory
+
+    def before_step(self, loop: Loop) -> None:
+        t = self.trajectory
+        for m in loop.active:
+            if m.state.step in t.saves and not t.path(m.state.step).exists():
+                with loop.paused():
+                    save_checkpoint(t.path(m.state.step), m.cfg, m.state, resumable=True)
+            if m.state.step >= t.end:
+                t.release()
+
+    def on_end(self, loop: Loop) -> None:
+        self.trajectory.release()
+
+
+def noise_hooks(cfg: C.RunConfig, state: TrainState) -> StepHooks | None:
     """The hooks that feed state.noise_ema at this step (every cfg.noise_scale_every steps; else None):
     |G_small|^2 of the first micro-batch alone and |G_big|^2 of the whole batch, at the same parameters."""
     if not cfg.noise_scale_every or state.step % cfg.noise_scale_every:
         return None
-    b_big = C.batch_size_at(cfg, state.step, n_train)
+    b_big = state.indices.size_at(state.step)
     b_small = cfg.micro_batch_size or b_big
     small_sq_norm: list[torch.Tensor] = []
 
@@ -130,7 +151,7 @@ class NoiseScale(Callback):
     member's EMA (noise_hooks): no extra forward or backward pass, and no drift between the two gradients."""
 
     def step_hooks(self, loop: Loop, member: Member) -> StepHooks | None:
-        return noise_hooks(member.cfg, member.state, loop.data.n_train)
+        return noise_hooks(member.cfg, member.state)
 
 
 class AtSteps(Callback):

@@ -33,7 +33,8 @@ DATA_LOADINGS = ("auto", "resident", "stream")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALINGS = ("none", "linear", "sqrt")
 SCHEDULES = ("constant", "cosine", "step")
-BATCH_SCHEDULES = ("constant", "step")
+BATCH_SCHEDULES = ("constant", "step", "tokens")
+BETA2_SCALINGS = ("none", "half_life")
 BUDGETS = ("epochs", "steps", "examples", "tokens", "target")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SAMPLINGS = ("shuffle", "replacement")
@@ -47,7 +48,13 @@ OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoin
 # Fields added after run ids were first published: left out of the id while they keep these values, so
 # every run id made before them still names the same run.
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs": {}, "dataset_kwargs": {},
-                                        "test_size": 0.2, "eval_test_size": None}
+                                        "test_size": 0.2, "eval_test_size": None, "adam_beta2": 0.999,
+                                        "beta2_scaling": "none", "batch_at_tokens": [], "batch_sizes": [],
+                                        "snapshot_at_tokens": [], "measure_train_size": None}
+# Fields a run's trajectory does not depend on before its batch first changes (or before its budget ends):
+# runs that agree on everything else pass through the same states, which they may share (trajectory_key).
+TRAJECTORY_FREE_FIELDS = ("budget_amount", "batch_schedule", "batch_at_tokens", "batch_sizes", "measure",
+                          "save_checkpoint", "max_steps", "target_loss", "divergence_ratio")
 
 
 def did_you_mean(value: object, accepted: typing.Iterable[str]) -> str:
@@ -131,6 +138,8 @@ class RunConfig:
     optimizer: str = "sgd"              # sgd | adam | adamw
     lr: float = 0.05                    # learning rate at base_batch_size (before lr_scaling)
     momentum: float = 0.9               # SGD momentum (adam: beta1 stays 0.9)
+    adam_beta2: float = 0.999           # adam, adamw: decay of the second-moment average at base_batch_size
+    beta2_scaling: str = "none"         # none | half_life: adam_beta2 ** (batch / base_batch_size) (Marek et al.)
     nesterov: bool = False              # SGD: Nesterov momentum (needs momentum > 0)
     weight_decay: float = 0.0           # L2 penalty (sgd, adam) or decoupled decay (adamw), per update
     batch_size: int = 32                # examples per optimizer update: the quantity being studied
@@ -142,6 +151,8 @@ class RunConfig:
     lr_decay_at: tuple[float, ...] = (0.5, 0.75)  # step schedule: milestones as fractions of total steps
     batch_schedule: str = "constant"    # constant | step: the batch grows at the lr_decay_at milestones instead
     batch_growth: float = 1.0           # batch_schedule step: batch_size multiplies by this at each milestone
+    batch_at_tokens: tuple[float, ...] = ()  # batch_schedule tokens: tokens trained at which the batch changes
+    batch_sizes: tuple[int, ...] = ()   # batch_schedule tokens: the batch size from each of those on
     # --- duration
     budget: str = "epochs"              # epochs | steps | examples | tokens | target (train loss down to target_loss)
     budget_amount: float = 20.0         # number of epochs/steps/examples/tokens (unused for budget target)
@@ -159,6 +170,7 @@ class RunConfig:
     eval_test_size: int | None = None   # the first examples of the test set evaluated (None: all of it)
     divergence_ratio: float = 10.0      # "diverged" when a batch loss exceeds this times the first one
     measure: tuple[str, ...] = ()       # measurements taken after training, from MEASUREMENTS
+    measure_train_size: int | None = None  # the first examples of the training set they use (None: all of it)
     noise_scale_every: int = 0          # steps between two-batch noise-scale samples from micro-batches (0: off)
     noise_scale_ema: float = 0.9        # EMA decay of those samples' |G|^2 and tr(Sigma) (history: noise_*_ema)
     # --- reproducibility and execution
@@ -167,6 +179,7 @@ class RunConfig:
     threads: int = 1                    # torch CPU threads; 1 is fastest for small models (0: torch default)
     checkpoint_every: int = 0           # steps between resumable checkpoints (0: none during the run)
     save_checkpoint: bool = True        # keep the final weights in checkpoint.pt (for later measurements)
+    snapshot_at_tokens: tuple[float, ...] = ()  # save the state here for runs that branch from this trajectory
 
     def __post_init__(self) -> None:
         hints = _type_hints()
@@ -267,6 +280,15 @@ def scaled_lr(cfg: RunConfig) -> float:
     return scale_lr(cfg.lr, cfg.base_batch_size, cfg.batch_size, cfg.lr_scaling)
 
 
+def adam_beta2_at(cfg: RunConfig, batch_size: int) -> float:
+    """Adam's beta2 for an update of `batch_size` examples: adam_beta2, or with beta2_scaling half_life
+    adam_beta2 ** (batch_size / base_batch_size), so that the second-moment average forgets half its weight
+    after the same number of examples (tokens) at every batch size (Marek et al. 2025)."""
+    if cfg.beta2_scaling == "half_life":
+        return cfg.adam_beta2 ** (batch_size / cfg.base_batch_size)
+    return cfg.adam_beta2
+
+
 def accumulation_steps(cfg: RunConfig) -> int:
     """Micro-batches per optimizer update (1 without gradient accumulation)."""
     return cfg.batch_size // (cfg.micro_batch_size or cfg.batch_size)
@@ -290,23 +312,36 @@ def steps_per_epoch(cfg: RunConfig, n_train: int) -> int:
     return n_train // cfg.batch_size
 
 
-def batch_phases(cfg: RunConfig, n_train: int) -> list[tuple[int, int]]:
+def batch_phases(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> list[tuple[int, int]]:
     """(first step, batch size) of each phase of the batch schedule; one phase for a constant batch.
 
     batch_schedule=step (Smith, Kindermans, Ying & Le 2018: increase the batch instead of decaying the lr):
     at each milestone of lr_decay_at, a fraction of the budget in epochs, the batch size multiplies by
     batch_growth. A phase runs until the epochs done (each step of batch B counting 1/(n_train // B) of an
     epoch, as with a constant batch) reach its milestone, rounded up to whole steps.
+
+    batch_schedule=tokens (batch-size warmup, and branches into larger batches; Merrill et al. 2025): the
+    batch is batch_size until batch_at_tokens[0] tokens have been trained, then batch_sizes[0] until
+    batch_at_tokens[1], and so on to the budget in tokens; each phase rounds up to whole steps, and the lr
+    follows lr_scaling at each phase's batch size.
     """
-    return [(start, size) for start, size, _ in _phase_steps(cfg, n_train)]
+    return [(start, size) for start, size, _ in _phase_steps(cfg, n_train, tokens_per_example)]
 
 
 @functools.lru_cache(maxsize=256)  # the training loop asks at every step; a config is frozen and hashable
-def _phase_steps(cfg: RunConfig, n_train: int) -> tuple[tuple[int, int, int], ...]:
+def _phase_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> tuple[tuple[int, int, int], ...]:
     """(first step, batch size, steps) of each phase of the batch schedule."""
     if cfg.batch_schedule == "constant":
         return ((0, cfg.batch_size, 0),)
     check_batch_fits(cfg, n_train)
+    if cfg.batch_schedule == "tokens":
+        out, start, done = [], 0, 0.0
+        for size, bound in zip((cfg.batch_size, *cfg.batch_sizes), (*cfg.batch_at_tokens, cfg.budget_amount)):
+            per_step = size * tokens_per_example
+            steps = max(0, math.ceil(round((bound - done) / per_step, 9)))
+            out.append((start, size, steps))
+            start, done = start + steps, done + steps * per_step
+        return tuple(out)
     bounds = [*cfg.lr_decay_at, 1.0]
     phases, start, epochs_done = [], 0, 0.0
     for k, bound in enumerate(bounds):
@@ -319,13 +354,25 @@ def _phase_steps(cfg: RunConfig, n_train: int) -> tuple[tuple[int, int, int], ..
 
 
 def phase_batch_size(cfg: RunConfig, phase: int) -> int:
-    """The batch size after `phase` milestones of the batch schedule (validated to be an integer)."""
+    """The batch size after `phase` milestones (step) or changes (tokens) of the batch schedule."""
+    if cfg.batch_schedule == "tokens":
+        return (cfg.batch_size, *cfg.batch_sizes)[phase]
     return round(cfg.batch_size * cfg.batch_growth ** phase)
 
 
-def batch_size_at(cfg: RunConfig, step: int, n_train: int) -> int:
+def batch_sizes_of(cfg: RunConfig) -> tuple[int, ...]:
+    """Every batch size the run trains with, in the schedule's order."""
+    if cfg.batch_schedule == "tokens":
+        return (cfg.batch_size, *cfg.batch_sizes)
+    if cfg.batch_schedule == "step":
+        return tuple(phase_batch_size(cfg, k) for k in range(len(cfg.lr_decay_at) + 1))
+    return (cfg.batch_size,)
+
+
+def batch_size_at(cfg: RunConfig, step: int, n_train: int, tokens_per_example: int = 1) -> int:
     """Examples in the update that follows `step` completed updates (the batch schedule's phase)."""
-    return next(size for start, size, _ in reversed(_phase_steps(cfg, n_train)) if step >= start)
+    return next(size for start, size, _ in reversed(_phase_steps(cfg, n_train, tokens_per_example))
+                if step >= start)
 
 
 def total_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> int:
@@ -336,8 +383,8 @@ def total_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> in
     tokens_per_example per example (the targets' elements: a sequence's length for a language model).
     """
     if cfg.batch_schedule != "constant":
-        start, _, steps = _phase_steps(cfg, n_train)[-1]
-        return start + steps
+        start, _, steps = _phase_steps(cfg, n_train, tokens_per_example)[-1]
+        return max(1, start + steps)
     if cfg.budget == "target":
         return cfg.max_steps
     if cfg.budget == "steps":
@@ -359,7 +406,8 @@ def lr_at(cfg: RunConfig, step: int, n_train: int, tokens_per_example: int = 1) 
 
     Linear warmup from peak/W to the peak over W steps, then the schedule over the remaining steps.
     """
-    peak = scaled_lr(cfg)
+    peak = scaled_lr(cfg) if cfg.batch_schedule != "tokens" else \
+        scale_lr(cfg.lr, cfg.base_batch_size, batch_size_at(cfg, step, n_train, tokens_per_example), cfg.lr_scaling)
     warm = warmup_steps(cfg, n_train)
     if step < warm:
         return peak * (step + 1) / warm
@@ -381,7 +429,38 @@ def eval_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> lis
         n_decades = math.log10(max(last, 1))
         points = round(n_decades * cfg.eval_per_decade)
         steps = {round(10 ** (i / cfg.eval_per_decade)) for i in range(points + 1)}
+    steps |= set(snapshot_steps(cfg, n_train, tokens_per_example))
+    if cfg.batch_schedule == "tokens":   # where the batch changes (a branch point)
+        steps |= {start for start, _ in batch_phases(cfg, n_train, tokens_per_example)}
     return sorted({0, last} | {s for s in steps if s <= last})
+
+
+def trajectory_key(cfg: RunConfig) -> str | None:
+    """The trajectory a run follows up to its trajectory_end: runs with the same key pass through the same
+    states there, so one may start from another's saved state (bsresearch/trajectory.py). None where the
+    states depend on the budget (an lr schedule over the run, log-spaced evaluations, a step batch
+    schedule) or the budget is not in tokens."""
+    if not (cfg.schedule == "constant" and cfg.eval_schedule == "every" and cfg.budget == "tokens"
+            and cfg.batch_schedule in ("constant", "tokens")):
+        return None
+    d = {k: v for k, v in cfg.to_dict().items() if k not in TRAJECTORY_FREE_FIELDS and k not in OPERATIONAL_FIELDS}
+    d["snapshot_at_tokens"] = list(cfg.snapshot_at_tokens)
+    sources = reference_sources(cfg)
+    if sources:
+        d["sources"] = {name: source["sha256"] for name, source in sources.items()}
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def trajectory_end(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> int:
+    """The last step a run shares with its trajectory: where its batch first changes, or its last step."""
+    if cfg.batch_schedule == "tokens":
+        return _phase_steps(cfg, n_train, tokens_per_example)[0][2]
+    return total_steps(cfg, n_train, tokens_per_example)
+
+
+def snapshot_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> list[int]:
+    """The steps at which the trajectory's state is saved (snapshot_at_tokens at the first batch size)."""
+    return [max(1, math.ceil(round(t / (cfg.batch_size * tokens_per_example), 9))) for t in cfg.snapshot_at_tokens]
 
 
 def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[str, Any]:
@@ -398,7 +477,10 @@ def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[s
         "accumulation_steps": accumulation_steps(cfg),
         "bn_statistics_batch": bn_statistics_batch(cfg),
         **({"bn_batches": bn_batches(cfg)} if cfg.ghost_batch_size else {}),
-        "batch_phases": [list(p) for p in batch_phases(cfg, n_train)],
+        "batch_phases": [list(p) for p in batch_phases(cfg, n_train, tokens_per_example)],
+        **({"adam_beta2": [adam_beta2_at(cfg, b) for b in batch_sizes_of(cfg)]} if cfg.optimizer != "sgd" else {}),
+        **({"trajectory": trajectory_key(cfg), "trajectory_end": trajectory_end(cfg, n_train, tokens_per_example),
+            "snapshot_steps": snapshot_steps(cfg, n_train, tokens_per_example)} if trajectory_key(cfg) else {}),
         "run_id": run_id(cfg),
         **({"sources": reference_sources(cfg)} if any(is_reference(getattr(cfg, f)) for f in REFERENCE_FIELDS)
            else {}),
@@ -408,20 +490,23 @@ def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[s
 def check_data_size(cfg: RunConfig, n_train: int) -> None:
     """Every batch of the run, and the train-loss evaluation set, fit in n_train examples (ConfigError)."""
     check_batch_fits(cfg, n_train)
-    if cfg.eval_train_size and cfg.eval_train_size > n_train:
-        raise ConfigError(f"eval_train_size {cfg.eval_train_size} exceeds the training set size {n_train}")
+    for name in ("eval_train_size", "measure_train_size"):
+        if getattr(cfg, name) and getattr(cfg, name) > n_train:
+            raise ConfigError(f"{name} {getattr(cfg, name)} exceeds the training set size {n_train}")
 
 
 def check_batch_fits(cfg: RunConfig, n_train: int) -> None:
     if cfg.batch_size > n_train:
         raise ConfigError(f"batch_size {cfg.batch_size} exceeds the training set size {n_train} "
                           f"(dataset {cfg.dataset!r}, train_size {cfg.train_size})")
-    if cfg.batch_schedule != "constant":
+    if cfg.batch_schedule == "step":
         largest = phase_batch_size(cfg, len(cfg.lr_decay_at))
         if largest > n_train:
             raise ConfigError(f"batch_schedule: the batch grows to {largest} (batch_size {cfg.batch_size} x "
                               f"batch_growth {cfg.batch_growth:g}^{len(cfg.lr_decay_at)}), more than the training "
                               f"set size {n_train}")
+    if cfg.batch_schedule == "tokens" and max(cfg.batch_sizes) > n_train:
+        raise ConfigError(f"batch_sizes: {max(cfg.batch_sizes)} exceeds the training set size {n_train}")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -440,7 +525,33 @@ def _positive(cfg: RunConfig, name: str, allow_none: bool = False, allow_zero: b
         raise ConfigError(f"{name} must be {kind} number{' or null' if allow_none else ''}; got {value!r}")
 
 
+def _validate_token_schedule(cfg: RunConfig) -> None:
+    at, sizes = list(cfg.batch_at_tokens), list(cfg.batch_sizes)
+    if not at or len(at) != len(sizes):
+        raise ConfigError(f"batch_schedule tokens needs batch_at_tokens and batch_sizes of the same length (>= 1): "
+                          f"the tokens at which the batch changes and the size from each on; got {at} and {sizes}")
+    if cfg.budget != "tokens":
+        raise ConfigError(f"batch_schedule tokens needs budget: tokens (its changes are counted in tokens); got "
+                          f"budget {cfg.budget!r}")
+    if at != sorted(set(at)) or at[0] <= 0 or at[-1] >= cfg.budget_amount or not all(map(math.isfinite, at)):
+        raise ConfigError(f"batch_at_tokens must be increasing token counts in (0, budget_amount "
+                          f"{cfg.budget_amount:g}); got {at}")
+    if any(b < 1 for b in sizes):
+        raise ConfigError(f"batch_sizes must be positive integers; got {sizes}")
+    if cfg.micro_batch_size and any(b % cfg.micro_batch_size for b in sizes):
+        raise ConfigError(f"micro_batch_size {cfg.micro_batch_size} must divide every batch size of the schedule; "
+                          f"got batch_sizes {sizes}")
+
+
 def _validate_batch_schedule(cfg: RunConfig) -> None:
+    if cfg.batch_schedule != "tokens" and (cfg.batch_at_tokens or cfg.batch_sizes):
+        raise ConfigError("batch_at_tokens and batch_sizes need batch_schedule: tokens")
+    if cfg.batch_schedule == "tokens":
+        if cfg.batch_growth != 1.0:
+            raise ConfigError(f"batch_growth {cfg.batch_growth:g} is for batch_schedule step; with tokens give "
+                              f"batch_sizes")
+        _validate_token_schedule(cfg)
+        return
     if cfg.batch_schedule == "constant":
         if cfg.batch_growth != 1.0:
             raise ConfigError(f"batch_growth {cfg.batch_growth:g} needs batch_schedule: step")
@@ -511,10 +622,8 @@ def bn_batches(cfg: RunConfig) -> list[int]:
     the ghost size does not divide it). [] without BatchNorm."""
     if not cfg.batchnorm:
         return []
-    phases = [round(cfg.batch_size * cfg.batch_growth ** k) for k in range(len(cfg.lr_decay_at) + 1)] \
-        if cfg.batch_schedule != "constant" else [cfg.batch_size]
     sizes: set[int] = set()
-    for size in {cfg.micro_batch_size or p for p in phases}:
+    for size in {cfg.micro_batch_size or p for p in batch_sizes_of(cfg)}:
         ghost = cfg.ghost_batch_size or size
         sizes |= {min(ghost, size)} | ({size % ghost} if size > ghost and size % ghost else set())
     return sorted(sizes, reverse=True)
@@ -540,7 +649,7 @@ def _validate(cfg: RunConfig) -> None:
         _choice(cfg, name, accepted)
     _validate_references(cfg)
     for name in ("train_size", "width", "depth", "ghost_batch_size", "micro_batch_size", "eval_train_size",
-                 "eval_test_size"):
+                 "eval_test_size", "measure_train_size"):
         _positive(cfg, name, allow_none=True)
     for name in ("lr", "batch_size", "base_batch_size", "max_steps", "eval_every", "eval_per_decade",
                  "target_loss", "budget_amount", "lr_decay_factor"):
@@ -564,6 +673,20 @@ def _validate(cfg: RunConfig) -> None:
     if list(cfg.lr_decay_at) != sorted(set(cfg.lr_decay_at)) or any(not 0 < m < 1 for m in cfg.lr_decay_at):
         raise ConfigError(f"lr_decay_at must be increasing fractions of the run in (0, 1); got {list(cfg.lr_decay_at)}")
     _validate_batch_schedule(cfg)
+    _choice(cfg, "beta2_scaling", BETA2_SCALINGS)
+    if not 0.0 <= cfg.adam_beta2 < 1.0:
+        raise ConfigError(f"adam_beta2 must be in [0, 1); got {cfg.adam_beta2!r}")
+    if cfg.optimizer == "sgd" and (cfg.adam_beta2 != LATER_FIELD_DEFAULTS["adam_beta2"] or cfg.beta2_scaling != "none"):
+        raise ConfigError("adam_beta2 and beta2_scaling are for optimizer adam or adamw; sgd has momentum")
+    if cfg.snapshot_at_tokens:
+        snaps = list(cfg.snapshot_at_tokens)
+        if snaps != sorted(set(snaps)) or snaps[0] <= 0 or not all(map(math.isfinite, snaps)):
+            raise ConfigError(f"snapshot_at_tokens must be increasing positive token counts; got {snaps}")
+        if trajectory_key(cfg) is None:
+            raise ConfigError("snapshot_at_tokens needs a trajectory other runs can share: budget tokens, schedule "
+                              "constant, eval_schedule every, batch_schedule constant or tokens; got budget "
+                              f"{cfg.budget!r}, schedule {cfg.schedule!r}, eval_schedule {cfg.eval_schedule!r}, "
+                              f"batch_schedule {cfg.batch_schedule!r}")
     if cfg.ghost_batch_size is not None and not cfg.batchnorm:
         raise ConfigError("ghost_batch_size needs batchnorm: true")
     _validate_batchnorm_batches(cfg)
@@ -749,7 +872,7 @@ def parameters_cell() -> str:
             value = defaults[name]
             shown = json.dumps(value) if isinstance(value, str) else repr(value)
             code = f"{name}: {_annotation(hints[name])} = {shown}"
-            lines.append(f"{code:<40}# {helps[name]}")
+            lines.append(f"{code:<39} # {helps[name]}")
     return "\n".join(lines)
 
 

@@ -186,7 +186,7 @@ class Loop:
             row["tokens"] = state.examples_seen * task.tokens_per_example
         row["lr"] = C.lr_at(cfg, max(state.step - 1, 0), n_train, task.tokens_per_example)
         if cfg.batch_schedule != "constant":
-            row["current_batch_size"] = C.batch_size_at(cfg, max(state.step - 1, 0), n_train)
+            row["current_batch_size"] = state.indices.size_at(max(state.step - 1, 0))
         for split, (loss, accuracy) in (("train", train), ("test", test)):
             row[f"{split}_loss"] = loss
             if task.accuracy:

@@ -190,7 +190,9 @@ class RunDir:
         rows = list(rows)
         buf = io.StringIO()
         if rows:
-            writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+            # every column any row has (a run continued from another's saved state may add one, e.g. the
+            # batch size of a schedule); a row without it leaves it empty
+            writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
             writer.writeheader()
             writer.writerows(_jsonable(rows))
         atomic_write_text(self.path / "history.csv", buf.getvalue())

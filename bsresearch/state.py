@@ -7,9 +7,10 @@ where it stopped (the same numbers as a run never stopped).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,16 +81,22 @@ class TrainState:
         self.batches = None
 
 
+def batch_schedule(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> Callable[[int], int]:
+    """step -> the batch size of the update after it (config.batch_size_at): what BatchIndices draws."""
+    return functools.partial(C.batch_size_at, cfg, n_train=n_train, tokens_per_example=tokens_per_example)
+
+
 def new_state(cfg: RunConfig, data: Data, device: torch.device, model: nn.Module | None = None,
               optimizer: torch.optim.Optimizer | None = None) -> TrainState:
     """Fresh state for `cfg`: its model (models.model_for: weights from the 'init' generator only) unless one
-    is given, the optimizer cfg names (or the one given, over that model), a sampler of the data."""
+    is given, the optimizer cfg names (or the one given, over that model), a sampler of the data. A schedule
+    in tokens needs the task's tokens per example: train.run sets `indices.size_at` once the task is known."""
     gens = Generators.from_seed(cfg.seed, device)
     model = (model if model is not None else model_for(cfg, data, gens.init)).to(device)
     scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
     sampler = BatchSampler(data.n_train, cfg.batch_size, gens.data, replacement=cfg.sampling == "replacement")
     n_train = data.n_train
-    indices = BatchIndices(sampler, lambda step: C.batch_size_at(cfg, step, n_train), 0, track=not data.resident)
+    indices = BatchIndices(sampler, batch_schedule(cfg, n_train), 0, track=not data.resident)
     return TrainState(model=model, optimizer=optimizer or make_optimizer(cfg, model), scaler=scaler,
                       sampler=sampler, generators=gens, indices=indices,
                       initial_params=[p.detach().clone() for p in model.parameters()])

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import config as C
 from .config import OPTIMIZERS, ConfigError, RunConfig
 from .runtime import autocast
 
@@ -20,20 +21,22 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def optimizer_for(name: str, params: Iterable[torch.Tensor], lr: float = 0.0, momentum: float = 0.9,
-                  nesterov: bool = False, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """torch.optim's SGD (with momentum), Adam or AdamW (config.OPTIMIZERS) over `params`."""
+                  nesterov: bool = False, weight_decay: float = 0.0, beta2: float = 0.999) -> torch.optim.Optimizer:
+    """torch.optim's SGD (with momentum), Adam or AdamW (config.OPTIMIZERS) over `params`; Adam's beta1 is 0.9."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(params, lr=lr, betas=(0.9, beta2), weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, beta2), weight_decay=weight_decay)
 
 
 def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer cfg names, with lr 0: the caller sets every step's lr (the loop from `config.lr_at`)."""
-    return optimizer_for(cfg.optimizer, model.parameters(), 0.0, cfg.momentum, cfg.nesterov, cfg.weight_decay)
+    """The optimizer cfg names, with lr 0: the caller sets every step's lr (the loop from `config.lr_at`), and
+    Adam's beta2 for the step's batch size (`config.adam_beta2_at`)."""
+    return optimizer_for(cfg.optimizer, model.parameters(), 0.0, cfg.momentum, cfg.nesterov, cfg.weight_decay,
+                         C.adam_beta2_at(cfg, cfg.batch_size))
 
 
 def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from . import config as C
-from .callbacks import Checkpointing, Divergence, Evaluation, NoiseScale, Progress, Recording, progress_bar
+from .callbacks import Checkpointing, Divergence, Evaluation, NoiseScale, Progress, Recording, Snapshots, progress_bar
 from .config import ConfigError, RunConfig
 from .data import Data, Dataset, dataset_for
 from .engine import ModelEngine, evaluate, train_step, weight_stats
@@ -42,7 +42,8 @@ from .runtime import (
     resolve_device,
     set_threads,
 )
-from .state import TrainState, load_checkpoint, new_state, save_checkpoint
+from .state import TrainState, batch_schedule, load_checkpoint, new_state, save_checkpoint
+from .trajectory import Trajectory
 
 __all__ = ["Components", "RunResult", "TrainState", "components", "dry_run", "evaluate", "load_checkpoint",
            "load_trained_model", "new_state", "progress_bar", "run", "save_checkpoint", "train_step", "weight_stats"]
@@ -156,17 +157,28 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
             rd.write_status("oom", error=error, traceback=None, provenance=provenance(device))
         return RunResult("oom", {}, [], rd.path if rd else None, error)
 
+    tokens = parts.task.tokens_per_example
+    state.indices.size_at = batch_schedule(cfg, data.n_train, tokens)   # a schedule in tokens needs the task's
     resumed_from, model_rng = None, None
     if rd and rd.checkpoint_path.exists() and not overwrite:
         ckpt = load_checkpoint(rd.checkpoint_path, device)
         if ckpt.get("resumable") and ckpt.get("run_id") == C.run_id(cfg):
             state.load_state_dict(ckpt["state"])
             resumed_from, model_rng = state.step, ckpt["state"].get("model_rng")
-    tokens = parts.task.tokens_per_example
+    trajectory = Trajectory.of(cfg, rd.path, data.n_train, tokens) if rd else None
+    if trajectory and resumed_from is None:   # continue from a state another run of the trajectory saved
+        start = trajectory.start()
+        if start is not None:
+            ckpt = load_checkpoint(start, device)
+            if C.trajectory_key(RunConfig.from_dict(ckpt["config"])) != C.trajectory_key(cfg):
+                raise ConfigError(f"{start} holds the state of another trajectory; delete {start.parent}")
+            state.load_state_dict(ckpt["state"])
+            resumed_from, model_rng = state.step, ckpt["state"].get("model_rng")
     member = Member(0, cfg, state, rd, C.total_steps(cfg, data.n_train, tokens),
                     set(C.eval_steps(cfg, data.n_train, tokens)), resumed_from=resumed_from,
                     wall_offset=state.history[-1]["wall_seconds"] if state.history else 0.0)
-    own = [Evaluation(), Divergence(), Checkpointing(), NoiseScale(), Progress(progress), Recording()]
+    own = [Evaluation(), Divergence(), Checkpointing(), *([Snapshots(trajectory)] if trajectory else []),
+           NoiseScale(), Progress(progress), Recording()]
     with model_randomness(cfg.seed, device, model_rng):   # dropout repeats with the seed, and across a resume
         Loop([member], ModelEngine(data, parts.loss, parts.task), [*own, *callbacks], data, parts.task, device,
              LOSS_CHECK_EVERY.get(device.type, 1)).run()

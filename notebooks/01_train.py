@@ -46,6 +46,8 @@ loss: str = "cross_entropy"             # one of LOSSES (a batch mean), or FILE.
 optimizer: str = "sgd"                  # sgd | adam | adamw
 lr: float = 0.05                        # learning rate at base_batch_size (before lr_scaling)
 momentum: float = 0.9                   # SGD momentum (adam: beta1 stays 0.9)
+adam_beta2: float = 0.999               # adam, adamw: decay of the second-moment average at base_batch_size
+beta2_scaling: str = "none"             # none | half_life: adam_beta2 ** (batch / base_batch_size) (Marek et al.)
 nesterov: bool = False                  # SGD: Nesterov momentum (needs momentum > 0)
 weight_decay: float = 0.0               # L2 penalty (sgd, adam) or decoupled decay (adamw), per update
 batch_size: int = 32                    # examples per optimizer update: the quantity being studied
@@ -57,6 +59,8 @@ lr_decay_factor: float = 0.1            # step schedule: multiply the lr by this
 lr_decay_at: list[float] = [0.5, 0.75]  # step schedule: milestones as fractions of total steps
 batch_schedule: str = "constant"        # constant | step: the batch grows at the lr_decay_at milestones instead
 batch_growth: float = 1.0               # batch_schedule step: batch_size multiplies by this at each milestone
+batch_at_tokens: list[float] = []       # batch_schedule tokens: tokens trained at which the batch changes
+batch_sizes: list[int] = []             # batch_schedule tokens: the batch size from each of those on
 # --- duration
 budget: str = "epochs"                  # epochs | steps | examples | tokens | target (train loss down to target_loss)
 budget_amount: float = 20.0             # number of epochs/steps/examples/tokens (unused for budget target)
@@ -74,6 +78,7 @@ eval_train_size: Optional[int] = None   # examples used for the train loss/accur
 eval_test_size: Optional[int] = None    # the first examples of the test set evaluated (None: all of it)
 divergence_ratio: float = 10.0          # "diverged" when a batch loss exceeds this times the first one
 measure: list[str] = []                 # measurements taken after training, from MEASUREMENTS
+measure_train_size: Optional[int] = None # the first examples of the training set they use (None: all of it)
 noise_scale_every: int = 0              # steps between two-batch noise-scale samples from micro-batches (0: off)
 noise_scale_ema: float = 0.9            # EMA decay of those samples' |G|^2 and tr(Sigma) (history: noise_*_ema)
 # --- reproducibility and execution
@@ -82,6 +87,7 @@ device: str = "auto"                    # auto | cpu | cuda | cuda:N
 threads: int = 1                        # torch CPU threads; 1 is fastest for small models (0: torch default)
 checkpoint_every: int = 0               # steps between resumable checkpoints (0: none during the run)
 save_checkpoint: bool = True            # keep the final weights in checkpoint.pt (for later measurements)
+snapshot_at_tokens: list[float] = []    # save the state here for runs that branch from this trajectory
 
 # --- where the run is written
 runs_dir: str = "runs"                  # run directories go to RUNS_DIR/SWEEP/<run_id>/ (relative: to the project)

@@ -152,7 +152,7 @@ def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():
     data = load_dataset("synthetic", train_size=256)
     state = new_state(cfg, data, torch.device("cpu"))
     twin = new_state(cfg, data, torch.device("cpu"))   # same seed: same weights and the same batch
-    train_step(state, cfg, data, lr=0.0, hooks=noise_hooks(cfg, state, data.n_train))
+    train_step(state, cfg, data, lr=0.0, hooks=noise_hooks(cfg, state))
     idx = twin.sampler.next()
 
     def sq_norm(index):

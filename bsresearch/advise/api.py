@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 
 from ..callbacks import NoiseScale
-from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, did_you_mean, scale_lr
+from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, adam_beta2_at, did_you_mean, scale_lr
 from ..data import Dataset, dataset_for
 from ..engine import ModelEngine
 from ..loading import check_model
@@ -502,7 +502,8 @@ def advise_config(cfg: RunConfig, settings: AdviseConfig | None = None, **change
         return model_for(cfg, data, init)
 
     def optimizer_fn(params: Any) -> torch.optim.Optimizer:
-        return optimizer_for(cfg.optimizer, params, cfg.lr, cfg.momentum, cfg.nesterov, cfg.weight_decay)
+        return optimizer_for(cfg.optimizer, params, cfg.lr, cfg.momentum, cfg.nesterov, cfg.weight_decay,
+                             adam_beta2_at(cfg, cfg.batch_size))
     model_fn.__name__ = cfg.model
     rule = settings.lr_rule or (None if cfg.lr_scaling == "none" else cfg.lr_scaling)
     return advise(model_fn, (x, y), loss_for(cfg.loss), optimizer_fn,

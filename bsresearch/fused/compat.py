@@ -7,9 +7,9 @@ through torch.func.vmap (fused/generic.py) when its probe and calibration say it
 the model's code can tell: this module plans without torch, so it lets such configs group.
 
 What may differ per member: the seed and the optimisation hyperparameters that only scale an update (lr,
-momentum, nesterov, weight_decay, lr_scaling, base_batch_size, schedule and its parameters, warmup), the
-duration (budget, target, max_steps), the evaluation schedule, divergence_ratio, measurements and
-save_checkpoint.
+momentum, nesterov, weight_decay, adam_beta2, beta2_scaling, lr_scaling, base_batch_size, schedule and its
+parameters, warmup), the duration (budget, target, max_steps), the evaluation schedule, divergence_ratio,
+measurements and save_checkpoint.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ STACKED_MODELS = ("mlp", "cnn1d")  # the batched layers in fused/layers.py cover
 # added later is neither here nor in MUST_MATCH until someone decides: it must then be equal (so a new
 # feature can never be silently ignored by a group).
 MAY_DIFFER = frozenset({
-    "seed", "lr", "momentum", "nesterov", "weight_decay", "lr_scaling", "base_batch_size", "schedule",
+    "seed", "lr", "momentum", "nesterov", "weight_decay", "adam_beta2", "beta2_scaling", "lr_scaling",
+    "base_batch_size", "schedule",
     "lr_decay_factor", "lr_decay_at", "warmup_epochs", "budget", "budget_amount", "target_loss", "max_steps",
     "eval_schedule", "eval_every", "eval_per_decade", "divergence_ratio", "measure", "save_checkpoint",
 })
@@ -50,6 +51,8 @@ def unsupported_reason(cfg: RunConfig) -> str | None:
         return f"noise_scale_every {cfg.noise_scale_every} is not supported in a fused group (0 only)"
     if cfg.checkpoint_every > 0:
         return f"checkpoint_every {cfg.checkpoint_every} is not supported in a fused group (0 only: no resume)"
+    if cfg.snapshot_at_tokens:
+        return "snapshot_at_tokens is not supported in a fused group (a run that shares its trajectory trains alone)"
     if cfg.batch_schedule != "constant":
         return f"batch_schedule {cfg.batch_schedule!r} is not supported in a fused group (constant only)"
     if cfg.data_loading == "stream":

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import config as C
 from ..config import RunConfig
 
-ADAM_BETAS = (0.9, 0.999)  # torch.optim defaults, as train.make_optimizer uses them
+ADAM_BETA1 = 0.9  # torch.optim's default, as step.make_optimizer uses it; beta2 is per member
 ADAM_EPS = 1e-8
 
 
@@ -30,11 +31,13 @@ class FusedOptimizer:
     weight_decay: torch.Tensor     # (K, 1)
     momentum: torch.Tensor         # (K, 1), SGD
     nesterov: torch.Tensor         # (K, 1) bool, SGD
+    beta2: torch.Tensor            # (K, 1), Adam (config.adam_beta2_at the member's batch size)
     buf: torch.Tensor              # SGD momentum buffer / Adam first moment, (K, P)
     sq: torch.Tensor | None        # Adam second moment, (K, P)
     step: int = 0                  # updates done (members move in lockstep)
     any_weight_decay: bool = True  # host-side flags: skip work no member needs, without a device sync
     any_nesterov: bool = True
+    one_beta2: float | None = None  # every member's beta2, when they share one (torch's arithmetic exactly)
 
     def __post_init__(self) -> None:
         self._flags()
@@ -42,6 +45,8 @@ class FusedOptimizer:
     def _flags(self) -> None:
         self.any_weight_decay = bool(self.weight_decay.any())
         self.any_nesterov = bool(self.nesterov.any())
+        values = set(self.beta2.flatten().tolist())
+        self.one_beta2 = values.pop() if len(values) == 1 else None
 
     @classmethod
     def for_members(cls, cfgs: Sequence[RunConfig], flat: torch.Tensor) -> FusedOptimizer:
@@ -53,13 +58,14 @@ class FusedOptimizer:
         def column(values: list[float], dtype: torch.dtype = flat.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=flat.device).view(-1, 1)
         return cls(kind, column([c.weight_decay for c in cfgs]), column([c.momentum for c in cfgs]),
-                   column([c.nesterov for c in cfgs], torch.bool), torch.zeros_like(flat),
+                   column([c.nesterov for c in cfgs], torch.bool),
+                   column([C.adam_beta2_at(c, c.batch_size) for c in cfgs], torch.float64), torch.zeros_like(flat),
                    torch.zeros_like(flat) if kind != "sgd" else None)
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the members at `index` (compaction after some members stopped)."""
-        self.weight_decay, self.momentum, self.nesterov = (self.weight_decay[index], self.momentum[index],
-                                                           self.nesterov[index])
+        self.weight_decay, self.momentum, self.nesterov, self.beta2 = (
+            self.weight_decay[index], self.momentum[index], self.nesterov[index], self.beta2[index])
         self.buf = self.buf[index]
         self.sq = self.sq[index] if self.sq is not None else None
         self._flags()
@@ -85,15 +91,22 @@ class FusedOptimizer:
             p.addcmul_(update, -lr)                                # p -= lr*d
             return
         assert self.sq is not None
-        beta1, beta2 = ADAM_BETAS
         if self.kind == "adamw":
             p.mul_(1 - lr * self.weight_decay)
         elif self.any_weight_decay:
             g.addcmul_(self.weight_decay, p)
-        self.buf.lerp_(g, 1 - beta1)
-        self.sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        step_size = lr / (1 - beta1 ** self.step)
-        denom = torch.sqrt(self.sq, out=g).div_(math.sqrt(1 - beta2 ** self.step)).add_(ADAM_EPS)
+        self.buf.lerp_(g, 1 - ADAM_BETA1)
+        correction: float | torch.Tensor
+        if self.one_beta2 is not None:
+            b2 = self.one_beta2
+            self.sq.mul_(b2).addcmul_(g, g, value=1 - b2)          # torch's own operations
+            correction = math.sqrt(1 - b2 ** self.step)
+        else:   # per-member beta2: the same roundings (1 - beta2 and the bias correction in float64, as torch's
+            b2t = self.beta2.to(p.dtype)                            # Python floats are, then cast)
+            self.sq.mul_(b2t).addcmul_(g * (1 - self.beta2).to(p.dtype), g)
+            correction = (1 - self.beta2 ** self.step).sqrt().to(p.dtype)
+        step_size = lr / (1 - ADAM_BETA1 ** self.step)
+        denom = torch.sqrt(self.sq, out=g).div_(correction).add_(ADAM_EPS)
         p.addcmul_(torch.div(self.buf, denom, out=denom), -step_size)  # torch: p.addcdiv_(m, denom, value=-step_size)
 
     def torch_state(self, member: int) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:

@@ -10,6 +10,7 @@ examples) on one CPU thread; README.md lists the measured costs.
 """
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +44,8 @@ def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generat
     """Exact B_simple over the training set (the population SGD samples from: no sample correction, so
     no sampling error either) and B_noise = tr(H Sigma)/(G^T H G) with its Hutchinson standard error. Where
     vmap cannot take the model: the two-batch B_simple (TWO_BATCH_SIZES, TWO_BATCH_DRAWS draws with
-    replacement) and no B_noise."""
+    replacement) and no B_noise. Where the model has no double backward (Hessian-vector products): B_simple,
+    and why B_noise is missing (noise_b_noise_error)."""
     x, y = data.x_train, data.y_train
     try:
         exact = noise.gradient_noise_scale(model, x, y, unbiased=False, loss_fn=loss)
@@ -55,12 +57,15 @@ def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generat
         return {"noise_b_simple": two.b_simple, "noise_trace_cov": two.trace_cov,
                 "noise_grad_sq_norm": two.grad_sq_norm, "noise_method": "two_batch",
                 "noise_fallback": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-    with_hessian = noise.hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator,
-                                             loss_fn=loss)
-    return {"noise_b_simple": exact.b_simple, "noise_trace_cov": exact.trace_cov,
-            "noise_grad_sq_norm": exact.grad_sq_norm, "noise_method": "exact_per_example",
-            "noise_n_examples": exact.n_examples, "noise_b_noise": with_hessian.b_noise,
-            "noise_b_noise_std_error": with_hessian.b_noise_std_error}
+    out = {"noise_b_simple": exact.b_simple, "noise_trace_cov": exact.trace_cov,
+           "noise_grad_sq_norm": exact.grad_sq_norm, "noise_method": "exact_per_example",
+           "noise_n_examples": exact.n_examples}
+    try:   # Hessian-vector products need double backward, which some operations lack (CPU flash attention)
+        with_hessian = noise.hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator,
+                                                 loss_fn=loss)
+    except (RuntimeError, NotImplementedError) as exc:
+        return {**out, "noise_b_noise_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    return {**out, "noise_b_noise": with_hessian.b_noise, "noise_b_noise_std_error": with_hessian.b_noise_std_error}
 
 
 def measure_hessian(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,
@@ -132,6 +137,9 @@ def take_measurements(names: tuple[str, ...], model: nn.Module, data: Dataset, c
     """Run the named measurements with the run's loss (cfg.loss unless given); one that fails is recorded
     under 'measurement_errors', not raised, so a finished training run is never lost to a measurement."""
     loss = loss or loss_for(cfg.loss)
+    if cfg.measure_train_size:   # the first examples only: the same subset for every run
+        n = cfg.measure_train_size
+        data = dataclasses.replace(data, x_train=data.x_train[:n], y_train=data.y_train[:n])
     out: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for name in names:

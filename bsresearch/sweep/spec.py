@@ -16,7 +16,7 @@ A spec (every key but `name` is optional):
       plain: {}                  # the name is the `variant` column of the results and can be matched
       sqrt_gbn: {lr_scaling: sqrt, batchnorm: true, ghost_batch_size: 32}   # by overrides' `where`
     seeds: [0, 1, 2]             # or a count: 3 means [0, 1, 2]
-    measurements: [keskar_sharpness]          # RunConfig.measure for every run
+    measurements: [keskar_sharpness]          # RunConfig.measure for every run (a variant's `measure`: for its own)
     overrides:                   # applied in order to every point that matches all of `where`
       - where: {batch_size: 4000}
         set: {eval_every: 25}
@@ -210,7 +210,7 @@ def _parse_base(raw: Any, base_dir: Path, key: str = "base") -> dict[str, Any]:
     out = {}
     for name, value in raw.items():
         _check_field(f"{key}.{name}", name)
-        if name == "measure":
+        if name == "measure" and key == "base":
             raise ConfigError(f"{key}.measure: use the top-level 'measurements' list")
         if name == "seed" and key != "base":
             raise ConfigError(f"{key}.seed: seeds come from the top-level 'seeds' list")
@@ -426,7 +426,7 @@ def expand(spec: SweepSpec) -> list[Point]:
             for seed in spec.seeds:
                 coords = {**({"variant": variant} if variant else {}), **dict(zip(names, values)), "seed": seed}
                 fields = {**_DEFAULTS, **spec.base, **variant_fields, **dict(zip(names, values)), "seed": seed}
-                if spec.measurements:
+                if spec.measurements and "measure" not in variant_fields:
                     fields["measure"] = spec.measurements
                 for i, override in enumerate(spec.overrides):  # may match on defaults, and on the variant
                     current = {**fields, "variant": variant}

@@ -1,0 +1,203 @@
+"""The critical batch size measured by branching (Merrill, Arora, Groeneveld & Hajishirzi 2025). No torch.
+
+    branches = branch_losses(runs)          # one row per (seed, checkpoint, k): its loss, L_1, the ratio
+    cbs = critical_batch_sizes(branches)    # one row per (seed, checkpoint): the CBS
+    test = cbs_test(cbs)                    # D and G over seeds, the verdict
+    table = cbs_by_checkpoint(cbs, runs)    # per checkpoint: the CBS's geometric mean and B_simple, intervals
+    cbs_vs_tokens(ax, table, cbs)           # the figure: both against tokens trained, on one axis
+
+The runs are those of a branching sweep (experiments/lm_cbs.yaml, or a copy of it for any model): a branch is
+a run with `batch_schedule: tokens` and one change (`batch_at_tokens: [T0]`, `batch_sizes: [k B0]`) from the
+trajectory at batch B0 = its `batch_size`; a measurement run has a constant batch and a budget that ends at a
+checkpoint, and `noise_b_simple` in its metrics. Nothing here knows the model: the loss is the runs' final
+`test_loss` (any loss, in the runs' own units). Setting and pre-registered test: docs/protocols.md#lm-cbs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .. import stats
+from ..config import ConfigError
+from ..plots import log2_batch_axis
+
+EPS = 0.01          # a branch keeps up when its loss is at most (1 + EPS) x that of the original batch size
+FINISHED = ("ok", "diverged")
+
+
+def _first(value: object) -> float:
+    """The first element of a tuple-valued config column (a one-change schedule), NaN otherwise."""
+    return float(value[0]) if isinstance(value, (tuple, list)) and len(value) else math.nan
+
+
+def branch_losses(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """One row per branch: seed, checkpoint (tokens T0), b0 (the trajectory's batch), k, batch (k b0), state,
+    loss (`metric` at the end of its window; +inf for a branch that diverged or ended without a finite loss)
+    and loss_1 and ratio = loss / loss_1 (against the branch at k = 1 of the same seed and checkpoint)."""
+    for column in ("batch_schedule", "batch_at_tokens", "batch_sizes", "batch_size", "seed", "state", metric):
+        if column not in runs:
+            raise ConfigError(f"branching analysis: the runs table has no column {column!r}")
+    rows = runs[runs["batch_schedule"] == "tokens"]
+    if rows.empty:
+        raise ConfigError("branching analysis: no branch among the runs (a run with batch_schedule tokens)")
+    loss = pd.to_numeric(rows[metric], errors="coerce")
+    finite = rows["state"].eq("ok") & np.isfinite(loss)
+    out = pd.DataFrame({
+        "seed": rows["seed"].astype(int).to_numpy(),
+        "checkpoint": rows["batch_at_tokens"].map(_first).to_numpy(),
+        "b0": rows["batch_size"].astype(int).to_numpy(),
+        "batch": rows["batch_sizes"].map(_first).to_numpy(),
+        "state": rows["state"].to_numpy(),
+        "loss": np.where(finite, loss, np.inf)})
+    out["k"] = out["batch"] / out["b0"]
+    base = out[out["k"] == 1].set_index(["seed", "checkpoint"])["loss"]
+    out["loss_1"] = [base.get((s, c), math.nan) for s, c in zip(out["seed"], out["checkpoint"])]
+    out["ratio"] = out["loss"] / out["loss_1"]
+    return out.sort_values(["seed", "checkpoint", "k"]).reset_index(drop=True)
+
+
+def critical_batch_sizes(branches: pd.DataFrame, eps: float = EPS) -> pd.DataFrame:
+    """Per (seed, checkpoint): cbs = k* b0, k* the largest k such that every branch at j <= k has a loss at
+    most (1 + eps) L_1 (a diverged branch never keeps up); censored when even the largest k tried keeps up
+    (the CBS is at least that), and complete when every branch of the checkpoint finished."""
+    out = []
+    for (seed, checkpoint), g in branches.groupby(["seed", "checkpoint"], sort=True):
+        g = g.sort_values("k")
+        keeps = (g["ratio"] <= 1 + eps).to_numpy()   # NaN (no finite L_1) never keeps up
+        first_miss = len(keeps) if keeps.all() else int(np.argmin(keeps))
+        k_star = float(g["k"].iloc[first_miss - 1]) if first_miss > 0 else math.nan
+        out.append({"seed": seed, "checkpoint": checkpoint, "b0": int(g["b0"].iloc[0]),
+                    "cbs": k_star * int(g["b0"].iloc[0]), "largest": float(g["batch"].max()),
+                    "censored": bool(keeps.all()), "complete": bool(g["state"].isin(FINISHED).all()),
+                    "has_k1": bool((g["k"] == 1).any())})
+    table = pd.DataFrame(out)
+    table["log2_cbs"] = np.log2(table["cbs"])
+    return table
+
+
+@dataclass(frozen=True)
+class CBSTest:
+    """The pre-registered test (docs/protocols.md#lm-cbs): growth of log2 CBS over seeds."""
+    first: float              # checkpoints compared (tokens)
+    before_last: float
+    last: float
+    d: float                  # mean over seeds of log2 CBS(last) - log2 CBS(first)
+    d_low: float
+    d_high: float
+    g: float                  # mean over seeds of log2 CBS(last) - log2 CBS(before_last)
+    g_low: float
+    g_high: float
+    n_seeds: int
+    verdict: str              # reproduced | partly | not reproduced | not testable
+    problems: tuple[str, ...] = ()
+
+
+def _paired(values: list[float]) -> tuple[float, float, float]:
+    """Mean and t interval; a single repeated value (no spread over seeds) is its own interval."""
+    mean, std, low, high = stats.t_interval(values)
+    if len(values) >= 2 and std == 0:
+        return mean, mean, mean
+    return mean, low, high
+
+
+def cbs_test(cbs: pd.DataFrame) -> CBSTest:
+    """D = log2 CBS(last checkpoint) - log2 CBS(first), G = log2 CBS(last) - log2 CBS(the one before),
+    per seed, with paired t intervals over the seeds. Reproduced when D's interval lies above 0 and G's upper
+    end is below 1; partly when only D's lies above 0; not reproduced when D's reaches 0. Not testable when a
+    branch did not finish, a checkpoint lacks its k = 1 branch, fewer than 2 seeds have every checkpoint, or
+    the CBS at the last checkpoint is censored (the largest batch tried keeps up) for half the seeds or more."""
+    checkpoints = sorted(cbs["checkpoint"].unique())
+    if len(checkpoints) < 3:
+        raise ConfigError(f"the branching test needs at least 3 checkpoints; got {len(checkpoints)}")
+    first, before_last, last = checkpoints[0], checkpoints[-2], checkpoints[-1]
+    wide = cbs.pivot(index="seed", columns="checkpoint", values="log2_cbs").dropna()
+    d_values = (wide[last] - wide[first]).tolist()
+    g_values = (wide[last] - wide[before_last]).tolist()
+    d, d_low, d_high = _paired(d_values)
+    g, g_low, g_high = _paired(g_values)
+    problems = [f"seed {r.seed} checkpoint {r.checkpoint:g}: a branch did not finish"
+                for r in cbs.itertuples() if not r.complete]
+    problems += [f"seed {r.seed} checkpoint {r.checkpoint:g}: no k = 1 branch"
+                 for r in cbs.itertuples() if not r.has_k1]
+    at_last = cbs[cbs["checkpoint"] == last]
+    if at_last["censored"].sum() * 2 >= len(at_last):
+        problems.append(f"the CBS at {last:g} tokens is the largest batch tried for {int(at_last['censored'].sum())} "
+                        f"of {len(at_last)} seeds: extend the branches (protocol)")
+    if len(wide) < 2:
+        problems.append(f"{len(wide)} seed(s) with every checkpoint")
+    if problems or not math.isfinite(d_low):
+        verdict = "not testable"
+    elif d_low <= 0:
+        verdict = "not reproduced"
+    elif g_high < 1:
+        verdict = "reproduced"
+    else:
+        verdict = "partly"
+    return CBSTest(first, before_last, last, d, d_low, d_high, g, g_low, g_high, len(wide), verdict, tuple(problems))
+
+
+def cbs_by_checkpoint(cbs: pd.DataFrame, runs: pd.DataFrame | None = None, noise: str = "noise_b_simple"
+                      ) -> pd.DataFrame:
+    """Per checkpoint: n seeds, the geometric mean of the CBS over seeds with its t interval (on log2),
+    censored seeds, and, from the measurement runs in `runs` (a constant batch, budget ending at the
+    checkpoint, `noise` in the metrics), B_simple's mean with its t interval and the ratio CBS / B_simple."""
+    rows = []
+    noise_runs = pd.DataFrame()
+    if runs is not None and noise in runs:
+        noise_runs = runs[(runs["batch_schedule"] == "constant") & runs[noise].notna() & (runs["state"] == "ok")]
+    for checkpoint, g in cbs.groupby("checkpoint", sort=True):
+        mean, low, high = _paired(g["log2_cbs"].tolist())
+        row = {"checkpoint": checkpoint, "n": len(g), "cbs_gmean": 2 ** mean, "cbs_low": 2 ** low,
+               "cbs_high": 2 ** high, "censored": int(g["censored"].sum())}
+        if not noise_runs.empty:
+            at = noise_runs.loc[np.isclose(noise_runs["budget_amount"].astype(float), checkpoint), noise]
+            n_mean, _, n_low, n_high = stats.t_interval(at.tolist())
+            row.update(b_simple_mean=n_mean, b_simple_low=n_low, b_simple_high=n_high, b_simple_n=len(at),
+                       cbs_over_b_simple=2 ** mean / n_mean if n_mean else math.nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def loss_ratios(branches: pd.DataFrame) -> pd.DataFrame:
+    """Per (checkpoint, k): the mean over seeds of L_k / L_1 (finite ratios) with its t interval."""
+    finite = branches[np.isfinite(branches["ratio"])]
+    return stats.summarize(finite, ["checkpoint", "k"], ["ratio"])
+
+
+# ----------------------------------------------------------------------------- figures
+def cbs_vs_tokens(ax: plt.Axes, table: pd.DataFrame, cbs: pd.DataFrame, unit: str = "sequences") -> plt.Axes:
+    """The CBS (each seed, grey; geometric mean with its interval, blue) and B_simple (mean with its
+    interval, orange) against the tokens trained at the checkpoint, both in examples per batch (`unit`)."""
+    jitter = 1 + 0.04 * (cbs["seed"] - cbs["seed"].mean()) / max(1.0, float(cbs["seed"].std(ddof=0) or 1.0))
+    ax.scatter(cbs["checkpoint"] * jitter, cbs["cbs"], s=10, color="0.5", alpha=0.6, linewidths=0,
+               label="CBS, each seed")
+    x = table["checkpoint"].to_numpy(float)
+    mean = table["cbs_gmean"].to_numpy(float)
+    ax.errorbar(x, mean, yerr=np.vstack([mean - table["cbs_low"], table["cbs_high"] - mean]), fmt="o-", color="C0",
+                capsize=3, label="CBS by branching: geometric mean, t interval")
+    if "b_simple_mean" in table:
+        b = table["b_simple_mean"].to_numpy(float)
+        yerr = np.nan_to_num(np.vstack([b - table["b_simple_low"], table["b_simple_high"] - b]))
+        ax.errorbar(x * 1.03, b, yerr=yerr, fmt="s--", color="C1", capsize=3,
+                    label="B_simple (noise scale): mean, t interval")
+    ax.set_xscale("log")
+    log2_batch_axis(ax, "y")
+    ax.set(xlabel="tokens trained at the checkpoint", ylabel=f"batch size ({unit})")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def ratio_vs_k(ax: plt.Axes, ratios: pd.DataFrame, eps: float = EPS) -> plt.Axes:
+    """L_k / L_1 against k, one line per checkpoint (mean over seeds), and the tolerance 1 + eps."""
+    for i, (checkpoint, g) in enumerate(ratios.groupby("checkpoint", sort=True)):
+        ax.plot(g["k"], g["ratio_mean"], "o-", color=plt.cm.viridis(i / max(1, ratios["checkpoint"].nunique() - 1)),
+                label=f"{checkpoint:,.0f} tokens")
+    ax.axhline(1 + eps, color="0.3", linestyle="--", linewidth=0.8, label=f"tolerance 1 + {eps:g}")
+    log2_batch_axis(ax, "x")
+    ax.set(xlabel="k (branch batch / original batch)", ylabel="loss after the window / loss at k = 1")
+    ax.legend(fontsize=7)
+    return ax

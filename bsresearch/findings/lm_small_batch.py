@@ -1,0 +1,213 @@
+"""Small batches for language models: Adam's beta2 at a fixed half-life, plain SGD, gradient accumulation
+(Marek, Lotfi, Somasundaram, Wilson & Goldblum 2025). No torch.
+
+    selection = select_lr(selection_runs)            # per (setting, batch): the best lr on the selection seeds
+    print(seeds_overrides(selection))                # the overrides of the seeds spec (lm_small_batch_seeds.yaml)
+    test = small_batch_test(confirm_runs)            # d_beta2 and d_small, paired over seeds; the verdict
+    table = by_batch(confirm_runs)                   # final loss per (setting, batch), mean and interval
+    loss_vs_batch(ax, table)
+
+A run's setting (`setting`) is read from its config: `sgd` (optimizer sgd), `adam_half_life` (beta2_scaling
+half_life), `adam_fixed` (any other Adam), with `_accumulated` added where it builds its batch from
+micro-batches. The loss is each run's final `test_loss`, in the runs' own units (any model). Setting and
+pre-registered test: docs/protocols.md#lm-small-batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .. import stats
+from ..config import ConfigError
+from ..plots import log2_batch_axis
+from ..plots.sweeps import axis_label
+
+SETTINGS = ("adam_fixed", "adam_half_life", "sgd")
+MARGIN = 0.01        # batch 1 may be this fraction worse than batch 256 and count as "no worse"
+LR_STEP = 10 ** 0.5  # the grid's factor between neighbouring lrs
+
+
+def settings(runs: pd.DataFrame) -> pd.Series:
+    """Each run's optimizer setting (module docstring)."""
+    for column in ("optimizer", "beta2_scaling"):
+        if column not in runs:
+            raise ConfigError(f"small-batch analysis: the runs table has no column {column!r}")
+    name = np.where(runs["optimizer"] == "sgd", "sgd",
+                    np.where(runs["beta2_scaling"] == "half_life", "adam_half_life", "adam_fixed"))
+    accumulated = runs["micro_batch_size"].notna() & (runs["micro_batch_size"] < runs["batch_size"]) \
+        if "micro_batch_size" in runs else pd.Series(False, index=runs.index)
+    return pd.Series(np.where(accumulated, np.char.add(name.astype(str), "_accumulated"), name), index=runs.index)
+
+
+def _final_loss(runs: pd.DataFrame, metric: str) -> pd.Series:
+    """`metric` of runs that ended ok with a finite value; +inf for the others (diverged, failed...)."""
+    value = pd.to_numeric(runs[metric], errors="coerce")
+    return value.where(runs["state"].eq("ok") & np.isfinite(value), np.inf)
+
+
+def select_lr(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """Per (setting, batch_size): the best lr (lowest mean `metric` over the selection seeds; a run that did
+    not end ok with a finite value counts as the worst), its mean, the lrs tried, whether the best is at an
+    edge of them (`edge`: smallest/largest, which the protocol extends once), and the spread (max - min of the
+    finite lr means: robustness to the lr)."""
+    data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
+    out = []
+    for (setting, batch), g in data.groupby(["setting", "batch_size"], sort=True):
+        means = g.groupby("lr")["loss"].mean().sort_index()
+        best = float(means.idxmin())
+        lrs = list(means.index)
+        finite = means[np.isfinite(means)]
+        out.append({"setting": setting, "batch_size": int(batch), "best_lr": best, "best_loss": float(means.min()),
+                    "lrs": tuple(float(v) for v in lrs), "n_seeds": int(g["seed"].nunique()),
+                    "edge": "smallest" if best == lrs[0] and len(lrs) > 1 else
+                            "largest" if best == lrs[-1] and len(lrs) > 1 else "",
+                    "spread": float(finite.max() - finite.min()) if len(finite) > 1 else math.nan})
+    return pd.DataFrame(out)
+
+
+def seeds_overrides(selection: pd.DataFrame) -> str:
+    """The `overrides:` of the seeds spec, one per (setting, batch_size): its best lr (YAML text)."""
+    lines = ["overrides:"]
+    for r in selection.itertuples():
+        lines.append(f"  - where: {{variant: {r.setting}, batch_size: {r.batch_size}}}")
+        lines.append(f"    set: {{lr: {r.best_lr:.6g}}}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """mean over seeds of a - b, with its paired t interval."""
+    diff: float
+    low: float
+    high: float
+    n: int
+
+
+def paired(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: str = "loss") -> Paired:
+    """Paired difference over the seeds both (setting, batch_size) cells have."""
+    def cell(key: tuple[str, int]) -> pd.Series:
+        g = data[(data["setting"] == key[0]) & (data["batch_size"] == key[1])]
+        return g.groupby("seed")[metric].mean()
+    diffs = (cell(a) - cell(b)).dropna()
+    mean, _, low, high = stats.t_interval(diffs.tolist())
+    return Paired(mean, low, high, len(diffs))
+
+
+@dataclass(frozen=True)
+class SmallBatchTest:
+    """The pre-registered test (docs/protocols.md#lm-small-batch)."""
+    small: int                # the smallest and largest batch sizes compared
+    large: int
+    d_beta2: Paired           # L(adam_fixed, small) - L(adam_half_life, small)
+    d_small: Paired           # L(adam_half_life, small) - L(adam_half_life, large)
+    reference: float          # mean L(adam_half_life, large): the margin is MARGIN x this
+    margin: float
+    verdict: str
+    problems: tuple[str, ...] = ()
+
+
+def small_batch_test(runs: pd.DataFrame, metric: str = "test_loss", margin: float = MARGIN) -> SmallBatchTest:
+    """d_beta2 and d_small over the seeds of `runs` (each cell at its chosen lr). Reproduced when d_beta2's
+    interval lies above 0 and d_small's upper end is at most margin x mean L(adam_half_life, largest batch);
+    partly when exactly one holds; not reproduced when neither. Not testable when a run did not end ok or a
+    comparison has fewer than 2 seeds."""
+    data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
+    small, large = int(data["batch_size"].min()), int(data["batch_size"].max())
+    d_beta2 = paired(data, ("adam_fixed", small), ("adam_half_life", small))
+    d_small = paired(data, ("adam_half_life", small), ("adam_half_life", large))
+    ref = data[(data["setting"] == "adam_half_life") & (data["batch_size"] == large)]["loss"]
+    reference = float(ref[np.isfinite(ref)].mean()) if np.isfinite(ref).any() else math.nan
+    primary = data[data["setting"].isin(["adam_fixed", "adam_half_life"]) & data["batch_size"].isin([small, large])]
+    problems = [f"{r.setting} batch {r.batch_size} seed {r.seed}: run {r.state}"
+                for r in primary.itertuples() if r.state != "ok"]
+    if d_beta2.n < 2 or d_small.n < 2:
+        problems.append(f"paired seeds: {d_beta2.n} (beta2), {d_small.n} (batch)")
+    beta2_holds = d_beta2.low > 0
+    small_holds = d_small.high <= margin * reference
+    if problems or not (math.isfinite(d_beta2.low) and math.isfinite(d_small.high)):
+        verdict = "not testable"
+    elif beta2_holds and small_holds:
+        verdict = "reproduced"
+    elif beta2_holds or small_holds:
+        verdict = "partly"
+    else:
+        verdict = "not reproduced"
+    return SmallBatchTest(small, large, d_beta2, d_small, reference, margin, verdict, tuple(problems))
+
+
+def by_batch(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """Per (setting, batch_size): n, the lr, and the final `metric`'s mean, std and t interval (runs that ended
+    ok), plus how many did not."""
+    data = runs.assign(setting=settings(runs))
+    ok = data[data["state"] == "ok"]
+    table = stats.summarize(ok, ["setting", "batch_size"], [metric])
+    lrs = data.groupby(["setting", "batch_size"])["lr"].agg(lambda v: ", ".join(f"{x:.3g}" for x in sorted(set(v))))
+    not_ok = data[data["state"] != "ok"].groupby(["setting", "batch_size"]).size()
+    return table.assign(lr=[lrs.get((s, b), "") for s, b in zip(table["setting"], table["batch_size"])],
+                        not_ok=[int(not_ok.get((s, b), 0)) for s, b in zip(table["setting"], table["batch_size"])])
+
+
+def secondary(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """The secondary comparisons, paired over seeds: the SGD gap at the smallest and the largest batch and
+    their difference; accumulation against the true large batch and against its micro-batch size."""
+    data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
+    small, large = int(data["batch_size"].min()), int(data["batch_size"].max())
+    rows = []
+
+    def add(name: str, p: Paired) -> None:
+        rows.append({"comparison": name, "diff": p.diff, "low": p.low, "high": p.high, "n": p.n})
+    gap_small = paired(data, ("sgd", small), ("adam_half_life", small))
+    gap_large = paired(data, ("sgd", large), ("adam_half_life", large))
+    add(f"SGD - Adam (half-life), batch {small}", gap_small)
+    add(f"SGD - Adam (half-life), batch {large}", gap_large)
+    by_seed = data.groupby(["setting", "batch_size", "seed"])["loss"].mean()
+    try:
+        gaps = [(by_seed["sgd", small, s] - by_seed["adam_half_life", small, s])
+                - (by_seed["sgd", large, s] - by_seed["adam_half_life", large, s])
+                for s in sorted(data["seed"].unique())
+                if all(k in by_seed for k in [("sgd", small, s), ("adam_half_life", small, s),
+                                              ("sgd", large, s), ("adam_half_life", large, s)])]
+    except KeyError:
+        gaps = []
+    mean, _, low, high = stats.t_interval(gaps)
+    add(f"SGD gap at batch {small} minus at batch {large}", Paired(mean, low, high, len(gaps)))
+    accumulated = data[data["setting"] == "adam_half_life_accumulated"]
+    if not accumulated.empty:
+        micro = int(accumulated["micro_batch_size"].iloc[0])
+        batch = int(accumulated["batch_size"].iloc[0])
+        add(f"accumulated {batch} (micro {micro}) - true batch {batch}",
+            paired(data, ("adam_half_life_accumulated", batch), ("adam_half_life", batch)))
+        add(f"accumulated {batch} (micro {micro}) - true batch {micro}",
+            paired(data, ("adam_half_life_accumulated", batch), ("adam_half_life", micro)))
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- figures
+def loss_vs_batch(ax: plt.Axes, table: pd.DataFrame, metric: str = "test_loss", unit: str | None = None) -> plt.Axes:
+    """Final `metric` against the batch size, one line per setting (mean over seeds with its t interval)."""
+    for i, setting in enumerate(s for s in [*SETTINGS, *sorted(set(table["setting"]) - set(SETTINGS))]
+                                if s in set(table["setting"])):
+        g = table[table["setting"] == setting].sort_values("batch_size")
+        mean = g[f"{metric}_mean"].to_numpy(float)
+        yerr = np.nan_to_num(np.vstack([mean - g[f"{metric}_low"], g[f"{metric}_high"] - mean]))
+        ax.errorbar(g["batch_size"], mean, yerr=yerr, fmt="o-" if "accumulated" not in setting else "D",
+                    color=f"C{i}", capsize=3, label=setting.replace("_", " "))
+    log2_batch_axis(ax, "x", sorted(int(b) for b in table["batch_size"].unique()))
+    ax.set(xlabel="batch size (sequences)", ylabel=axis_label(metric, unit))
+    ax.legend(fontsize=7)
+    return ax
+
+
+def spread_vs_batch(ax: plt.Axes, selection: pd.DataFrame) -> plt.Axes:
+    """Robustness: the spread of the selection seeds' mean loss over each cell's lr grid, against the batch."""
+    for i, setting in enumerate(s for s in SETTINGS if s in set(selection["setting"])):
+        g = selection[selection["setting"] == setting].sort_values("batch_size")
+        ax.plot(g["batch_size"], g["spread"], "o-", color=f"C{i}", label=setting.replace("_", " "))
+    log2_batch_axis(ax, "x", sorted(int(b) for b in selection["batch_size"].unique()))
+    ax.set(xlabel="batch size (sequences)", ylabel="loss spread over the lr grid (max - min)")
+    ax.legend(fontsize=7)
+    return ax
