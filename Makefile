@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install data test test-fast lint typecheck demo lab test-browser clean-notebooks bench bench-gpu reproduce reproduce-gpu clean
+.PHONY: install data test test-fast lint typecheck demo lab test-browser docs docs-serve clean-notebooks bench bench-gpu reproduce reproduce-gpu clean
 
 install: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	    echo "reusing the torch installed for $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	  else $(PYTHON) -m venv $(VENV); fi; }
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/pip install -q -e ".[dev,docs]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import bsresearch, torch, papermill, mnist1d; print('bsresearch', bsresearch.__version__, '| torch', torch.__version__, '| cuda', torch.cuda.is_available())"
 	@# the kernel the notebooks name, inside the venv: papermill and JupyterLab run them with this Python
 	$(BIN)/python -m ipykernel install --sys-prefix --name bsresearch --display-name "bsresearch (.venv)" >/dev/null
@@ -86,6 +86,16 @@ test-browser: $(LAB_STAMP)
 	  else echo "note: chromium not found and not root; the browser test will skip (as root: apt-get install chromium)"; fi; fi
 	$(BIN)/pip install -q -e ".[dev,lab,browser]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/python -m pytest -q -rs tests/browser
+
+# The documentation site (mkdocs.yml): docs/, the API from the docstrings, and the findings gallery made from
+# reports/ at build time (docs/hooks/gallery.py). Strict: a broken link or anchor, a page left out, an unresolved
+# docstring reference fails it. Into site/ (git-ignored); docs-serve rebuilds on every change, at 127.0.0.1:8000.
+# NO_MKDOCS_2_WARNING silences Material's end-of-life banner (docs/about-docs.md says what it says).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # The run notebook's parameters cell regenerated from bsresearch/config.py; each notebooks/*.ipynb rewritten
 # from its .py, or the .py from the .ipynb, whichever is newer; outputs removed

@@ -90,7 +90,7 @@ def cnn1d(input_shape: tuple[int, ...], num_classes: int, width: int = 25, depth
 def convnet(input_shape: tuple[int, ...], num_classes: int, width: int = 32, depth: int = 3,
             batchnorm: bool = False, ghost_batch_size: int | None = None) -> nn.Module:
     """A small image convnet: depth x [conv3x3 -> norm -> ReLU -> maxpool2 (all but the last)],
-    channels width, 2*width, 4*width, ..., then global average pooling and a linear head.
+    channels width, 2 x width, 4 x width, ..., then global average pooling and a linear head.
 
     For (1, 28, 28) or (3, 32, 32) inputs.
     """
@@ -129,8 +129,8 @@ class BasicBlock(nn.Module):
 
 def resnet(input_shape: tuple[int, ...], num_classes: int, width: int = 16, depth: int = 1,
            batchnorm: bool = True, ghost_batch_size: int | None = None) -> nn.Module:
-    """A CIFAR-style ResNet: a conv stem, three stages of `depth` BasicBlocks with width, 2*width and
-    4*width channels (stride 2 between stages), global average pooling, a linear head.
+    """A CIFAR-style ResNet: a conv stem, three stages of `depth` BasicBlocks with width, 2 x width and
+    4 x width channels (stride 2 between stages), global average pooling, a linear head.
     depth=1 is ResNet-8 (78k parameters at width 16), depth=3 is ResNet-20.
     """
     def make_norm(c: int) -> nn.Module:

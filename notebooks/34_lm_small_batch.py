@@ -25,8 +25,9 @@
 # %% tags=["parameters"]
 from typing import Optional
 
-sweep: str = "lm_small_batch_seeds"         # seeds 3-7 at the chosen lrs; a selection sweep's name: selection only
-selection_sweeps: str = "lm_small_batch,lm_small_batch_sgd"  # the lr selection (seeds 1-2), comma-separated
+sweep: str = "lm_small_batch"               # the Adam lr selection (seeds 1-2)
+sgd_sweep: str = "lm_small_batch_sgd"       # the SGD lr selection (seeds 1-2); "" for none
+seeds_sweep: str = "lm_small_batch_seeds"   # seeds 3-7 at the chosen lrs (skipped while it has not run)
 runs_dir: str = "runs"                      # root folder of run directories (relative: to the project)
 out_dir: str = "reports/lm_small_batch"     # figures and tables go here (relative: to the project)
 spec_path: Optional[str] = None             # the spec (not needed: a run's setting is read from its config)
@@ -51,8 +52,10 @@ from bsresearch.plots import save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-seeds_sweep = "" if sweep in selection_sweeps.split(",") else sweep
-selection_runs = results.load([s for s in selection_sweeps.split(",") if s], runs_root=runs_dir)
+if seeds_sweep and not (runs_dir / seeds_sweep).is_dir():
+    print(f"sweep {seeds_sweep} has not run yet: the lr selection only")
+    seeds_sweep = ""
+selection_runs = results.load([s for s in (sweep, sgd_sweep) if s], runs_root=runs_dir)
 print(f"selection: {len(selection_runs)} runs:", dict(selection_runs["state"].value_counts()))
 
 # %% [markdown]

@@ -68,6 +68,12 @@ def test_measurements_map_onto_runconfig_measure():
     assert len(points) == 2 and all(p.config.measure == (name,) for p in points)
 
 
+def test_a_variant_s_measure_is_its_own_and_replaces_the_spec_s_measurements():
+    points = expand(spec(measurements=["hessian"], variants={"plain": {}, "measured": {"measure": ["noise_scale"]}}))
+    by_variant = {(p.coords["variant"], p.config.batch_size): p.config.measure for p in points}
+    assert by_variant[("plain", 8)] == ("hessian",) and by_variant[("measured", 8)] == ("noise_scale",)
+
+
 def test_relative_data_dir_resolves_against_the_spec_folder():
     s = spec(base={**BASE, "data_dir": "../data"})
     assert s.base["data_dir"] == str((ROOT / "data").resolve())

@@ -1,6 +1,7 @@
 """The published findings bsresearch reproduces, one module each; a finding has one name everywhere:
 bsresearch/findings/<name>.py (its analysis and figures), tests/test_findings_<name>.py,
-notebooks/2x_<name>.py (the analysis notebook), experiments/<name>*.yaml (its sweeps) and reports/<name>*/.
+notebooks/2x_<name>.py or 3x_<name>.py (the analysis notebook), experiments/<name>*.yaml (its sweeps)
+and reports/<name>*/.
 
     keskar           Keskar et al. 2017: large batches find sharper minima and generalize worse
     dinh             Dinh et al. 2017: sharpness is not reparameterisation-invariant
@@ -11,6 +12,9 @@ notebooks/2x_<name>.py (the analysis notebook), experiments/<name>*.yaml (its sw
     nqm              Zhang et al. 2019: the noisy quadratic model's critical batch
     adam_vs_sgd      Zhang et al. 2019 / Nado et al. 2021: B_crit of Adam against momentum SGD
     ghost_batch      Hoffer et al. 2017: test accuracy against the ghost batch size at one large batch
+    lm_cbs           Merrill et al. 2025: a language model's critical batch size measured by branching
+    lm_batch_warmup  Merrill et al. 2025: batch-size warmup following that critical batch size
+    lm_small_batch   Marek et al. 2025: small batches, Adam's beta2 at a fixed half-life, plain SGD
 
 `runs` holds what several findings share: a measurement applied to every finished run's weights.
 Settings and pre-registered tests: docs/protocols.md. keskar, dinh and runs import torch (they load

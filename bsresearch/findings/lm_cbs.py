@@ -36,8 +36,9 @@ def _first(value: object) -> float:
 
 def branch_losses(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
     """One row per branch: seed, checkpoint (tokens T0), b0 (the trajectory's batch), k, batch (k b0), state,
-    loss (`metric` at the end of its window; +inf for a branch that diverged or ended without a finite loss)
-    and loss_1 and ratio = loss / loss_1 (against the branch at k = 1 of the same seed and checkpoint)."""
+    loss (`metric` at the end of its window; +inf for a branch that diverged or ended without a finite loss,
+    NaN for one that has not finished), and loss_1 and ratio = loss / loss_1 (against the branch at k = 1 of
+    the same seed and checkpoint; NaN where that one has no finite loss)."""
     for column in ("batch_schedule", "batch_at_tokens", "batch_sizes", "batch_size", "seed", "state", metric):
         if column not in runs:
             raise ConfigError(f"branching analysis: the runs table has no column {column!r}")
@@ -46,15 +47,16 @@ def branch_losses(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame
         raise ConfigError("branching analysis: no branch among the runs (a run with batch_schedule tokens)")
     loss = pd.to_numeric(rows[metric], errors="coerce")
     finite = rows["state"].eq("ok") & np.isfinite(loss)
+    lost = rows["state"].isin(FINISHED) & ~finite      # diverged, or ended without a finite loss
     out = pd.DataFrame({
         "seed": rows["seed"].astype(int).to_numpy(),
         "checkpoint": rows["batch_at_tokens"].map(_first).to_numpy(),
         "b0": rows["batch_size"].astype(int).to_numpy(),
         "batch": rows["batch_sizes"].map(_first).to_numpy(),
         "state": rows["state"].to_numpy(),
-        "loss": np.where(finite, loss, np.inf)})
+        "loss": np.where(finite, loss, np.where(lost, np.inf, np.nan))})   # NaN: not finished (no verdict)
     out["k"] = out["batch"] / out["b0"]
-    base = out[out["k"] == 1].set_index(["seed", "checkpoint"])["loss"]
+    base = out[(out["k"] == 1) & np.isfinite(out["loss"])].set_index(["seed", "checkpoint"])["loss"]
     out["loss_1"] = [base.get((s, c), math.nan) for s, c in zip(out["seed"], out["checkpoint"])]
     out["ratio"] = out["loss"] / out["loss_1"]
     return out.sort_values(["seed", "checkpoint", "k"]).reset_index(drop=True)

@@ -88,11 +88,11 @@ class Paired:
 
 
 def paired(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: str = "loss") -> Paired:
-    """Paired difference over the seeds both (setting, batch_size) cells have."""
+    """Paired difference over the seeds both (setting, batch_size) cells have a finite value for."""
     def cell(key: tuple[str, int]) -> pd.Series:
         g = data[(data["setting"] == key[0]) & (data["batch_size"] == key[1])]
         return g.groupby("seed")[metric].mean()
-    diffs = (cell(a) - cell(b)).dropna()
+    diffs = (cell(a) - cell(b)).replace([np.inf, -np.inf], np.nan).dropna()   # a run that did not end ok: out
     mean, _, low, high = stats.t_interval(diffs.tolist())
     return Paired(mean, low, high, len(diffs))
 

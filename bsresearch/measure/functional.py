@@ -2,6 +2,7 @@
 parameter vector, parameter groups, and random draws from an explicit generator.
 
 Conventions (all measurements):
+
 - the loss is a *mean* over examples (`loss_fn(logits, targets)` returns the batch mean, like
   `F.cross_entropy`); a loss over several batches is their example-weighted mean, i.e. the mean over
   all examples;

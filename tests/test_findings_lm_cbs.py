@@ -1,0 +1,114 @@
+"""The critical batch size by branching: CBS per seed and checkpoint, the pre-registered growth test and the
+table beside B_simple, on made-up branch results with hand-computed answers."""
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from bsresearch.config import ConfigError
+from bsresearch.findings.lm_cbs import (
+    branch_losses,
+    cbs_by_checkpoint,
+    cbs_test,
+    cbs_vs_tokens,
+    critical_batch_sizes,
+    loss_ratios,
+    ratio_vs_k,
+)
+
+CHECKPOINTS = (8192.0, 32768.0, 131072.0)
+KS = (1, 2, 4, 8, 16)
+
+
+def runs(keep_up, seeds=(0, 1, 2, 3, 4), b0=4, noise=None):
+    """Branches whose loss is 2.0 up to keep_up(seed, checkpoint) (the largest k keeping up) and 2.1 beyond;
+    measurement runs with B_simple noise(seed, checkpoint)."""
+    rows = []
+    for seed in seeds:
+        for c in CHECKPOINTS:
+            for k in KS:
+                loss = 2.0 if k <= keep_up(seed, c) else 2.1
+                rows.append({"batch_schedule": "tokens", "batch_at_tokens": (c,), "batch_sizes": (k * b0,),
+                             "batch_size": b0, "budget_amount": c + 1e5, "seed": seed, "state": "ok",
+                             "test_loss": loss, "noise_b_simple": np.nan})
+            if noise:
+                rows.append({"batch_schedule": "constant", "batch_at_tokens": (), "batch_sizes": (), "batch_size": b0,
+                             "budget_amount": c, "seed": seed, "state": "ok", "test_loss": 2.0,
+                             "noise_b_simple": noise(seed, c)})
+    return pd.DataFrame(rows)
+
+
+GROWS = {8192.0: 1, 32768.0: 4, 131072.0: 8}       # k* per checkpoint: CBS 4, 16, 32 at b0 = 4
+
+
+def test_cbs_is_the_largest_batch_up_to_which_every_branch_keeps_up():
+    table = critical_batch_sizes(branch_losses(runs(lambda s, c: GROWS[c])))
+    assert list(table[table["seed"] == 0]["cbs"]) == [4, 16, 32]
+    assert not table["censored"].any() and table["complete"].all()
+    # a branch that misses the tolerance stops the count even when a larger one keeps up again
+    data = runs(lambda s, c: 16)
+    data.loc[(data["batch_sizes"] == (8,)) & (data["seed"] == 0) & (data["batch_at_tokens"] == (8192.0,)),
+             "test_loss"] = 2.05
+    table = critical_batch_sizes(branch_losses(data))
+    assert table.loc[(table["seed"] == 0) & (table["checkpoint"] == 8192.0), "cbs"].item() == 4
+    assert table.loc[(table["seed"] == 1) & (table["checkpoint"] == 8192.0), "censored"].item()   # all keep up
+
+
+def test_a_diverged_branch_never_keeps_up():
+    data = runs(lambda s, c: 16)
+    data.loc[(data["batch_sizes"] == (32,)) & (data["seed"] == 0), "state"] = "diverged"
+    branches = branch_losses(data)
+    assert math.isinf(branches.loc[(branches["seed"] == 0) & (branches["k"] == 8), "loss"].iloc[0])
+    table = critical_batch_sizes(branches)
+    assert set(table.loc[table["seed"] == 0, "cbs"]) == {16}
+    # a k = 1 branch that has not finished gives no ratios (not zeros): no CBS, and the test waits
+    data.loc[(data["batch_sizes"] == (4,)) & (data["seed"] == 1), "state"] = "pending"
+    branches = branch_losses(data)
+    assert branches.loc[branches["seed"] == 1, "ratio"].isna().all()
+    assert cbs_test(critical_batch_sizes(branches)).verdict == "not testable"
+
+
+def test_growth_and_plateau_decide_the_verdict():
+    # same CBS for every seed: D = log2 32 - log2 4 = 3, G = log2 32 - log2 16 = 1 (no spread: the value)
+    test = cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: GROWS[c]))))
+    assert (test.d, test.d_low, test.d_high) == (3, 3, 3) and test.g == 1
+    assert test.verdict == "partly"          # grows, but doubles over the last factor 4: no plateau
+    plateau = {8192.0: 1, 32768.0: 8, 131072.0: 8}
+    assert cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: plateau[c])))).verdict == "reproduced"
+    flat = cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: 2))))
+    assert flat.d == 0 and flat.verdict == "not reproduced"
+    # seeds differ: seed 2's CBS at the end is 8 (log2 3), so D per seed is 3, 3, 1, 3, 3: mean 2.6
+    varied = cbs_test(critical_batch_sizes(branch_losses(
+        runs(lambda s, c: (2 if s == 2 and c == 131072.0 else GROWS[c])))))
+    half = 2.776445 * np.std([3, 3, 1, 3, 3], ddof=1) / math.sqrt(5)
+    assert varied.d == pytest.approx(2.6) and varied.d_low == pytest.approx(2.6 - half)
+
+
+def test_a_censored_last_checkpoint_or_a_missing_k1_is_not_testable():
+    censored = cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: 16 if c == 131072.0 else 1))))
+    assert censored.verdict == "not testable" and "largest batch tried" in censored.problems[0]
+    data = runs(lambda s, c: GROWS[c])
+    no_k1 = data[~((data["batch_sizes"] == (4,)) & (data["seed"] == 1))]
+    assert cbs_test(critical_batch_sizes(branch_losses(no_k1))).verdict == "not testable"
+    with pytest.raises(ConfigError, match="at least 3 checkpoints"):
+        cbs_test(critical_batch_sizes(branch_losses(data[data["batch_at_tokens"] != (8192.0,)])))
+    with pytest.raises(ConfigError, match="no branch"):
+        branch_losses(data.assign(batch_schedule="constant"))
+
+
+def test_the_table_beside_b_simple_and_the_figures():
+    data = runs(lambda s, c: GROWS[c], noise=lambda s, c: c / 1000 + s)
+    cbs = critical_batch_sizes(branch_losses(data))
+    table = cbs_by_checkpoint(cbs, data)
+    assert list(table["cbs_gmean"]) == pytest.approx([4, 16, 32])
+    assert list(table["b_simple_mean"]) == pytest.approx([c / 1000 + 2 for c in CHECKPOINTS])
+    assert table["cbs_over_b_simple"].iloc[0] == pytest.approx(4 / 10.192)
+    ratios = loss_ratios(branch_losses(data))
+    assert ratios.loc[(ratios["checkpoint"] == 8192.0) & (ratios["k"] == 2), "ratio_mean"].item() == pytest.approx(1.05)
+    fig, axes = plt.subplots(1, 2)
+    cbs_vs_tokens(axes[0], table, cbs)
+    ratio_vs_k(axes[1], ratios)
+    assert len(axes[0].get_legend().get_texts()) == 3
+    plt.close(fig)
