@@ -212,6 +212,21 @@ def run_trial(trial: Trial, work: Path, reference: dict[str, dict[str, float]]) 
     return trial
 
 
+def write_table(trials: list[Trial], out: Path) -> pd.DataFrame:
+    """One row per trial so far, written whole to a temporary file and renamed over `out`."""
+    table = pd.DataFrame([{
+        "trial": t.number, "engine": t.engine, "fuse": t.fuse, "fault": t.fault, "delay_s": round(t.delay, 2),
+        "injected": t.injected, **{f"after_fault_{k}": v for k, v in sorted(t.after_fault.items())},
+        "tmp_after_fault": t.half_written_after_fault, "damaged": t.damaged, "tmp_after_rerun": t.half_written,
+        "not_ok_after_rerun": t.not_ok_after_rerun, "finished_changed": t.changed_finished,
+        "problems": " | ".join(t.problems), "seconds": round(t.seconds, 1)} for t in trials]).fillna(0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".csv.tmp")
+    table.to_csv(tmp, index=False)
+    os.replace(tmp, out)
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=100)
@@ -228,14 +243,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     reference: dict[str, dict[str, float]] = {}
     trials: list[Trial] = []
+    out = Path(args.out_dir) / f"soak_faults_{machine_label(__import__('torch').device('cpu'))}.csv"
     try:
         for number in range(args.trials):
-            engine = rng.choice(("papermill", "library"))
+            engine = rng.choice(("papermill", "library") if set(faults) - {"kill_kernel"} else ("papermill",))
             fault = rng.choice([f for f in faults if engine == "papermill" or f != "kill_kernel"])
             trial = Trial(number, engine, rng.choice(("auto", "off")) if engine == "library" else "off", fault,
                           delay=rng.uniform(1.0, 12.0 if engine == "papermill" else 6.0))
             run_trial(trial, work, reference)
             trials.append(trial)
+            write_table(trials, out)         # after every trial: a soak stopped early keeps what it found
             print(f"trial {number:3d} {engine:9s} fuse={trial.fuse:4s} {fault:11s} at {trial.delay:4.1f} s "
                   f"{'injected' if trial.injected else 'too late':8s} after it: {dict(trial.after_fault)}; "
                   f"{'OK' if not trial.problems else 'PROBLEM: ' + ' | '.join(trial.problems)} ({trial.seconds:.0f} s)",
@@ -245,16 +262,7 @@ def main() -> int:
             print(f"run folders kept under {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    table = pd.DataFrame([{
-        "trial": t.number, "engine": t.engine, "fuse": t.fuse, "fault": t.fault, "delay_s": round(t.delay, 2),
-        "injected": t.injected, **{f"after_fault_{k}": v for k, v in sorted(t.after_fault.items())},
-        "tmp_after_fault": t.half_written_after_fault, "damaged": t.damaged, "tmp_after_rerun": t.half_written,
-        "not_ok_after_rerun": t.not_ok_after_rerun, "finished_changed": t.changed_finished,
-        "problems": " | ".join(t.problems), "seconds": round(t.seconds, 1)} for t in trials]).fillna(0)
-    label = machine_label(__import__("torch").device("cpu"))
-    out = Path(args.out_dir) / f"soak_faults_{label}.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, index=False)
+    table = write_table(trials, out)
     injected = table[table.injected]
     print(f"\n{len(table)} trials, {len(injected)} with a fault injected "
           f"({', '.join(f'{k} {v}' for k, v in injected.fault.value_counts().items())}); "

@@ -1,6 +1,6 @@
 """bsresearch: how batch size shapes training speed, GPU cost and generalization.
 
-The public API is re-exported here; see README.md for the workflow and docs/design.md for the layout.
+The public API is re-exported here; see README.md and docs/ for the workflow and docs/design.md for the layout.
 Importing the package does not import torch until a torch-using name is accessed, so analysis code
 (results, plots) stays light.
 """

@@ -12,6 +12,9 @@ and reports/<name>*/.
     nqm              Zhang et al. 2019: the noisy quadratic model's critical batch
     adam_vs_sgd      Zhang et al. 2019 / Nado et al. 2021: B_crit of Adam against momentum SGD
     ghost_batch      Hoffer et al. 2017: test accuracy against the ghost batch size at one large batch
+    smith_kindermans Smith, Kindermans, Ying & Le 2018: grow the batch instead of decaying the lr
+    masters_luschi   Masters & Luschi 2018: the range of stable learning rates narrows as the batch grows
+    sharpness_generalization  Jiang et al. 2020 / Andriushchenko et al. 2023: sharpness measures against the gap
     lm_cbs           Merrill et al. 2025: a language model's critical batch size measured by branching
     lm_batch_warmup  Merrill et al. 2025: batch-size warmup following that critical batch size
     lm_small_batch   Marek et al. 2025: small batches, Adam's beta2 at a fixed half-life, plain SGD

@@ -6,7 +6,7 @@ user's), fp32 and eval-mode BatchNorm, and draw from the run's probe generator. 
 per-example gradients (torch.func.vmap); for a model vmap cannot take, the two-batch estimator stands in and
 `noise_method` says which ran (`noise_fallback` why).
 Defaults are chosen so each costs a few seconds at most for the MNIST-1D CNN (5.2k parameters, 4000
-examples) on one CPU thread; README.md lists the measured costs.
+examples) on one CPU thread; docs/measurements.md#cost lists the measured costs.
 """
 from __future__ import annotations
 
