@@ -65,9 +65,9 @@ cbs = critical_batch_sizes(branches, eps=eps)
 test = cbs_test(cbs)
 verdict = pd.DataFrame([{
     "statistic": f"D = log2 CBS({test.last:,.0f} tokens) - log2 CBS({test.first:,.0f})",
-    "estimate": round(test.d, 3), "95% paired t interval": f"[{test.d_low:.2f}, {test.d_high:.2f}]",
+    "estimate": round(test.d, 3), "low": round(test.d_low, 3), "high": round(test.d_high, 3),   # 95% paired t
     "second statistic": f"G = log2 CBS({test.last:,.0f}) - log2 CBS({test.before_last:,.0f})",
-    "G": round(test.g, 3), "G interval": f"[{test.g_low:.2f}, {test.g_high:.2f}]", "seeds": test.n_seeds,
+    "G": round(test.g, 3), "G low": round(test.g_low, 3), "G high": round(test.g_high, 3), "seeds": test.n_seeds,
     "threshold": "D's interval above 0 and G's upper end below 1 (partly: D only)",
     "verdict": test.verdict, "problems": "; ".join(test.problems) or "none"}])
 verdict.to_csv(out / "test.csv", index=False)

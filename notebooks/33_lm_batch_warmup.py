@@ -52,9 +52,9 @@ print(f"{len(runs)} runs:", dict(runs["state"].value_counts()), "| loss unit:", 
 test = warmup_test(runs)
 verdict = pd.DataFrame([{
     "statistic 1": "L(warmup) - L(small)", "estimate 1": round(test.d_small, 4),
-    "interval 1": f"[{test.d_small_low:.4f}, {test.d_small_high:.4f}]",
+    "low 1": round(test.d_small_low, 4), "high 1": round(test.d_small_high, 4),   # 95% paired t
     "statistic 2": "L(warmup) - L(large)", "estimate 2": round(test.d_large, 4),
-    "interval 2": f"[{test.d_large_low:.4f}, {test.d_large_high:.4f}]",
+    "low 2": round(test.d_large_low, 4), "high 2": round(test.d_large_high, 4),
     "steps, warmup / small": round(test.steps_fraction, 3), "seeds": test.n_seeds,
     "threshold": f"upper end 1 <= 1% of {test.small_loss:.4f}; interval 2 below 0; fewer steps",
     "verdict": test.verdict, "problems": "; ".join(test.problems) or "none"}])
