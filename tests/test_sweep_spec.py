@@ -259,3 +259,146 @@ def test_analysis_parameters_are_read_from_the_notebooks_parameters_cell():
               analysis_parameters={"noise_sweep": "", "confidence": 0.9})
     assert ok.analysis_parameters == {"noise_sweep": "", "confidence": 0.9}
     assert spec().analysis_parameters == {}
+
+
+# ----------------------------------------------------------------------------- extends: a spec's parent
+def _relative(target: Path, start: Path) -> str:
+    import os
+    return os.path.relpath(target, start)
+
+
+def _notebook(path: Path, parameters: str = "sweep = 'x'\nlevel = 1\n") -> Path:
+    import json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cell = {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": parameters, "outputs": [],
+            "execution_count": None}
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def _write(path: Path, raw: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_a_child_with_new_seeds_and_name_has_the_parent_s_runs_with_those_seeds(tmp_path):
+    parent_path = ROOT / "experiments" / "keskar.yaml"
+    child_path = _write(tmp_path / "confirm" / "keskar_child.yaml",
+                        {"extends": _relative(parent_path, tmp_path / "confirm"), "name": "keskar_child",
+                         "seeds": [20, 21]})
+    parent, child = load_spec(parent_path), load_spec(child_path)
+    assert child.name == "keskar_child" and child.seeds == (20, 21) and child.parents == (parent_path,)
+    assert (child.notebook, child.analysis, child.base, child.grid, child.overrides, child.measurements,
+            child.timeout) == (parent.notebook, parent.analysis, parent.base, parent.grid, parent.overrides,
+                               parent.measurements, parent.timeout)
+    by_coords = {tuple((k, v) for k, v in p.coords.items() if k != "seed") + ((p.config.seed),): p
+                 for p in expand(parent)}
+    points = expand(child)
+    assert len(points) == 3 * 2 and {p.config.seed for p in points} == {20, 21}
+    for p in points:
+        twin = by_coords[tuple((k, v) for k, v in p.coords.items() if k != "seed") + (0,)]
+        assert p.config == twin.config.replace(seed=p.config.seed)   # the same config but for the seed
+        assert run_id(p.config.replace(seed=0)) == twin.run_id        # so the run id differs through it only
+        assert p.label == twin.label.replace("seed=0", f"seed={p.config.seed}")
+    assert not {p.run_id for p in points} & {p.run_id for p in expand(parent)}
+    assert "extends" not in child.raw and child.raw["name"] == "keskar_child"
+    assert child.raw["notebook"] == str(parent.notebook)   # the parent's paths, absolute: the manifest keeps them
+
+
+def test_a_child_s_base_is_merged_field_by_field_and_every_other_key_replaces_the_parent_s(tmp_path):
+    _write(tmp_path / "parent.yaml", {
+        "name": "p", "analysis": str(_notebook(tmp_path / "report.ipynb")), "analysis_parameters": {"level": 2},
+        "base": {**BASE, "lr": 0.1, "momentum": 0.5}, "grid": {"batch_size": [8, 16], "lr": [0.1, 0.2]},
+        "seeds": [0, 1], "overrides": [{"where": {"batch_size": 16}, "set": {"lr": 0.05}}]})
+    child = load_spec(_write(tmp_path / "child.yaml", {
+        "extends": "parent.yaml", "name": "c", "base": {"momentum": 0.0, "width": 8},
+        "grid": {"batch_size": [4]}, "overrides": None, "analysis": None, "analysis_parameters": None}))
+    assert child.base == {**BASE, "lr": 0.1, "momentum": 0.0, "width": 8}
+    assert child.grid == {"batch_size": (4,)} and child.overrides == () and child.seeds == (0, 1)
+    assert child.analysis is None and child.analysis_parameters == {}
+    assert [(p.config.batch_size, p.config.lr, p.config.momentum, p.config.width, p.config.seed)
+            for p in expand(child)] == [(4, 0.1, 0.0, 8, 0), (4, 0.1, 0.0, 8, 1)]
+    same = load_spec(_write(tmp_path / "same.yaml", {"extends": "parent.yaml", "name": "s", "base": None}))
+    assert same.base == {**BASE, "lr": 0.1, "momentum": 0.5} and len(expand(same)) == 2 * 2 * 2 - 2
+
+
+def test_paths_in_the_parent_resolve_from_the_parent_s_folder_and_the_child_s_from_its_own(tmp_path):
+    parent_dir, child_dir = tmp_path / "a", tmp_path / "b" / "c"
+    run_nb, report_nb = _notebook(parent_dir / "nb" / "run.ipynb"), _notebook(parent_dir / "nb" / "report.ipynb")
+    _write(parent_dir / "parent.yaml", {
+        "name": "p", "notebook": "nb/run.ipynb", "analysis": "nb/report.ipynb",
+        "base": {**BASE, "data_dir": "data"}, "variants": {"here": {}, "there": {"data_dir": "../elsewhere"}},
+        "grid": {"batch_size": [8]}})
+    parent = load_spec(parent_dir / "parent.yaml")
+    child = load_spec(_write(child_dir / "child.yaml",
+                             {"extends": "../../a/parent.yaml", "name": "c", "seeds": [20]}))
+    assert child.notebook == run_nb.resolve() and child.analysis == report_nb.resolve()
+    assert child.base["data_dir"] == str((parent_dir / "data").resolve()) == parent.base["data_dir"]
+    assert child.variants["there"]["data_dir"] == str((tmp_path / "elsewhere").resolve())
+    assert [p.config.replace(seed=0) for p in expand(child)] == [p.config for p in expand(parent)]
+    # the child's own relative paths resolve against the child's folder
+    own = _notebook(child_dir / "own.ipynb")
+    mine = load_spec(_write(child_dir / "mine.yaml", {"extends": "../../a/parent.yaml", "name": "m",
+                                                      "analysis": "own.ipynb", "base": {"data_dir": "d"}}))
+    assert mine.analysis == own.resolve() and mine.notebook == run_nb.resolve()
+    assert mine.base["data_dir"] == str((child_dir / "d").resolve())
+    # a grandchild in a third folder: every path still means what it meant where it was written
+    grand = load_spec(_write(tmp_path / "g.yaml", {"extends": "b/c/mine.yaml", "name": "g"}))
+    assert (grand.analysis, grand.notebook, grand.base["data_dir"]) == (mine.analysis, mine.notebook,
+                                                                       mine.base["data_dir"])
+    assert grand.parents == ((child_dir / "mine.yaml").resolve(), (parent_dir / "parent.yaml").resolve())
+
+
+def test_file_references_of_the_parent_are_found_as_they_were_from_a_child_elsewhere(tmp_path):
+    parent_path = ROOT / "experiments" / "own_model.yaml"   # model and dataset: examples/lm.py:NAME
+    child_path = _write(tmp_path / "x" / "y" / "child.yaml",
+                        {"extends": _relative(parent_path, tmp_path / "x" / "y"), "name": "own_child"})
+    parent, child = load_spec(parent_path), load_spec(child_path)
+    assert child.base["model"] == parent.base["model"] == "examples/lm.py:make_model"
+    assert [p.run_id for p in expand(child)] == [p.run_id for p in expand(parent)]   # the file's sha256 too
+
+
+def test_extends_errors_are_one_line_and_name_the_files(tmp_path):
+    parent = _write(tmp_path / "parent.yaml", {"name": "p", "base": BASE, "grid": {"batch_size": [8]}})
+
+    def error(raw: dict, name: str = "child.yaml") -> str:
+        with pytest.raises(ConfigError) as err:
+            load_spec(_write(tmp_path / name, raw))
+        message = str(err.value)
+        assert len(message.splitlines()) == 1 and message.startswith(str(tmp_path / name))
+        return message
+
+    assert (f"extends: parent spec '{tmp_path / 'nope.yaml'}' does not exist ('nope.yaml' is relative to this "
+            f"spec's folder)") in error({"extends": "nope.yaml", "name": "c"})
+    assert "extends: must be the path of the parent spec" in error({"extends": ["parent.yaml"], "name": "c"})
+    assert "extends: must be the path of the parent spec" in error({"extends": 3, "name": "c"})
+    assert "name: required in a spec that extends another" in error({"extends": "parent.yaml"})
+    assert "name: 'p' is the name of the spec it extends" in error({"extends": "parent.yaml", "name": "p"})
+    assert "extend: unknown key (did you mean 'extends'?)" in error({"extend": "parent.yaml", "name": "c"})
+    # a cycle, through two files and in one
+    _write(tmp_path / "a.yaml", {"extends": "b.yaml", "name": "a"})
+    _write(tmp_path / "b.yaml", {"extends": "a.yaml", "name": "b"})
+    with pytest.raises(ConfigError) as err:
+        load_spec(tmp_path / "a.yaml")
+    assert "a cycle of specs: " in str(err.value) and len(str(err.value).splitlines()) == 1
+    cycle = str(err.value).split("a cycle of specs: ")[1]
+    assert [Path(p).name for p in cycle.split(" -> ")] == ["a.yaml", "b.yaml", "a.yaml"]
+    assert "a cycle of specs: " in error({"extends": "self.yaml", "name": "s"}, "self.yaml")
+    # a mistake in the parent names the parent
+    parent.write_text(yaml.safe_dump({"name": "p", "base": BASE, "grid": {"bacth_size": [8]}}))
+    message = error({"extends": "parent.yaml", "name": "c"})
+    assert "extends: " in message and "parent.yaml: grid.bacth_size: unknown RunConfig field" in message
+    parent.write_text("name: [unclosed\n")
+    assert "parent.yaml, line 2, column 1: not valid YAML" in error({"extends": "parent.yaml", "name": "c"})
+
+
+def test_dry_run_of_a_child_spec_lists_its_runs_and_writes_nothing(tmp_path):
+    child = _write(tmp_path / "specs" / "smoke_child.yaml",
+                   {"extends": _relative(SMOKE, tmp_path / "specs"), "name": "smoke_child", "seeds": [20, 21]})
+    proc = subprocess.run([sys.executable, "-m", "bsresearch", "sweep", str(child), "--dry-run", "--runs",
+                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "batch_size=64 lr=0.2 seed=21" in proc.stdout and "8 to run" in proc.stdout
+    assert "smoke_child" in proc.stdout and "seed=0" not in proc.stdout
+    assert not (tmp_path / "runs").exists()

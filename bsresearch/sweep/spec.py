@@ -22,6 +22,26 @@ A spec (every key but `name` is optional):
         set: {eval_every: 25}
 
 Every mistake raises ConfigError naming the key (e.g. "grid.bacth_size: unknown RunConfig field ...").
+
+Inheritance: `extends: ../keskar.yaml` (a path relative to this file) makes a spec a child of another, so
+that e.g. a confirmatory spec states only what differs from the spec it repeats:
+
+    extends: ../keskar.yaml      # the parent: read first (itself possibly a child), and valid on its own
+    name: keskar_confirm         # required in a child, and different from every ancestor's name
+    seeds: [20, 21, 22, 23, 24]  # replaces the parent's seeds; the runs are the parent's with these seeds
+    base: {eval_every: 50}       # merged key by key into the parent's base
+
+The child's top-level keys replace the parent's, all but `base`, which is merged field by field into the
+parent's `base`; every other key (name, description, notebook, analysis, analysis_parameters, timeout, grid,
+variants, seeds, measurements, overrides) replaces the parent's whole, and a key set to null in the child
+removes the parent's (`base: null` merges nothing). Paths keep meaning what they meant where they were
+written: the parent's `notebook`, `analysis` and relative `data_dir` (in `base` and in `variants`) resolve
+against the parent's folder, the child's against the child's. (A `FILE.py:NAME` model, dataset or loss is
+found under the project root, then the working directory, never relative to the spec (bsresearch/references.py):
+inheritance does not change it.) The parent chain is read recursively; a cycle, a parent that does not exist,
+or an `extends` that is not a path raises a one-line ConfigError naming the files. `SweepSpec.parents` lists
+the chain (nearest first) and `SweepSpec.raw` is the merged spec (without `extends`; the parents' paths
+absolute), which the sweep's manifest keeps.
 """
 from __future__ import annotations
 
@@ -40,8 +60,8 @@ import yaml
 from .. import config as C
 from ..config import FIELD_NAMES, NAME_PATTERN, ConfigError, RunConfig, check_name, did_you_mean, run_id
 
-SPEC_KEYS = ("name", "description", "notebook", "analysis", "analysis_parameters", "timeout", "base", "grid",
-             "variants", "seeds", "measurements", "overrides")
+SPEC_KEYS = ("name", "extends", "description", "notebook", "analysis", "analysis_parameters", "timeout", "base",
+             "grid", "variants", "seeds", "measurements", "overrides")
 DEFAULT_TIMEOUT = 3600.0  # seconds per run
 
 
@@ -71,7 +91,8 @@ class SweepSpec:
     seeds: tuple[int, ...] = (0,)
     measurements: tuple[str, ...] = ()
     overrides: tuple[Override, ...] = ()
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as written, kept in the manifest
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as written (over its parents), kept in the manifest
+    parents: tuple[Path, ...] = ()    # the specs it extends, nearest first (`extends`)
 
     @property
     def has_runs(self) -> bool:
@@ -91,21 +112,27 @@ class Point:
 
 # ----------------------------------------------------------------------------- reading
 def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a spec file. Raises ConfigError naming the file and the key at fault."""
+    """Read and validate a spec file (and the specs it extends). Raises ConfigError naming the file and the
+    key at fault."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep spec {str(path)!r} " + ("is a folder, not a YAML file" if path.exists()
-                                                            else "does not exist"))
-    try:
-        raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(yaml_error_line(path, exc)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it as text ({type(exc).__name__}: {exc})") from None
+    raw = read_spec_file(path)
     try:
         return parse_spec(raw, base_dir=path.resolve().parent, path=path.resolve())
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def read_spec_file(path: Path) -> Any:
+    """The YAML of a spec file as read (not validated); ConfigError naming the file when it cannot be read."""
+    if not path.is_file():
+        raise ConfigError(f"sweep spec {str(path)!r} " + ("is a folder, not a YAML file" if path.exists()
+                                                            else "does not exist"))
+    try:
+        return yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_error_line(path, exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as text ({type(exc).__name__}: {exc})") from None
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -144,13 +171,11 @@ def yaml_error_line(path: Path, exc: yaml.YAMLError) -> str:
 
 def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -> SweepSpec:
     """Validate a spec given as a dict (as read from YAML); relative paths resolve against base_dir."""
-    if not isinstance(raw, dict):
-        raise ConfigError("a sweep spec must be a YAML mapping with at least a 'name' key")
-    for key in raw:
-        if key not in SPEC_KEYS:
-            raise ConfigError(f"{key}: unknown key{did_you_mean(key, SPEC_KEYS)}; "
-                              f"accepted keys: {', '.join(SPEC_KEYS)}")
+    _check_keys(raw)
     base_dir = Path(base_dir).resolve()
+    parents: tuple[Path, ...] = ()
+    if "extends" in raw:
+        raw, parents, _ = _inherit(raw, base_dir, path)
     if raw.get("name") is None:
         raise ConfigError("name: required (letters, digits and _.-; it names the sweep's folders)")
     name = check_name("name", raw["name"])
@@ -170,13 +195,103 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
                      analysis_parameters=_parse_analysis_parameters(raw.get("analysis_parameters")),
                      timeout=_parse_timeout(raw.get("timeout", DEFAULT_TIMEOUT)),
                      base=base, grid=grid, variants=variants, seeds=seeds, measurements=measurements,
-                     overrides=overrides, raw=raw)
+                     overrides=overrides, raw=raw, parents=parents)
     if not spec.has_runs and spec.analysis is None:
         raise ConfigError("the spec defines no runs (no base, grid, variants or notebook) and no analysis "
                           "notebook: there is nothing to do")
     _check_analysis_parameters(spec)
     expand(spec)  # every point must make a valid RunConfig; the error names the point
     return spec
+
+
+def _check_keys(raw: Any) -> None:
+    if not isinstance(raw, dict):
+        raise ConfigError("a sweep spec must be a YAML mapping with at least a 'name' key")
+    for key in raw:
+        if key not in SPEC_KEYS:
+            raise ConfigError(f"{key}: unknown key{did_you_mean(key, SPEC_KEYS)}; "
+                              f"accepted keys: {', '.join(SPEC_KEYS)}")
+
+
+# ----------------------------------------------------------------------------- inheritance (extends)
+def _show(path: Path) -> str:
+    """A spec's path for a message: relative to the working directory when under it, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _inherit(raw: dict[str, Any], base_dir: Path, path: Path | None,
+             chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], tuple[Path, ...], tuple[str, ...]]:
+    """`raw` (a spec with `extends`, written in `base_dir`) merged over its parent chain. Returns (the merged
+    spec without `extends`, the parents nearest first, their names). The parent is read, its own parents
+    first, its relative paths made absolute, and validated on its own; errors in it name it."""
+    chain = chain or ((path,) if path is not None else ())
+    ref = raw["extends"]
+    if not isinstance(ref, str) or not ref.strip():
+        raise ConfigError(f"extends: must be the path of the parent spec, relative to this file; got {ref!r}")
+    parent = (base_dir / ref).resolve()
+    if parent in chain:
+        cycle = " -> ".join(_show(p) for p in (*chain[chain.index(parent):], parent))
+        raise ConfigError(f"extends: a cycle of specs: {cycle}")
+    if not parent.is_file():
+        raise ConfigError(f"extends: parent spec {_show(parent)!r} "
+                          + ("is a folder, not a YAML file" if parent.exists() else "does not exist")
+                          + f" ({ref!r} is relative to this spec's folder)")
+    try:
+        parent_raw = read_spec_file(parent)
+    except ConfigError as exc:  # it names the parent
+        raise ConfigError(f"extends: {exc}") from None
+    try:
+        _check_keys(parent_raw)
+        grandparents: tuple[Path, ...] = ()
+        names: tuple[str, ...] = ()
+        if "extends" in parent_raw:
+            parent_raw, grandparents, names = _inherit(parent_raw, parent.parent, parent, (*chain, parent))
+        parent_raw = _absolute_paths(parent_raw, parent.parent)
+        names = (str(parent_raw.get("name")), *names)
+        parse_spec(parent_raw, base_dir=parent.parent, path=parent)  # the parent must be valid on its own
+    except ConfigError as exc:
+        raise ConfigError(f"extends: {_show(parent)}: {exc}") from None
+    if raw.get("name") is None:
+        raise ConfigError(f"name: required in a spec that extends another (the parent's name {names[0]!r} would "
+                          f"put this sweep's runs, manifest and report into the parent's folders)")
+    if raw["name"] in names:
+        raise ConfigError(f"name: {raw['name']!r} is the name of the spec it extends ({_show(parent)} or its "
+                          f"parents): a child needs its own name (it names the sweep's folders)")
+    merged = dict(parent_raw)
+    for key, value in raw.items():
+        if key == "extends":
+            continue
+        if key == "base" and value is None:
+            continue
+        if key == "base" and isinstance(value, dict) and isinstance(merged.get("base"), dict):
+            merged["base"] = {**merged["base"], **value}
+        else:
+            merged[key] = value
+    return merged, (parent, *grandparents), names
+
+
+def _absolute_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`raw` with the paths that parse_spec resolves against the spec's folder (notebook, analysis, a relative
+    data_dir in base and in each variant) made absolute, as they resolve from `folder`, so that they keep
+    their meaning in a child written elsewhere."""
+    out = dict(raw)
+    for key in ("notebook", "analysis"):
+        if isinstance(out.get(key), str):
+            out[key] = str((folder / out[key]).resolve())
+
+    def fix(fields: Any) -> Any:
+        data_dir = fields.get("data_dir") if isinstance(fields, dict) else None
+        if isinstance(data_dir, str) and data_dir and not Path(data_dir).is_absolute():
+            return {**fields, "data_dir": str((folder / data_dir).resolve())}
+        return fields
+    if "base" in out:
+        out["base"] = fix(out["base"])
+    if isinstance(out.get("variants"), dict):
+        out["variants"] = {name: fix(fields) for name, fields in out["variants"].items()}
+    return out
 
 
 def _as_list(value: Any, key: str) -> list[Any]:
