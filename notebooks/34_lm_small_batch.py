@@ -27,6 +27,8 @@ from typing import Optional
 
 sweep: str = "lm_small_batch"               # the Adam lr selection (seeds 1-2)
 sgd_sweep: str = "lm_small_batch_sgd"       # the SGD lr selection (seeds 1-2); "" for none
+extension_sweeps: str = "lm_small_batch_ext,lm_small_batch_sgd_ext"   # grids extended at their edges (the
+                                            # protocol's rule), comma-separated; those not run yet are skipped
 seeds_sweep: str = "lm_small_batch_seeds"   # seeds 3-7 at the chosen lrs (skipped while it has not run)
 runs_dir: str = "runs"                      # root folder of run directories (relative: to the project)
 out_dir: str = "reports/lm_small_batch"     # figures and tables go here (relative: to the project)
@@ -55,7 +57,9 @@ out.mkdir(parents=True, exist_ok=True)
 if seeds_sweep and not (runs_dir / seeds_sweep).is_dir():
     print(f"sweep {seeds_sweep} has not run yet: the lr selection only")
     seeds_sweep = ""
-selection_runs = results.load([s for s in (sweep, sgd_sweep) if s], runs_root=runs_dir)
+extensions = [s for s in extension_sweeps.split(",") if s.strip() and (runs_dir / s.strip()).is_dir()]
+print("grid extensions:", ", ".join(extensions) or "none run")
+selection_runs = results.load([s.strip() for s in (sweep, sgd_sweep, *extensions) if s], runs_root=runs_dir)
 print(f"selection: {len(selection_runs)} runs:", dict(selection_runs["state"].value_counts()))
 
 # %% [markdown]
