@@ -173,3 +173,76 @@ def test_eight_seeds_at_the_deciding_batches_need_no_more_even_if_a_later_batch_
     assert (test.b_star, test.first_failing) == (80, 160) and not test.extend_seeds
     five = goyal.scaling_test(rows[rows["seed"] < 5])
     assert five.b_star == 80 and five.extend_seeds                    # the same with 5 seeds asks for 8
+
+
+# ----------------------------------------------------------------------------- lr ceiling or batch limit (protocol v4)
+BATCHES = [32, 160, 800, 2000, 4000, 8000]
+
+
+def _grid_runs(penalty, ceiling=2.0, slope=0.002, seeds=range(5)):
+    """Goyal's grid: the linear lr 0.05 B / 32 and 4 factors of 2 below it at every B > 32, lr 0.05 at B = 32.
+    Test accuracy 0.98 - penalty(B) - slope x (octaves below the linear lr) + seed spread; above `ceiling` the run
+    ends at chance (0.1, state ok), above twice the ceiling it diverges (no accuracy)."""
+    rows = []
+    for b in BATCHES:
+        for k in ([0] if b == 32 else range(5)):
+            lr = 0.05 * b / 32 / 2 ** k
+            for s in seeds:
+                diverged = lr > 2 * ceiling
+                acc = 0.1 if lr > ceiling else 0.98 - penalty(b) - slope * k + 0.001 * (s - 2)
+                rows.append({"batch_size": b, "effective_lr": lr, "seed": s,
+                             "state": "diverged" if diverged else "ok", "test_acc": math.nan if diverged else acc})
+    return pd.DataFrame(rows)
+
+
+def test_lr_ceiling_test_partly_when_the_linear_break_is_an_lr_ceiling_and_the_batch_limit_lies_beyond():
+    test = goyal.lr_ceiling_test(_grid_runs(lambda b: {4000: 0.03, 8000: 0.1}.get(b, 0.0)), n_train=40000)
+    assert (test.linear.b_star, test.b_fail, test.fail_kind) == (800, 2000, "lr ceiling")
+    assert (test.best.b_star, test.best.first_failing) == (2000, 4000)
+    assert test.fraction_linear == pytest.approx(0.02) and test.fraction_best == pytest.approx(0.05)
+    per = test.per_batch.set_index("batch_size")
+    assert per.loc[2000, "best_lr"] == pytest.approx(3.125 / 2) and per.loc[2000, "linear_lr"] == pytest.approx(3.125)
+    assert per.loc[4000, "best_lr"] == pytest.approx(6.25 / 4) and not per["best_at_bottom"].any()
+    # the largest lr at which every seed learns: the linear lr up to 800, then the grid's last lr under 2.0
+    assert per["lr_ceiling"].to_numpy() == pytest.approx([0.05, 0.25, 1.25, 1.5625, 1.5625, 1.5625])
+    assert not per.loc[2000, "linear_holds"] and per.loc[2000, "best_holds"] and not per.loc[4000, "best_holds"]
+    assert test.verdict == "partly" and "lr ceiling" in test.why and not test.extend_seeds
+
+
+def test_lr_ceiling_test_reproduced_when_no_lr_rescues_the_first_failing_batch():
+    test = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.05 if b >= 2000 else 0.0, ceiling=100.0), n_train=40000)
+    assert (test.linear.b_star, test.b_fail, test.fail_kind, test.best.b_star) == (800, 2000, "batch", 800)
+    assert test.verdict == "reproduced"
+    # the same curve on 4000 examples: B* = 800 is B/N = 0.2, but on 400 000 examples B*/N = 0.002 < 0.0064
+    assert goyal.lr_ceiling_test(_grid_runs(lambda b: 0.05 if b >= 2000 else 0.0, ceiling=100.0),
+                                 n_train=400_000).verdict == "partly"
+
+
+def test_lr_ceiling_test_not_reproduced_and_not_testable():
+    ceiling_only = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.0), n_train=40000)
+    assert ceiling_only.fail_kind == "lr ceiling" and math.isnan(ceiling_only.best.first_failing)
+    assert ceiling_only.verdict == "not reproduced"
+    never = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.0, ceiling=1e6), n_train=40000)
+    assert math.isnan(never.b_fail) and never.verdict == "not testable" and "no break" in never.why
+    bottom = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.0, slope=-0.002), n_train=40000)   # smaller lr better
+    assert bottom.per_batch["best_at_bottom"].iloc[1:].all() and bottom.verdict == "not testable"
+    pending = _grid_runs(lambda b: 0.0)
+    pending.loc[0, "state"] = "timeout"
+    assert goyal.lr_ceiling_test(pending, n_train=40000).verdict == "not testable"
+    with pytest.raises(ConfigError, match="no column 'effective_lr'"):
+        goyal.lr_ceiling_test(pending.drop(columns="effective_lr"), n_train=40000)
+
+
+def test_lr_ceiling_test_judges_each_seed_at_the_lr_chosen_on_the_other_seeds():
+    rows = [{"batch_size": 32, "effective_lr": 0.05, "seed": s, "state": "ok", "test_acc": 0.96 + 0.001 * (s - 2)}
+            for s in range(5)]
+    accs = {3.125: [0.1] * 5, 1.5625: [1.00, 0.94, 0.94, 0.94, 0.94], 0.78125: [0.95] * 5}
+    rows += [{"batch_size": 2000, "effective_lr": lr, "seed": s, "state": "ok", "test_acc": acc}
+             for lr, values in accs.items() for s, acc in enumerate(values)]
+    test = goyal.lr_ceiling_test(pd.DataFrame(rows), n_train=40000)
+    per = test.per_batch.set_index("batch_size").loc[2000]
+    assert per["best_lr"] == 1.5625                      # on all five seeds: mean 0.952 against 0.95
+    # without seed 0, 1.5625 averages 0.94 < 0.95; without any other seed, (1.00 + 3 x 0.94) / 4 = 0.955 > 0.95
+    assert per["held_out_lrs"] == (0.78125, 1.5625, 1.5625, 1.5625, 1.5625)
+    assert per["best_diff"] == pytest.approx(np.mean([0.95, 0.94, 0.94, 0.94, 0.94]) - 0.96)
+    assert test.fail_kind == "batch" and test.b_fail == 2000

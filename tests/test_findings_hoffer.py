@@ -221,3 +221,82 @@ def test_recipe_test_not_reproduced_not_testable_and_divergence():
     assert test.low > -0.01 and test.n_recipe_diverged == 1 and test.verdict == "partly"
     with pytest.raises(ConfigError, match="no column 'test_acc'"):
         hoffer.recipe_test(diverged.drop(columns="test_acc"))
+
+
+# ----------------------------------------------------------------------------- the mechanism test (protocol v4)
+LADDER_LOSS = {"sb": 0.03, "sb_x2": 0.01, "sb_x4": 0.003, "sb_x8": 0.001, "sb_x16": 0.0003}
+
+
+def _mechanism_runs(acc: dict[str, float], recipe_loss: float = 0.0011, states: dict[str, list[str]] | None = None,
+                    spread: np.ndarray = SPREAD / 5) -> pd.DataFrame:
+    """Five seeds per variant: the ladder's train losses LADDER_LOSS (times 0.9, 1, 1.1, 1, 1 over the seeds,
+    so each geometric mean is the value x 0.9^(1/5) x 1.1^(1/5)), the recipe's `recipe_loss`, and test accuracies
+    acc[variant] + spread."""
+    rows = []
+    losses = {**LADDER_LOSS, "lb_sqrt_gbn_ra": recipe_loss, "lb": 0.2}
+    for variant, base in acc.items():
+        for seed, (factor, d) in enumerate(zip([0.9, 1.0, 1.1, 1.0, 1.0], spread)):
+            state = (states or {}).get(variant, ["ok"] * 5)[seed]
+            rows.append({"variant": variant, "seed": seed, "state": state, "test_acc": base + d,
+                         "train_loss": losses[variant] * factor})
+    return pd.DataFrame(rows)
+
+
+ACC = {"sb": 0.90, "sb_x2": 0.91, "sb_x4": 0.92, "sb_x8": 0.93, "sb_x16": 0.93, "lb": 0.80}
+
+
+def test_matched_control_picks_the_rung_nearest_in_log_train_loss():
+    match = hoffer.matched_control(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.93}))
+    scale = (0.9 * 1.1) ** 0.2                                   # the seeds' factors, as a geometric mean
+    assert match.control == "sb_x8" and match.reached
+    assert match.reference_loss == pytest.approx(0.0011 * scale)
+    assert match.control_loss == pytest.approx(0.001 * scale)
+    assert match.log2_distance == pytest.approx(math.log2(0.001 / 0.0011))
+    assert list(match.table["variant"]) == list(hoffer.LADDER) and list(match.table["n_ok"]) == [5] * 5
+    # nearer to 0.003 than to 0.001 on a log scale: sqrt(0.003 * 0.001) = 0.00173 is the midpoint
+    nearer = hoffer.matched_control(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.9}, recipe_loss=0.0018))
+    assert nearer.control == "sb_x4"
+    # the recipe fits better than every rung: the nearest is the last, and it is not reached
+    below = hoffer.matched_control(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.9}, recipe_loss=1e-5))
+    assert below.control == "sb_x16" and not below.reached
+    # a failed run does not count towards a rung's loss; a rung without ok runs is never chosen
+    failed = _mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.9}, states={"sb_x8": ["failed"] * 5})
+    assert hoffer.matched_control(failed).control == "sb_x4"           # |log2 0.003/0.0011| < |log2 0.0003/0.0011|
+    assert math.isnan(hoffer.matched_control(failed).table.set_index("variant").loc["sb_x8", "loss"])
+
+
+def test_matched_loss_test_reproduced_against_the_matched_small_batch_with_scipy_welch():
+    from scipy import stats as sps
+    runs = _mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.931})
+    test = hoffer.matched_loss_test(runs)
+    recipe = runs[runs.variant == "lb_sqrt_gbn_ra"].test_acc
+    oracle = sps.ttest_ind(recipe, runs[runs.variant == "sb_x8"].test_acc, equal_var=False).confidence_interval(0.95)
+    assert test.control == "sb_x8" and test.diff == pytest.approx(0.001)
+    assert (test.low, test.high) == pytest.approx((oracle.low, oracle.high))
+    assert test.short_diff == pytest.approx(0.031) and test.verdict == "reproduced" and not test.extend_seeds
+    assert (test.n_recipe, test.n_control, test.n_short, test.n_unfinished) == (5, 5, 5, 0)
+
+
+def test_matched_loss_test_partly_when_only_the_shorter_small_batch_is_matched():
+    # equal spreads SPREAD / 5, n = 5: se 0.002, Welch dof 8, half-width 2.306004 x 0.002
+    half = 2.306004 * 0.002
+    test = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.905}))
+    assert test.diff == pytest.approx(-0.025) and test.low == pytest.approx(-0.025 - half, rel=1e-6)
+    assert test.short_diff == pytest.approx(0.005) and test.short_low == pytest.approx(0.005 - half, rel=1e-6)
+    assert test.verdict == "partly" and not test.extend_seeds
+
+
+def test_matched_loss_test_not_reproduced_not_testable_divergence_and_seeds():
+    assert hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.85})).verdict == "not reproduced"
+    beyond = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.93}, recipe_loss=1e-5))
+    assert beyond.verdict == "not testable" and "extend the ladder" in beyond.why and not beyond.extend_seeds
+    failed = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.93},
+                                                      states={"sb_x2": ["ok", "ok", "ok", "ok", "timeout"]}))
+    assert failed.verdict == "not testable" and failed.n_unfinished == 1
+    diverged = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.931},
+                                                        states={"lb_sqrt_gbn_ra": ["diverged", *["ok"] * 4]}))
+    assert diverged.low > -0.01 and diverged.n_recipe_diverged == 1 and diverged.verdict == "partly"
+    wide = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.925}, spread=SPREAD))
+    assert wide.low < -0.01 < wide.high and wide.extend_seeds           # Delta_loss's interval contains -1 point
+    with pytest.raises(ConfigError, match="no column 'train_loss'"):
+        hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.93}).drop(columns="train_loss"))

@@ -143,3 +143,66 @@ def test_accuracy_plot_marks_diverged_lrs_and_width_plot_draws_the_trend():
     fit = [line for line in b.get_lines() if line.get_label().startswith("slope")]
     assert len(fit) == 1 and fit[0].get_label() == "slope -1.50 per doubling [-2.00, -1.00]"
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- "stable" = learns (protocol v4)
+def collapsing_sweep(batch_sizes=(8, 32, 128, 512), seeds=(0, 1, 2, 3, 4)):
+    """Every B diverges above lr 2^-1 (a NaN, state diverged); below that, runs above lr_learn(B) = 2^-2 / sqrt(B/8)
+    end at chance (0.1, state ok: no NaN), so only lrs up to lr_learn(B) learn. Learning runs peak one octave
+    below lr_learn(B): 0.9 - 0.01 (octaves from the peak)^2."""
+    rows = []
+    for b in batch_sizes:
+        top = math.log2(0.25 / math.sqrt(b / 8))
+        for lr in LRS:
+            for s in seeds:
+                u = math.log2(lr)
+                state = "diverged" if u > -1 else "ok"
+                acc = math.nan if u > -1 else 0.1 if u > top else 0.9 - 0.01 * (u - top + 1) ** 2 + 0.001 * s
+                rows.append({"batch_size": b, "lr": lr, "seed": s, "state": state, "test_acc": acc})
+    return pd.DataFrame(rows)
+
+
+def test_learns_makes_a_run_at_chance_unstable_and_leaves_the_default_unchanged():
+    from bsresearch.findings.masters_luschi import LEARNS
+    runs = collapsing_sweep()
+    plain = stable_lr_table(runs).set_index("batch_size")
+    assert stable_lr_table(runs).equals(stable_lr_table(runs, learns=None))
+    assert list(plain["max_stable_lr"]) == [0.5] * 4                       # no NaN up to 2^-1: "stable"
+    learning = stable_lr_table(runs, learns=LEARNS).set_index("batch_size")
+    assert list(learning["max_stable_lr"]) == [0.25, 0.125, 0.0625, 0.03125]
+    assert list(learning["best_lr"]) == [0.125, 0.0625, 0.03125, 2.0 ** -6]
+    assert learning["unstable_in_grid"].all() and not learning["best_at_edge"].any()
+    # one seed of a learning cell below the threshold makes that lr fail for the batch size
+    one = runs.copy()
+    one.loc[(one.batch_size == 8) & (one.lr == 0.25) & (one.seed == 4), "test_acc"] = 0.45
+    assert stable_lr_table(one, learns=LEARNS).set_index("batch_size").loc[8, "max_stable_lr"] == 0.125
+
+
+def test_the_largest_learning_lr_has_its_own_slope_and_verdict():
+    runs = collapsing_sweep()
+    plain = stable_range_trend(runs, n_boot=50)["max_stable_lr"]
+    learning = stable_range_trend(runs, n_boot=50, learns=0.5)
+    assert plain.slope == pytest.approx(0.0) and (plain.low, plain.high) == pytest.approx((0.0, 0.0), abs=1e-9)
+    # log2(max learning lr) = -2 - (log2 B - 3) / 2: slope -0.5 per doubling, in every resample
+    assert learning["max_stable_lr"].slope == pytest.approx(-0.5)
+    assert (learning["max_stable_lr"].low, learning["max_stable_lr"].high) == pytest.approx((-0.5, -0.5))
+    table = stable_lr_table(runs, learns=0.5)
+    assert range_test(table, learning).max_stable_lr.slope == pytest.approx(-0.5)
+    intervals = stable_lr_intervals(runs, n_boot=20, learns=0.5).set_index("batch_size")
+    assert intervals.loc[512, "max_stable_lr_low"] == intervals.loc[512, "max_stable_lr_high"] == 0.03125
+
+
+def test_learning_range_test_leaves_out_a_batch_size_where_nothing_learns():
+    from bsresearch.findings.masters_luschi import learning_range_test
+    runs = collapsing_sweep(batch_sizes=(8, 32, 128, 512, 2048))
+    under = runs["batch_size"] == 2048                        # under-trained: every run below 0.5, none diverged
+    runs.loc[under & (runs.state == "ok"), "test_acc"] = runs.loc[under & (runs.state == "ok"), "test_acc"].clip(
+        upper=0.45)
+    result = learning_range_test(runs, n_boot=50)
+    assert result.no_learning == (2048.0,) and result.learns == 0.5
+    assert math.isnan(result.table.set_index("batch_size").loc[2048, "max_stable_lr"])
+    assert result.trend["max_stable_lr"].slope == pytest.approx(-0.5)   # from B 8 to 512, as without 2048
+    # the largest learning lr falls, the window (2 octaves at every B) does not: one interval below 0
+    assert result.test.verdict == "partly" and result.test.reason == ""
+    few = learning_range_test(runs[runs.batch_size.isin([8, 32, 2048])], n_boot=20)
+    assert few.test.verdict == "not testable" and "2 batch sizes" in few.test.reason and "B = 2048" in few.test.reason

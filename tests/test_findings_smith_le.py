@@ -370,3 +370,104 @@ def test_the_notebook_parameters_parse_and_it_has_no_outputs():
     assert names[:4] == ["sweep", "runs_dir", "out_dir", "spec_path"]  # what `bsresearch report` passes
     assert len(names) == len([line for line in cells[0].source.splitlines() if ": " in line and " = " in line])
     assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+
+
+# ----------------------------------------------------------------------------- at matched train loss (protocol v4)
+LRS = [0.01, 0.02, 0.04, 0.08]
+
+
+def _target_runs(acc, unreached=lambda lr, b: False, seeds=range(5)):
+    """Runs trained to a common train loss: test accuracy acc(lr, b, seed) where the run reached the target;
+    where unreached(lr, b) it did not (and its accuracy, 0.1, must not count)."""
+    rows = []
+    for lr in LRS:
+        for b in GRID:
+            for s in seeds:
+                hit = not unreached(lr, b)
+                rows.append({"lr": lr, "batch_size": b, "seed": s, "reached": hit,
+                             "test_acc": acc(lr, b, s) if hit else 0.1})
+    return pd.DataFrame(rows)
+
+
+def _peaked(lr, b, s):
+    """A parabola in log2(B) peaking at B* = 3200 lr 2^(0.1 (s - 2)): slope 1 for every seed."""
+    return 0.9 - 0.02 * (math.log2(b) - math.log2(3200 * lr) - 0.1 * (s - 2)) ** 2
+
+
+def _unstable(lr, b):
+    return b < 800 * lr          # lr 0.04: B 16 does not reach the target; lr 0.08: B 16 and 32 do not
+
+
+def test_reached_cells_include_a_cell_when_three_of_its_seeds_reached():
+    from bsresearch.findings.smith_le import reached_cells
+    runs = _target_runs(_peaked, _unstable)
+    runs.loc[(runs.lr == 0.01) & (runs.batch_size == 1024) & (runs.seed < 3), "reached"] = False   # 2 of 5
+    cells = reached_cells(runs).set_index(["lr", "batch_size"])
+    assert cells.loc[(0.01, 1024), "n_reached"] == 2 and not cells.loc[(0.01, 1024), "included"]
+    assert cells.loc[(0.01, 512), "n_reached"] == 5 and cells.loc[(0.01, 512), "included"]
+    assert not cells.loc[(0.08, 32), "included"] and cells.loc[(0.08, 64), "included"]
+    with pytest.raises(ConfigError, match="no column 'reached'"):
+        reached_cells(runs.drop(columns="reached"))
+
+
+def test_matched_loss_peaks_find_interior_peaks_that_beat_both_ends():
+    from bsresearch.findings.smith_le import matched_loss_peaks
+    peaks = matched_loss_peaks(_target_runs(_peaked, _unstable)).set_index("lr")
+    # seed means peak at 3200 lr (the seeds' shifts average to 0 in log2 B, and the parabola is exact)
+    assert list(peaks["x_best"]) == [32, 64, 128, 256]
+    assert peaks["x_opt"].to_numpy() == pytest.approx([32, 64, 128, 256])
+    assert list(peaks["x_low"]) == [16, 16, 32, 64] and list(peaks["x_high"]) == [1024] * 4
+    assert peaks["interior"].all() and peaks["peaked"].all() and not peaks["at_grid_edge"].any()
+    # the best cell against the smallest trainable batch at lr 0.08 (B 64 vs 256): Welch, as scipy gives it
+    runs = _target_runs(_peaked, _unstable)
+    best = runs[(runs.lr == 0.08) & (runs.batch_size == 256)].test_acc
+    end = runs[(runs.lr == 0.08) & (runs.batch_size == 64)].test_acc
+    oracle = stats.ttest_ind(best, end, equal_var=False).confidence_interval(0.95)
+    assert (peaks.loc[0.08, "low_low"], peaks.loc[0.08, "low_high"]) == pytest.approx((oracle.low, oracle.high))
+
+
+def test_matched_loss_test_reproduced_when_peaks_survive_at_matched_loss():
+    from bsresearch.findings.smith_le import matched_loss_test
+    test = matched_loss_test(_target_runs(_peaked, _unstable))
+    assert test.n_peaked == 4 and test.n_groups == 4
+    assert test.slopes.slopes == pytest.approx([1.0] * 5) and test.slopes.mean == pytest.approx(1.0)
+    # the smith_le seeds rule: an interval that contains 1 (a threshold) with fewer than 8 seeds extends them
+    assert test.verdict == "reproduced" and test.extend_seeds
+
+
+def test_matched_loss_test_not_reproduced_when_the_optimum_is_the_trainability_edge():
+    from bsresearch.findings.smith_le import matched_loss_test
+
+    def monotone(lr, b, s):           # at a common train loss the smallest trainable batch generalizes best
+        return 0.95 - 0.02 * math.log2(b / 16) + 0.001 * s
+    test = matched_loss_test(_target_runs(monotone, _unstable))
+    assert test.n_peaked == 0 and not test.peaks["interior"].any()
+    assert list(test.peaks["x_best"]) == [16, 16, 32, 64]          # the edge of the trainable range, set by lr
+    assert test.verdict == "not reproduced" and "no group peaks" in test.why
+
+
+def test_matched_loss_test_partly_with_two_peaked_groups_and_the_reviewers_argmin():
+    from bsresearch.findings.smith_le import argmax_argmin, matched_loss_test
+
+    def half(lr, b, s):               # peaks at lr 0.01 and 0.02 only; flat at the two larger lrs
+        return _peaked(lr, b, s) if lr < 0.03 else 0.9 + 0.0001 * s
+    test = matched_loss_test(_target_runs(half, _unstable))
+    assert test.n_peaked == 2 and test.verdict == "partly"
+    # fixed budget: the best test accuracy sits where the train loss is lowest in 3 of 4 groups
+    rows = [{"lr": lr, "batch_size": b, "seed": 0, "test_acc": -abs(math.log2(b / (3200 * lr))),
+             "train_loss": abs(math.log2(b / (3200 * lr))) + (1.0 if (lr, b) == (0.08, 256) else 0.0)}
+            for lr in LRS for b in GRID]
+    table = argmax_argmin(pd.DataFrame(rows)).set_index("lr")
+    assert list(table["x_best_metric"]) == [32, 64, 128, 256] and list(table["same"]) == [True, True, True, False]
+
+
+def test_a_peak_made_by_one_seed_is_not_peaked_once_the_best_cell_is_held_out():
+    from bsresearch.findings.smith_le import matched_loss_peaks
+
+    def spiked(lr, b, s):             # monotone, but seed 0 has +0.3 at lr 0.01, B 64
+        return 0.95 - 0.02 * math.log2(b / 16) + 0.001 * s + (0.3 if (lr, b, s) == (0.01, 64, 0) else 0.0)
+    peaks = matched_loss_peaks(_target_runs(spiked, _unstable)).set_index("lr")
+    assert peaks.loc[0.01, "x_best"] == 64 and peaks.loc[0.01, "interior"]     # the seed means: 0.972 at 64
+    # held out: seed 0 at the best cell of seeds 1-4 (B 16: 0.95), seeds 1-4 at B 64 (0.911 ... 0.914)
+    assert peaks.loc[0.01, "low_diff"] == pytest.approx((0.95 + 0.911 + 0.912 + 0.913 + 0.914) / 5 - 0.952)
+    assert not peaks.loc[0.01, "peaked"]

@@ -489,3 +489,95 @@ def test_b_crit_vs_target_and_two_batch_vs_exact_draw_their_tables():
     exact = [line for line in ax2.get_lines() if line.get_label().startswith("exact")]
     assert len(exact) == 2 and list(np.asarray(exact[1].get_ydata())) == [6.0, 60.0]
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the noise scale under every summary (v4)
+NOISE_SIZES = [2, 4, 8, 16, 40, 80, 200, 400, 1000, 4000]
+FRESH = [30, 31, 32, 33, 34]
+
+
+def _fit_points() -> pd.DataFrame:
+    """S = 600 (1 + 40/B) x exp(0.05 (seed - 32)): every seed has every batch size, so B_crit = 40 exactly in the fit
+    and in every resample of the seeds (a seed's factor only moves S_min)."""
+    return pd.DataFrame([{"batch_size": b, "seed": s, "steps_to_target": 600 * (1 + 40 / b) * math.exp(0.05 * (s - 32))}
+                         for b in NOISE_SIZES for s in FRESH])
+
+
+def _at_weights(b_simple=lambda b, s: 200.0) -> pd.DataFrame:
+    """One row per run: |G|^2 varying over runs, tr(Sigma) = b_simple(b, s) x |G|^2."""
+    rows = []
+    for b in NOISE_SIZES:
+        for s in FRESH:
+            grad = 0.1 + 0.01 * (s - 30) + 1 / b
+            rows.append({"batch_size": b, "seed": s, "grad_sq_norm": grad, "trace_cov": b_simple(b, s) * grad})
+    return pd.DataFrame(rows)
+
+
+def test_b_simple_summaries_by_hand():
+    from bsresearch.findings.steps_to_target import b_simple_summaries
+    values = b_simple_summaries(pd.DataFrame({"trace_cov": [100.0, 100.0, 100.0], "grad_sq_norm": [1.0, 2.0, 0.1]}))
+    assert values["ratio_of_means"] == pytest.approx(300 / 3.1)            # per run: 100, 50, 1000
+    assert values["mean"] == pytest.approx(1150 / 3) and values["median"] == pytest.approx(100.0)
+    assert values["geometric_mean"] == pytest.approx((100 * 50 * 1000) ** (1 / 3))
+    negative = b_simple_summaries(pd.DataFrame({"trace_cov": [1.0, 1.0], "grad_sq_norm": [1.0, -1.0]}))
+    assert negative["mean"] == math.inf and negative["ratio_of_means"] == math.inf
+
+
+def test_noise_ratio_summaries_refit_b_crit_in_every_seed_resample():
+    from bsresearch.findings.steps_to_target import noise_ratio_summaries, noise_summary_test
+    table = noise_ratio_summaries(_at_weights(), _fit_points(), n_boot=200).set_index("summary")
+    assert list(table.index) == ["ratio_of_means", "mean", "median", "geometric_mean"]
+    assert table["b_crit"].to_numpy() == pytest.approx([40.0] * 4, rel=1e-6)
+    assert table["ratio"].to_numpy() == pytest.approx([5.0] * 4, rel=1e-6)
+    # B_simple is 200 in every run and B_crit 40 in every resample: the bootstrap interval is [5, 5]
+    assert table["ratio_low"].to_numpy() == pytest.approx([5.0] * 4, rel=1e-5)
+    assert table["ratio_high"].to_numpy() == pytest.approx([5.0] * 4, rel=1e-5)
+    fit = critical_batch_fits(_fit_points()).set_index("fit").loc["all seeds"]
+    assert table.loc["mean", "fit_low"] == pytest.approx(200 / fit["b_crit_high"])
+    assert table.loc["mean", "fit_high"] == pytest.approx(200 / fit["b_crit_low"])
+    assert (table["n_runs"] == 50).all() and (table["n_seeds"] == 5).all() and (table["n_boot_failed"] == 0).all()
+    assert noise_summary_test(table.reset_index()).verdict == "reproduced"
+
+
+def test_noise_summary_test_partly_when_a_heavy_tail_moves_the_mean_of_the_ratios():
+    from bsresearch.findings.steps_to_target import noise_ratio_summaries, noise_summary_test
+    # the batch-2 run of every seed has B_simple 20 000 (its |G|^2 is small): the mean of the per-run ratios is
+    # (49 x 200 + ... ) / 50 ~ 596, r ~ 14.9; the ratio of means stays near 200 because |G|^2 is small there
+    tail = _at_weights(lambda b, s: 20000.0 if b == 2 else 200.0)
+    tail.loc[tail.batch_size == 2, "grad_sq_norm"] = 0.001
+    tail.loc[tail.batch_size == 2, "trace_cov"] = 20.0
+    table = noise_ratio_summaries(tail, _fit_points(), n_boot=200)
+    test = noise_summary_test(table)
+    by = test.table.set_index("summary")
+    assert by.loc["mean", "b_simple"] == pytest.approx((45 * 200 + 5 * 20000) / 50)
+    assert by.loc["ratio_of_means", "inside"] and not by.loc["mean", "inside"] and by.loc["median", "inside"]
+    assert test.verdict == "partly" and "mean" in test.reason
+
+
+def test_noise_summary_test_not_reproduced_and_not_testable():
+    from bsresearch.findings.steps_to_target import noise_ratio_summaries, noise_summary_test
+    big = noise_ratio_summaries(_at_weights(lambda b, s: 800.0), _fit_points(), n_boot=50)   # r = 20
+    assert noise_summary_test(big).verdict == "not reproduced"
+    invalid = CriticalBatchTest(40, 35, 46, 8, 1000, 4, False, False, "not testable", "a best lr on the edge")
+    ok = noise_ratio_summaries(_at_weights(), _fit_points(), n_boot=50)
+    assert noise_summary_test(ok, invalid).verdict == "not testable"
+    with pytest.raises(ConfigError, match="no column 'trace_cov'"):
+        noise_ratio_summaries(_at_weights().drop(columns="trace_cov"), _fit_points())
+
+
+def test_two_batch_agreement_counts_points_within_a_factor_and_averages_logs_per_seed():
+    from bsresearch.findings.steps_to_target import near_loss, two_batch_agreement
+    table = pd.DataFrame({"seed": [1, 1, 1, 2, 2, 2], "train_loss": [0.56, 0.33, 0.23, 0.43, 0.30, 0.12],
+                          "exact": [100.0] * 6, "two_batch": [115.0, 83.0, 157.0, 89.5, math.inf, 96.3]})
+    agreement = two_batch_agreement(table)
+    assert agreement.n == 6 and agreement.n_within == 4 and agreement.n_nonfinite == 1   # 1.57 and inf are out
+    assert agreement.share_within == pytest.approx(4 / 6) and not agreement.agrees
+    logs = np.array([np.mean(np.log([1.15, 0.83, 1.57])), np.mean(np.log([0.895, 0.963]))])   # inf left out
+    half = stats.t.ppf(0.975, 1) * logs.std(ddof=1) / math.sqrt(2)
+    assert agreement.geo_ratio == pytest.approx(math.exp(logs.mean())) and agreement.n_seeds == 2
+    assert (agreement.geo_low, agreement.geo_high) == pytest.approx((math.exp(logs.mean() - half),
+                                                                     math.exp(logs.mean() + half)))
+    assert list(agreement.table["within"]) == [True, True, False, True, False, True]
+    close = two_batch_agreement(table.assign(two_batch=[101.0, 99.0, 102.0, 98.0, 100.0, 101.0]))
+    assert close.agrees and close.share_within == 1.0
+    assert list(near_loss(table, 0.3)["train_loss"]) == [0.56, 0.33, 0.23, 0.43, 0.30]   # 0.15 <= loss <= 0.6

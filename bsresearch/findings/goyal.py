@@ -3,6 +3,7 @@ accuracy up to a breaking batch size. Analysis and figures; no torch import.
 
     test = scaling_test(rows, "linear_warmup")               # the pre-registered test (B*), verdict first
     holding_batches(rows, "linear_warmup")                     # its per-batch Welch intervals against B = 32
+    lr_ceiling_test(runs, n_train=40000)                       # v4: an lr grid per B: lr ceiling or batch limit?
     table = stats.summarize_states(rows, ["variant", "batch_size"], ["test_acc"])  # rows: sweep.runs_per_variant
     verdict = breaking_batch(table, "test_acc", drop=0.01)    # secondary: where each rule breaks by the mean
     diffs = versus_baseline_batch(rows, "test_acc", 32)       # each rule at each batch minus itself at 32 (Welch)
@@ -23,6 +24,7 @@ import matplotlib.transforms as mtransforms
 import numpy as np
 import pandas as pd
 
+from .. import stats
 from ..config import ConfigError
 from ..plots import log2_batch_axis
 from ..plots.sweeps import (
@@ -173,6 +175,164 @@ def versus_baseline_batch(rows: pd.DataFrame, metric: str, baseline_batch: int, 
     """Per (rule, batch size): mean `metric` minus the same rule's at `baseline_batch`, with Welch's
     interval over seeds (runs with state "ok"). Columns: rule, batch, diff, low, high, n, n_reference."""
     return versus_within(rows, metric, rule, batch, baseline_batch, confidence)
+
+
+# ----------------------------------------------------------------------------- lr ceiling or batch limit (protocol v4)
+LEARNS = 0.5            # a run "learns" when its final test accuracy is at least this (chance on 10 classes: 0.1)
+PAPER_FRACTION = 8192 / 1_281_167   # Goyal's largest batch that held, as a fraction of ImageNet's training set
+
+
+@dataclass(frozen=True)
+class CeilingTest:
+    """docs/protocols.md, Goyal's mechanism test (protocol v4): is the batch size at which the linear rule
+    breaks a limit on the batch (no lr of the grid keeps the accuracy there) or an lr ceiling (a smaller lr
+    does)? Batch sizes also as fractions B/N of the n_train training examples."""
+    linear: ScalingTest      # scaling_test of the linear rule (the runs at lr = base_lr x B / baseline_batch)
+    best: ScalingTest        # scaling_test at each batch size's best lr of the grid
+    b_fail: float            # the smallest batch size at which the linear rule does not hold (NaN: none)
+    fail_kind: str           # "lr ceiling" (b_fail holds at its best lr) | "batch" (it does not) | "" (no b_fail)
+    n_train: int
+    fraction_linear: float   # B*_linear / N
+    fraction_best: float     # B*_best / N
+    min_fraction: float      # B/N the paper's rule held to (Goyal: 8k of ImageNet's 1.28M)
+    per_batch: pd.DataFrame  # per batch size: linear_lr, best_lr (on all seeds), n_lrs, best_at_bottom,
+    #                          held_out_lrs, lr_ceiling, and the linear and held-out best-lr differences from the
+    #                          baseline (linear_/best_ diff, low, high, holds)
+    verdict: str             # reproduced | partly | not reproduced | not testable
+    why: str
+    extend_seeds: bool
+
+
+def _learns(cell: pd.DataFrame, metric: str, learns: float) -> bool:
+    """Every run of the cell ended ok with `metric` >= learns (a cell without runs does not learn)."""
+    values = pd.to_numeric(cell[metric], errors="coerce")
+    return bool(len(cell)) and bool((cell["state"] == "ok").all()) and bool((values >= learns).all())
+
+
+def _held_out_best(data: pd.DataFrame, done: pd.DataFrame, metric: str, batch: str,
+                   baseline_batch: int) -> tuple[pd.DataFrame, dict[float, tuple[float, ...]]]:
+    """At each batch size but the baseline, every seed's run at the lr that is best on the OTHER seeds (the
+    highest mean metric over them, a diverged run counting as the worst: stats.best_lr), so that no seed's
+    value helped choose its own lr (the best of several lrs chosen and judged on the same seeds is biased
+    upward). Returns those runs (all states: an unfinished one keeps its state) and, per batch size, the lrs
+    chosen in seed order."""
+    rows, chosen = [], {}
+    for b in sorted(set(data[batch]) - {baseline_batch}):
+        mine, finished = data[data[batch] == b], done[done[batch] == b]
+        picks = []
+        for seed in sorted(mine["seed"].unique()):
+            others = finished[finished["seed"] != seed]
+            if not len(others):
+                continue
+            lr_value = float(stats.best_lr(others, metric, by=batch, lr="_lr", minimize=False)["_lr"].iloc[0])
+            run = mine[(mine["seed"] == seed) & np.isclose(mine["_lr"], lr_value, rtol=1e-6)]
+            rows.append(run)
+            picks.append(lr_value)
+        chosen[float(b)] = tuple(picks)
+    frame = pd.concat(rows) if rows else data.iloc[:0]
+    return frame, chosen
+
+
+def _finished_metric(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Finished runs with the metric set to NaN for a diverged run (it counts as the worst in best_lr)."""
+    done = rows[rows["state"].isin(FINISHED)]
+    value = pd.to_numeric(done[metric], errors="coerce").where(done["state"] == "ok")
+    return done.assign(**{metric: value})
+
+
+def lr_ceiling_test(rows: pd.DataFrame, n_train: int, metric: str = "test_acc", lr: str = "effective_lr",
+                    batch: str = "batch_size", base_lr: float = 0.05, baseline_batch: int = 32,
+                    margin: float = 0.01, reproduced_at: int = 800, partly_at: int = 160,
+                    min_fraction: float = PAPER_FRACTION, learns: float = LEARNS) -> CeilingTest:
+    """Goyal's linear rule against an lr grid at every batch size, on one row per run (batch, the lr actually
+    used, seed, state, metric; every run, whatever its state).
+
+    The linear rule's runs are those at lr = base_lr x B / baseline_batch; the baseline is baseline_batch at
+    base_lr. At each batch size the best lr of the grid has the highest mean metric over its seeds, a
+    diverged seed counting as the worst (stats.best_lr); best_at_bottom: it is the smallest lr tried there
+    (the protocol extends the grid one factor of 2 below, once). "At its best lr" is judged held out: each
+    seed contributes its run at the lr that is best on the other seeds (held_out_lrs), so the choice does not
+    favour the seeds that make it. B* of either is scaling_test's: the largest batch that, with every smaller
+    one, holds (Welch lower end above -margin against the baseline, no seed diverged). lr_ceiling: the
+    largest lr tried at that batch size whose every seed ended ok with the metric >= learns.
+
+    Verdict (the break's kind at b_fail, the first batch size where the linear rule fails):
+    reproduced: b_fail fails at its best lr too (a limit on the batch, B*_best = B*_linear) and B*_linear / N
+    >= min_fraction; partly: b_fail holds at a smaller lr (an lr ceiling) but a larger batch size of the grid
+    fails at every lr (the batch limit lies beyond, at B*_best / N), or the break is the batch's at B*_linear /
+    N < min_fraction; not reproduced: every batch size of the grid holds at its best lr (no batch limit up to
+    the largest B/N; the linear rule fails only at an lr ceiling). not testable: the linear rule's test is
+    not testable, it never fails (nothing to explain), or a best lr at a batch size up to the first failing
+    one at its best lr lies on the grid's bottom edge.
+    """
+    for column in (batch, lr, metric, "state", "seed"):
+        if column not in rows:
+            raise ConfigError(f"lr_ceiling_test: the runs table has no column {column!r}")
+    unfinished = rows[~rows["state"].isin(FINISHED)]
+    data = rows.assign(_lr=pd.to_numeric(rows[lr], errors="coerce"))
+    linear_lr = base_lr * data[batch].astype(float) / baseline_batch
+    on_linear = np.isclose(data["_lr"], linear_lr, rtol=1e-6)
+    base = data[(data[batch] == baseline_batch) & on_linear]
+    done = _finished_metric(data, metric)
+    best = stats.best_lr(done[done[batch] != baseline_batch], metric, by=batch, lr="_lr", minimize=False)
+    best_lr = dict(zip(best[batch], best["_lr"]))
+    chosen_rows, cv_lrs = _held_out_best(data, done, metric, batch, baseline_batch)
+    # unfinished runs stay in both tables, so scaling_test says "not testable" while any is pending
+    linear_rows = pd.concat([base, data[on_linear & (data[batch] != baseline_batch)]]).assign(_rule="linear")
+    best_rows = pd.concat([base, chosen_rows]).assign(_rule="best")
+    lin = scaling_test(linear_rows, "linear", metric, margin, baseline_batch, reproduced_at, partly_at, "_rule", batch)
+    top = scaling_test(best_rows, "best", metric, margin, baseline_batch, reproduced_at, partly_at, "_rule", batch)
+    held_lin = holding_batches(linear_rows, "linear", metric, margin, baseline_batch, "_rule", batch).set_index(batch)
+    held_top = holding_batches(best_rows, "best", metric, margin, baseline_batch, "_rule", batch).set_index(batch)
+    per = []
+    for b in sorted(data[batch].unique()):
+        mine = done[done[batch] == b]
+        tried = sorted(mine["_lr"].dropna().unique())
+        learned = [v for v in tried if _learns(mine[mine["_lr"] == v], metric, learns)]
+        chosen = best_lr.get(b, base_lr if b == baseline_batch else math.nan)
+        row = {batch: b, "linear_lr": base_lr * b / baseline_batch, "best_lr": chosen, "n_lrs": len(tried),
+               "best_at_bottom": bool(b in best_lr and len(tried) > 1 and np.isclose(chosen, tried[0])),
+               "held_out_lrs": cv_lrs.get(b, ()), "lr_ceiling": float(max(learned)) if learned else math.nan}
+        for name, held in (("linear", held_lin), ("best", held_top)):
+            if b in held.index:
+                row.update({f"{name}_diff": held.loc[b, "diff"], f"{name}_low": held.loc[b, "low"],
+                            f"{name}_high": held.loc[b, "high"], f"{name}_holds": bool(held.loc[b, "holds"])})
+        per.append(row)
+    per_batch = pd.DataFrame(per)
+    b_fail = lin.first_failing
+    fail_kind = "" if not math.isfinite(b_fail) or b_fail not in held_top.index else (
+        "lr ceiling" if bool(held_top.loc[b_fail, "holds"]) else "batch")
+    fraction_lin, fraction_top = lin.b_star / n_train, top.b_star / n_train
+    deciding_top = per_batch[per_batch[batch] <= (top.first_failing if math.isfinite(top.first_failing)
+                                                  else per_batch[batch].max())]
+    at_bottom = deciding_top.loc[deciding_top["best_at_bottom"].astype(bool), batch].tolist()
+    if len(unfinished):
+        verdict, why = "not testable", f"{len(unfinished)} runs not finished (rerun them)"
+    elif lin.verdict == "not testable":
+        verdict, why = "not testable", f"the linear rule's test is not testable ({lin.why})"
+    elif not math.isfinite(b_fail):
+        verdict, why = "not testable", "the linear rule holds at every batch size of the grid: no break to explain"
+    elif at_bottom:
+        verdict, why = "not testable", (f"the best lr is the grid's smallest at B = {', '.join(map(str, at_bottom))} "
+                                        f"(extend the grid one factor of 2 below, once)")
+    elif fail_kind == "batch":
+        if fraction_lin >= min_fraction:
+            verdict, why = "reproduced", (f"B = {b_fail:g} fails at every lr of the grid (a batch limit); B*/N = "
+                                          f"{fraction_lin:.3g} >= {min_fraction:.3g}")
+        else:
+            verdict, why = "partly", (f"B = {b_fail:g} fails at every lr of the grid, but B*/N = {fraction_lin:.3g} "
+                                      f"< {min_fraction:.3g}")
+    elif math.isfinite(top.first_failing):
+        verdict, why = "partly", (f"B = {b_fail:g} holds at lr {best_lr[b_fail]:g} < the linear "
+                                  f"{base_lr * b_fail / baseline_batch:g} (an lr ceiling); the batch limit is at B = "
+                                  f"{top.first_failing:g} (B*_best/N = {fraction_top:.3g})")
+    else:
+        verdict, why = "not reproduced", (f"B = {b_fail:g} holds at lr {best_lr[b_fail]:g} (an lr ceiling) and every "
+                                          f"batch size holds at its best lr: no batch limit up to B/N = "
+                                          f"{per_batch[batch].max() / n_train:.3g}")
+    extend = verdict != "not testable" and (lin.extend_seeds or top.extend_seeds)
+    return CeilingTest(lin, top, b_fail, fail_kind, n_train, fraction_lin, fraction_top, min_fraction, per_batch,
+                       verdict, why, extend)
 
 
 # ----------------------------------------------------------------------------- figures

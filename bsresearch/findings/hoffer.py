@@ -3,6 +3,7 @@ adaptation close the large-batch gap; the distance from initialisation grows lik
 figures; no torch import.
 
     test = recipe_test(rows)                                     # the pre-registered test: verdict first
+    mechanism = matched_loss_test(rows)                          # v4: against the small batch nearest in train loss
     ingredient_effects(rows, "test_acc", ["lb", "lb_sqrt", "lb_gbn", "lb_sqrt_gbn"])  # each ingredient's effect
     fits = distance_fits(results.load_history(rows, ["variant", "seed"]))            # distance vs log(steps)
     aic_table(fits)                                              # log t against a power law, per variant
@@ -147,6 +148,140 @@ def ingredient_effects(rows: pd.DataFrame, metric: str, names: Sequence[str], by
     table = pd.DataFrame(out, columns=["ingredient", "with", "without", "diff", "low", "high", "n", "n_reference"])
     first = {name: i for i, (name, _, _) in reversed(list(enumerate(ingredient_pairs(names, sep))))}
     return table.sort_values("ingredient", key=lambda c: c.map(first), kind="stable").reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- the mechanism test (protocol v4)
+LADDER = ("sb", "sb_x2", "sb_x4", "sb_x8", "sb_x16")   # the small batch at 1, 2, 4, 8, 16 times its epochs
+
+
+def _geometric_mean(values: pd.Series) -> float:
+    """exp(mean(log v)) over the positive finite values (NaN when there are none)."""
+    v = pd.to_numeric(values, errors="coerce").to_numpy(float)
+    v = v[np.isfinite(v) & (v > 0)]
+    return float(np.exp(np.log(v).mean())) if len(v) else math.nan
+
+
+@dataclass(frozen=True)
+class MatchedControl:
+    """The small-batch run type whose final train loss is nearest the reference's (docs/protocols.md,
+    Hoffer's mechanism test): losses are compared as geometric means over the seeds that ended ok, on a log
+    scale, because a longer schedule lowers the train loss by factors, not by amounts."""
+    reference: str
+    control: str             # the nearest candidate ("" when no candidate has a finished run)
+    reference_loss: float    # geometric mean of the reference's final `loss` over its ok seeds
+    control_loss: float
+    log2_distance: float     # log2(control_loss / reference_loss): 0 is an exact match
+    reached: bool            # some candidate's geometric mean is at or below the reference's (the ladder
+    #                          goes as far as the reference in fitting the training set)
+    table: pd.DataFrame      # per candidate: `by`, n_ok, loss (geometric mean), log2_distance
+
+
+def matched_control(rows: pd.DataFrame, reference: str = "lb_sqrt_gbn_ra", candidates: Sequence[str] = LADDER,
+                    loss: str = "train_loss", by: str = "variant") -> MatchedControl:
+    """The candidate (e.g. the small batch trained for 1, 2, 4, ... times its epochs) whose geometric-mean
+    final `loss` over its ok seeds is nearest, in |log|, to the reference's; ties go to the first in
+    `candidates`' order. `rows`: one row per run with `by`, `loss` and state."""
+    for column in (by, loss, "state"):
+        if column not in rows:
+            raise ConfigError(f"matched_control: the runs table has no column {column!r}")
+    ok = rows[rows["state"] == "ok"]
+    ref_loss = _geometric_mean(ok.loc[ok[by] == reference, loss])
+    table = []
+    for name in candidates:
+        mine = ok[ok[by] == name]
+        value = _geometric_mean(mine[loss])
+        distance = math.log2(value / ref_loss) if value > 0 and ref_loss > 0 else math.nan
+        table.append({by: name, "n_ok": len(mine), "loss": value, "log2_distance": distance})
+    frame = pd.DataFrame(table, columns=[by, "n_ok", "loss", "log2_distance"])
+    scored = frame.dropna(subset=["log2_distance"])
+    if not len(scored):
+        return MatchedControl(reference, "", ref_loss, math.nan, math.nan, False, frame)
+    best = scored.loc[scored["log2_distance"].abs().idxmin()]
+    reached = bool((scored["loss"] <= ref_loss).any())
+    return MatchedControl(reference, str(best[by]), ref_loss, float(best["loss"]), float(best["log2_distance"]),
+                          reached, frame)
+
+
+@dataclass(frozen=True)
+class MatchedLossTest:
+    """Hoffer's mechanism test (docs/protocols.md, protocol v4): the recipe against a small batch that had the
+    same chance to fit the training set. Differences are mean(first) - mean(second) of the final metric over
+    the seeds that ended ok, Welch's 95% interval, in the metric's units (0.01 = 1 point)."""
+    recipe: str
+    control: str             # SB*: the rung of the ladder nearest the recipe in final train loss
+    diff: float              # Delta_loss = recipe - SB* (the primary statistic)
+    low: float
+    high: float
+    short: str               # the small batch of the original test (its own, shorter schedule)
+    short_diff: float        # Delta_orig = recipe - short (decides "partly")
+    short_low: float
+    short_high: float
+    recipe_loss: float       # geometric means of the final train loss (matched_control)
+    control_loss: float
+    log2_distance: float
+    reached: bool
+    n_recipe: int
+    n_control: int
+    n_short: int
+    n_recipe_diverged: int
+    n_unfinished: int        # runs of the recipe and the ladder that failed, timed out, ... (rerun them)
+    margin: float
+    verdict: str             # reproduced | partly | not reproduced | not testable
+    why: str
+    extend_seeds: bool       # a deciding interval contains its threshold with < 8 seeds (statistics item 3)
+    ladder: pd.DataFrame     # matched_control's table
+
+
+def matched_loss_test(rows: pd.DataFrame, recipe: str = "lb_sqrt_gbn_ra", ladder: Sequence[str] = LADDER,
+                      short: str = "sb", metric: str = "test_acc", loss: str = "train_loss", margin: float = 0.01,
+                      by: str = "variant") -> MatchedLossTest:
+    """The recipe's test accuracy against SB*, the small-batch rung of `ladder` whose final train loss is
+    nearest the recipe's (matched_control), and against `short`, the original small batch.
+
+    reproduced: Delta_loss = recipe - SB* has a Welch interval whose lower end is above -margin, and no seed
+    of the recipe diverged; partly: not so, but Delta_orig = recipe - short has its lower end above -margin
+    (the recipe matches the small batch only when the small batch fits the training set less well); not
+    reproduced: neither. not testable: a run of the recipe or the ladder has not finished, a compared variant
+    has fewer than 2 finished seeds, or no rung of the ladder reaches the recipe's train loss (extend the
+    ladder by one rung, once, as the protocol says).
+    """
+    for column in (by, metric, loss, "state"):
+        if column not in rows:
+            raise ConfigError(f"matched_loss_test: the runs table has no column {column!r}")
+    mine = rows[rows[by].isin([recipe, *ladder, short])]
+    unfinished = int((~mine["state"].isin(FINISHED)).sum())
+    diverged = int(((mine[by] == recipe) & (mine["state"] == "diverged")).sum())
+    match = matched_control(rows, recipe, ladder, loss, by)
+    ok = mine[mine["state"] == "ok"]
+    d = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == match.control][metric])
+    s = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == short][metric])
+    n_control = d.n_b if match.control else 0
+    if unfinished:
+        verdict, why = "not testable", f"{unfinished} runs have not finished (rerun them with --retry-failed)"
+    elif min(d.n_a, n_control, s.n_b) < 2 or not math.isfinite(d.low):
+        verdict, why = "not testable", (f"fewer than 2 finished seeds (recipe {d.n_a}, SB* {match.control or '-'} "
+                                        f"{n_control}, {short} {s.n_b})")
+    elif not match.reached:
+        verdict, why = "not testable", (f"no rung of the ladder reaches the recipe's train loss "
+                                        f"{match.reference_loss:.3g} (nearest: {match.control} at "
+                                        f"{match.control_loss:.3g}): extend the ladder by one rung, once")
+    elif d.low > -margin and not diverged:
+        verdict, why = "reproduced", (f"Delta_loss (recipe - {match.control}) lower end {100 * d.low:+.2f} points "
+                                      f"> {-100 * margin:+.2f}")
+    elif s.low > -margin:
+        verdict, why = "partly", (f"Delta_loss lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                  + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                  + f"; Delta_orig (recipe - {short}) lower end {100 * s.low:+.2f} > "
+                                    f"{-100 * margin:+.2f}")
+    else:
+        verdict, why = "not reproduced", (f"Delta_loss lower end {100 * d.low:+.2f} and Delta_orig lower end "
+                                          f"{100 * s.low:+.2f} points, both <= {-100 * margin:+.2f}")
+    deciding = [(d.low, d.high, -margin)] + ([(s.low, s.high, -margin)] if verdict != "reproduced" else [])
+    extend = (verdict != "not testable" and min(d.n_a, n_control, s.n_b) < 8
+              and any(_straddles(*x) for x in deciding))
+    return MatchedLossTest(recipe, match.control, d.diff, d.low, d.high, short, s.diff, s.low, s.high,
+                           match.reference_loss, match.control_loss, match.log2_distance, match.reached, d.n_a,
+                           n_control, s.n_b, diverged, unfinished, margin, verdict, why, extend, match.table)
 
 
 # ----------------------------------------------------------------------------- distance vs log(steps)

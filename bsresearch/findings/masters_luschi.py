@@ -5,6 +5,7 @@ batches. Analysis and figure; no torch import.
     table = stable_lr_table(runs, "test_acc", margin=0.01)   # per batch size: largest stable lr, best lr, window
     trend = stable_range_trend(runs, "test_acc", margin=0.01)  # log2 slopes vs log2 B, bootstrap over seeds
     test = range_test(table, trend)                            # the pre-registered verdict
+    learning_range_test(runs, learns=LEARNS)                    # v4: "stable" = every seed learns (accuracy >= 0.5)
     stable_range_plot(ax, table, stable_lr_intervals(runs, "test_acc", margin=0.01))
 
 `runs` is a results.load table over a (batch size x lr) grid with seeds, all states included: a run that
@@ -27,9 +28,12 @@ from ..config import ConfigError
 from ..plots import log2_batch_axis
 from ..plots.sweeps import axis_label
 
+LEARNS = 0.5   # protocol v4: a run learns when its final test accuracy is at least this (chance on 10 classes: 0.1)
 
-def _cells(runs: pd.DataFrame, metric: str, by: str, lr: str) -> pd.DataFrame:
-    """One row per (batch size, lr): n runs, n diverged, mean metric over the seeds that finished."""
+
+def _cells(runs: pd.DataFrame, metric: str, by: str, lr: str, learns: float | None = None) -> pd.DataFrame:
+    """One row per (batch size, lr): n runs, n diverged, mean metric over the seeds that finished. With
+    `learns`, a finished run whose metric is below it counts as diverged (it did not learn)."""
     missing = [c for c in (metric, by, lr, "state") if c not in runs]
     if missing:
         raise ConfigError(f"stable_lr_table: the runs table has no column {missing[0]!r}")
@@ -38,6 +42,8 @@ def _cells(runs: pd.DataFrame, metric: str, by: str, lr: str) -> pd.DataFrame:
     finished = runs[runs["state"].isin(("ok", "diverged"))]
     values = pd.to_numeric(finished[metric], errors="coerce")
     failed = (finished["state"] == "diverged") | ~np.isfinite(values.to_numpy(float))
+    if learns is not None:   # protocol v4: stable means the run learns, not only that it ended without a NaN
+        failed = failed | (values < learns)
     frame = finished.assign(_value=values.where(~failed), _failed=failed)
     return (frame.groupby([by, lr], sort=True)
             .agg(n=("_failed", "size"), n_diverged=("_failed", "sum"), mean=("_value", "mean"))
@@ -45,17 +51,19 @@ def _cells(runs: pd.DataFrame, metric: str, by: str, lr: str) -> pd.DataFrame:
 
 
 def stable_lr_table(runs: pd.DataFrame, metric: str = "test_acc", margin: float = 0.01, by: str = "batch_size",
-                    lr: str = "lr") -> pd.DataFrame:
+                    lr: str = "lr", learns: float | None = None) -> pd.DataFrame:
     """Per batch size: the largest stable lr, the best lr, and the window of good lrs around it.
 
-    An lr is stable at a batch size when none of its seeds diverged. `best_lr` maximises the mean of
-    `metric` over the stable lrs; the window is the contiguous run of stable grid lrs around it whose mean
-    lies within `margin` (the metric's units) of the best. Columns: `by`, n_lrs, max_stable_lr (NaN when
-    none is stable), best_lr, best, window_low, window_high, window_lrs (grid points in the window),
-    window_octaves (log2 window_high/window_low), best_at_edge (the best lr is the grid's first or last:
-    the window may extend beyond the grid), unstable_in_grid (some lr diverged: the boundary is measured).
+    An lr is stable at a batch size when none of its seeds diverged; with `learns` (protocol v4, e.g.
+    LEARNS = 0.5), when also every seed ended with `metric` >= learns: a run stuck near chance is not stable.
+    `best_lr` maximises the mean of `metric` over the stable lrs; the window is the contiguous run of stable
+    grid lrs around it whose mean lies within `margin` (the metric's units) of the best. Columns: `by`,
+    n_lrs, max_stable_lr (NaN when none is stable), best_lr, best, window_low, window_high, window_lrs (grid
+    points in the window), window_octaves (log2 window_high/window_low), best_at_edge (the best lr is the
+    grid's first or last: the window may extend beyond the grid), unstable_in_grid (some lr diverged, or with
+    `learns` did not learn: the boundary is measured).
     """
-    cells = _cells(runs, metric, by, lr)
+    cells = _cells(runs, metric, by, lr, learns)
     rows = []
     for b, group in cells.groupby(by, sort=True):
         group = group.sort_values(lr).reset_index(drop=True)
@@ -112,7 +120,7 @@ COLUMNS = ("max_stable_lr", "best_lr", "window_octaves")   # the columns with a 
 
 
 def _bootstrap_tables(runs: pd.DataFrame, metric: str, margin: float, by: str, lr: str, seed_column: str,
-                      n_boot: int, seed: int, caller: str) -> Iterator[pd.DataFrame]:
+                      n_boot: int, seed: int, caller: str, learns: float | None = None) -> Iterator[pd.DataFrame]:
     """stable_lr_table of `n_boot` resamples of the seeds with replacement (a seed keeps all its runs,
     which share their initial weights). The same `seed` gives the same resamples in every caller."""
     seeds = np.array(sorted(runs[seed_column].dropna().unique()))
@@ -122,22 +130,25 @@ def _bootstrap_tables(runs: pd.DataFrame, metric: str, margin: float, by: str, l
     rng = np.random.default_rng(seed)
     for _ in range(n_boot):
         pick = rng.choice(seeds, size=len(seeds), replace=True)
-        yield stable_lr_table(pd.concat([by_seed[s] for s in pick], ignore_index=True), metric, margin, by, lr)
+        yield stable_lr_table(pd.concat([by_seed[s] for s in pick], ignore_index=True), metric, margin, by, lr,
+                              learns)
 
 
 def stable_range_trend(runs: pd.DataFrame, metric: str = "test_acc", margin: float = 0.01,
                        by: str = "batch_size", lr: str = "lr", seed_column: str = "seed", n_boot: int = 1000,
-                       confidence: float = 0.95, seed: int = 0) -> dict[str, Trend]:
+                       confidence: float = 0.95, seed: int = 0, learns: float | None = None) -> dict[str, Trend]:
     """Slopes against log2(B) of log2(max_stable_lr), log2(best_lr) and window_octaves, each with a
     bootstrap interval: the seeds are resampled with replacement (a seed keeps all its runs, which share
     their initial weights) and the table recomputed. Predicted by Masters & Luschi: max_stable_lr and the
-    window shrink with B (negative slopes) when the lr is the base rate of linear scaling."""
+    window shrink with B (negative slopes) when the lr is the base rate of linear scaling. `learns`: as in
+    stable_lr_table."""
     columns = COLUMNS
     boots: dict[str, list[float]] = {c: [] for c in columns}
-    for table in _bootstrap_tables(runs, metric, margin, by, lr, seed_column, n_boot, seed, "stable_range_trend"):
+    for table in _bootstrap_tables(runs, metric, margin, by, lr, seed_column, n_boot, seed, "stable_range_trend",
+                                   learns):
         for c in columns:
             boots[c].append(_slope(table, c, by))
-    point = stable_lr_table(runs, metric, margin, by, lr)
+    point = stable_lr_table(runs, metric, margin, by, lr, learns)
     tail = (1 - confidence) / 2
     out = {}
     for c in columns:
@@ -150,13 +161,13 @@ def stable_range_trend(runs: pd.DataFrame, metric: str = "test_acc", margin: flo
 
 def stable_lr_intervals(runs: pd.DataFrame, metric: str = "test_acc", margin: float = 0.01,
                         by: str = "batch_size", lr: str = "lr", seed_column: str = "seed", n_boot: int = 1000,
-                        confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+                        confidence: float = 0.95, seed: int = 0, learns: float | None = None) -> pd.DataFrame:
     """Per batch size, percentile bootstrap intervals over seeds (the resamples of stable_range_trend with
     the same `seed`) of max_stable_lr, best_lr and window_octaves: columns `by`, <column>_low, <column>_high.
     Values are grid points, so an interval is a range of grid lrs; a resample in which no lr is stable (or
     none scores) counts as NaN and is left out."""
     boots = pd.concat(list(_bootstrap_tables(runs, metric, margin, by, lr, seed_column, n_boot, seed,
-                                             "stable_lr_intervals")), ignore_index=True)
+                                             "stable_lr_intervals", learns)), ignore_index=True)
     tail = (1 - confidence) / 2
     rows = []
     for b, group in boots.groupby(by, sort=True):
@@ -207,6 +218,40 @@ def range_test(table: pd.DataFrame, trend: dict[str, Trend], by: str = "batch_si
     below = int(below_zero(a)) + int(below_zero(w))
     return RangeTest(a, w, {2: "reproduced", 1: "partly", 0: "not reproduced"}[below], "")
 
+
+MIN_LEARNING_BATCHES = 4   # protocol v4: batch sizes with an lr at which every seed learns, needed for the test
+
+
+@dataclass(frozen=True)
+class LearningRangeTest:
+    """The mechanism test (docs/protocols.md, protocol v4): range_test with "stable" meaning every seed learns."""
+    table: pd.DataFrame      # stable_lr_table(..., learns=learns)
+    trend: dict[str, Trend]  # stable_range_trend(..., learns=learns)
+    test: RangeTest          # range_test's verdict, or not testable for too few learning batch sizes
+    learns: float
+    no_learning: tuple[float, ...]   # batch sizes at which no lr of the grid learns (left out of the slopes)
+
+
+def learning_range_test(runs: pd.DataFrame, learns: float = LEARNS, metric: str = "test_acc", margin: float = 0.01,
+                        by: str = "batch_size", lr: str = "lr", seed_column: str = "seed", n_boot: int = 2000,
+                        confidence: float = 0.95, seed: int = 0,
+                        min_batch_sizes: int = MIN_LEARNING_BATCHES) -> LearningRangeTest:
+    """range_test on stable_lr_table and stable_range_trend with `learns`: an lr is stable at B when every seed
+    finished without diverging and ended with `metric` >= learns. A batch size at which no lr learns has no
+    largest learning lr: it is named in no_learning and left out of the slopes (its learning range is empty, the
+    narrowest there is, so leaving it out works against the claim); with fewer than `min_batch_sizes` batch
+    sizes that have one, the verdict is not testable."""
+    table = stable_lr_table(runs, metric, margin, by, lr, learns)
+    trend = stable_range_trend(runs, metric, margin, by, lr, seed_column, n_boot, confidence, seed, learns)
+    test = range_test(table, trend, by)
+    missing = tuple(float(b) for b in table.loc[table["max_stable_lr"].isna(), by])
+    n_with = int(table["max_stable_lr"].notna().sum())
+    if n_with < min_batch_sizes:
+        reason = (f"{n_with} batch sizes have an lr at which every seed learns (>= {min_batch_sizes} needed; none at "
+                  f"B = {', '.join(f'{b:g}' for b in missing)})")
+        test = RangeTest(test.max_stable_lr, test.window_octaves, "not testable",
+                         "; ".join(r for r in (test.reason, reason) if r))
+    return LearningRangeTest(table, trend, test, learns, missing)
 
 # ----------------------------------------------------------------------------- figures
 def accuracy_vs_lr_plot(ax: plt.Axes, runs: pd.DataFrame, metric: str = "test_acc", by: str = "batch_size",

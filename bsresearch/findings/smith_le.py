@@ -13,6 +13,8 @@ results table (bsresearch.results.load) into those numbers:
     agreement(runs, "test_acc", by="batch_size")    # along lr/B = const: each B against the smallest B
     curve_gaps(history, "test_acc", reference=16)   # how far each B's mean learning curve is from the reference
     agree, gaps, breaks = diagonals(runs, history)  # both, per equal-lr/B diagonal, and where each breaks
+    matched_loss_test(target_runs, "test_acc", by="lr")   # v4: B_opt among runs trained to a common train loss
+    argmax_argmin(runs, "test_acc", "train_loss")   # v4: is the fixed-budget optimum where the train loss is lowest?
 
 The peak along a grid is the vertex of the parabola through the best grid point and its two neighbours,
 in log2(x) (a batch-size grid is geometric); at an edge of the grid the peak is not resolved, and the edge
@@ -383,6 +385,165 @@ def diagonals(runs: pd.DataFrame, history: pd.DataFrame, metric: str = "test_acc
         breaks[variant] = (ratio, b_break, None if b_break is None else b_break * ratio,
                            float(sizes_collapsed.min()) if len(sizes_collapsed) else None)
     return pd.concat(agree_tables, ignore_index=True), pd.concat(gap_tables, ignore_index=True), breaks
+
+
+# ----------------------------------------------------------------------------- at matched train loss (protocol v4)
+MIN_REACHED = 3   # a (group, x) cell enters the matched-loss curve when this many of its seeds reached the target
+MIN_PEAKED = 3    # groups whose matched-loss curve peaks inside the trainable range, needed for "reproduced"
+
+
+def reached_cells(runs: pd.DataFrame, x: str = "batch_size", by: str = "lr", reached: str = "reached",
+                  min_reached: int = MIN_REACHED) -> pd.DataFrame:
+    """Per (`by`, `x`) cell of runs trained to a target train loss: n (runs), n_reached (runs whose boolean
+    `reached` column is true: they stopped at the target, not diverged or capped) and included (n_reached >=
+    min_reached: the cell is trainable to the target and enters the matched-loss curve)."""
+    for column in (x, by, reached):
+        if column not in runs:
+            raise ConfigError(f"reached_cells: no column {column!r} in the runs table")
+    flags = runs[reached].fillna(False).astype(bool)
+    cells = (runs.assign(_reached=flags).groupby([by, x], sort=True)
+             .agg(n=("_reached", "size"), n_reached=("_reached", "sum")).reset_index())
+    cells["n_reached"] = cells["n_reached"].astype(int)
+    cells["included"] = cells["n_reached"] >= min_reached
+    return cells
+
+
+def _included_runs(runs: pd.DataFrame, x: str, by: str, reached: str, min_reached: int) -> pd.DataFrame:
+    """The runs that reached the target, in cells that are included (reached_cells)."""
+    cells = reached_cells(runs, x, by, reached, min_reached)
+    keep = cells[cells["included"]][[by, x]]
+    flags = runs[reached].fillna(False).astype(bool)
+    return runs[flags].merge(keep, on=[by, x], how="inner")
+
+
+def _held_out_best(group: pd.DataFrame, x: str, seed: str, maximize: bool) -> list[float]:
+    """Each seed's value (column _y) at the cell that is best on the other seeds' mean: the best cell chosen and
+    judged on the same seeds would be biased towards beating the others. A seed without a value at that cell
+    (it did not reach the target there) contributes nothing."""
+    out: list[float] = []
+    for s in sorted(group[seed].unique()):
+        means = group[group[seed] != s].groupby(x)["_y"].mean().dropna()
+        if not len(means):
+            continue
+        cell = means.idxmax() if maximize else means.idxmin()
+        out.extend(group[(group[seed] == s) & (group[x] == cell)]["_y"].dropna().to_numpy(float).tolist())
+    return out
+
+
+def matched_loss_peaks(runs: pd.DataFrame, metric: str = "test_acc", x: str = "batch_size", by: str = "lr",
+                       reached: str = "reached", min_reached: int = MIN_REACHED, confidence: float = 0.95,
+                       seed: str = "seed") -> pd.DataFrame:
+    """Per `by` group, where `metric` peaks along `x` among the included cells (reached_cells) of runs trained
+    to a common train loss, and whether the peak is a peak.
+
+    The curve is the seed mean of the runs that reached the target; x_best is its best included cell and
+    x_opt the parabola vertex through it and its included neighbours (parabola_peak). `peaked`: x_best lies
+    strictly inside the included range and the best cell, held out, beats both ends of that range, the
+    smallest and the largest included x, by a Welch interval above 0 (low_* and high_* columns: best minus
+    that end). Held out: each seed contributes its value at the cell that is best on the other seeds' mean,
+    so that the choice of the best cell does not favour the seeds that make it. A group
+    whose best cell is at an end of the trainable range is not peaked: its optimum is set by which batch
+    sizes can reach the target, not by how the reached solutions generalize. at_grid_edge: x_best is the
+    smallest or largest x tried (reached or not): the protocol's edge rule extends the grid there.
+    """
+    if metric not in runs:
+        raise ConfigError(f"matched_loss_peaks: no column {metric!r} in the runs table")
+    maximize = not lower_is_better(metric)
+    data = _included_runs(runs, x, by, reached, min_reached)
+    rows = []
+    for key in sorted(runs[by].unique()):
+        group = data[data[by] == key]
+        grid = sorted(runs.loc[runs[by] == key, x].unique())
+        row: dict[str, Any] = {by: key, "n_cells": int(group[x].nunique()), "x_low": math.nan, "x_high": math.nan,
+                               "x_best": math.nan, "x_opt": math.nan, "y_best": math.nan, "interior": False,
+                               "at_grid_edge": False, "peaked": False}
+        for side in ("low", "high"):
+            row.update({f"{side}_diff": math.nan, f"{side}_low": math.nan, f"{side}_high": math.nan})
+        if len(group):
+            values = pd.to_numeric(group[metric], errors="coerce")
+            means = values.groupby(group[x]).mean().dropna()
+            if len(means):
+                peak = parabola_peak(means.index.to_numpy(float), means.to_numpy(float), maximize)
+                x_low, x_high = float(means.index.min()), float(means.index.max())
+                best = _held_out_best(group.assign(_y=values), x, seed, maximize)
+                row.update(x_low=x_low, x_high=x_high, x_best=peak.x_best, x_opt=peak.x_peak, y_best=peak.y_best,
+                           interior=peak.interior, at_grid_edge=peak.x_best in (float(grid[0]), float(grid[-1])))
+                sign = 1.0 if maximize else -1.0          # a difference in the better direction is positive
+                for side, end in (("low", x_low), ("high", x_high)):
+                    other = values[group[x] == end].to_numpy(float)
+                    d = welch_interval([sign * v for v in best], [sign * v for v in other], confidence)
+                    row.update({f"{side}_diff": d.diff, f"{side}_low": d.low, f"{side}_high": d.high})
+                row["peaked"] = bool(peak.interior and row["low_low"] > 0 and row["high_low"] > 0)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class MatchedLossTest:
+    """Smith & Le's mechanism test (docs/protocols.md, protocol v4): B_opt at a common train loss."""
+    slopes: SeedSlopes       # power_law_by_seed on the runs that reached the target, in included cells
+    peaks: pd.DataFrame      # matched_loss_peaks
+    n_groups: int
+    n_peaked: int
+    min_peaked: int
+    verdict: str             # reproduced | partly | not reproduced | not testable
+    why: str
+    extend_seeds: bool       # a deciding interval contains its threshold with < 8 seeds (statistics item 3)
+
+
+def matched_loss_test(runs: pd.DataFrame, metric: str = "test_acc", x: str = "batch_size", by: str = "lr",
+                      reached: str = "reached", seed: str = "seed", min_reached: int = MIN_REACHED,
+                      min_peaked: int = MIN_PEAKED, confidence: float = 0.95) -> MatchedLossTest:
+    """The verdict on B_opt read at a common train loss (runs with a target budget; `reached` flags the runs
+    that stopped at it). reproduced: at least `min_peaked` groups are peaked (matched_loss_peaks) and the
+    per-seed slope's t interval contains 1 with its lower end above 0 (slope_verdict); partly: the slope's
+    lower end is above 0 and either fewer groups are peaked (but at least one) or the interval excludes 1;
+    not reproduced: no group is peaked (the fixed-budget optimum was where the batch sizes stop reaching the
+    target), or the slope's lower end is at or below 0; not testable: fewer than 2 groups, or (with a peaked
+    group) no slope interval."""
+    peaks = matched_loss_peaks(runs, metric, x, by, reached, min_reached, confidence, seed)
+    data = _included_runs(runs, x, by, reached, min_reached)
+    slopes = power_law_by_seed(data, metric, x, by, seed, confidence) if len(data) else \
+        SeedSlopes((), math.nan, math.nan, math.nan, confidence, 0)
+    n_groups, n_peaked = len(peaks), int(peaks["peaked"].sum()) if len(peaks) else 0
+    slope_text = f"slope {slopes.mean:.3g} [{slopes.low:.3g}, {slopes.high:.3g}]"
+    if n_groups < 2:
+        verdict, why = "not testable", f"{n_groups} group(s): a slope needs 2 or more"
+    elif n_peaked == 0:
+        verdict, why = "not reproduced", (f"no group peaks inside its trainable range at the common train loss "
+                                          f"({slope_text})")
+    elif slopes.verdict == "not testable":
+        verdict, why = "not testable", f"{n_peaked} group(s) peaked, but no per-seed slope interval"
+    elif slopes.verdict == "not reproduced":
+        verdict, why = "not reproduced", f"{slope_text}: lower end <= 0 ({n_peaked} of {n_groups} groups peaked)"
+    elif n_peaked >= min_peaked:
+        verdict, why = slopes.verdict, f"{n_peaked} of {n_groups} groups peaked (>= {min_peaked}); {slope_text}"
+    else:
+        verdict, why = "partly", f"{n_peaked} of {n_groups} groups peaked (< {min_peaked}); {slope_text}"
+    n_seeds = int(data[seed].nunique()) if len(data) else 0
+    undecided = peaks["interior"].astype(bool) & (
+        ((peaks["low_low"] <= 0) & (peaks["low_high"] >= 0)) | ((peaks["high_low"] <= 0) & (peaks["high_high"] >= 0)))
+    extend = verdict != "not testable" and n_seeds < 8 and (
+        bool(undecided.any()) or (n_peaked > 0 and slopes.extend_seeds))
+    return MatchedLossTest(slopes, peaks, n_groups, n_peaked, min_peaked, verdict, why, extend)
+
+
+def argmax_argmin(runs: pd.DataFrame, metric: str = "test_acc", loss: str = "train_loss", x: str = "batch_size",
+                  by: str = "lr") -> pd.DataFrame:
+    """Per `by` group: the grid x with the best seed-mean `metric` and the one with the lowest seed-mean final
+    `loss`, and whether they coincide (a fixed-budget optimum that sits where the training loss is lowest
+    measures how far each batch size trains in the budget as much as how it generalizes). Runs whose values
+    are missing are left out. Columns: `by`, x_best_metric, x_min_loss, same."""
+    rows = []
+    maximize = not lower_is_better(metric)
+    for key, group in runs.groupby(by, sort=True):
+        means = group.assign(_m=pd.to_numeric(group[metric], errors="coerce"),
+                             _l=pd.to_numeric(group[loss], errors="coerce")).groupby(x)[["_m", "_l"]].mean()
+        m, lo = means["_m"].dropna(), means["_l"].dropna()
+        best = float(m.idxmax() if maximize else m.idxmin()) if len(m) else math.nan
+        lowest = float(lo.idxmin()) if len(lo) else math.nan
+        rows.append({by: key, "x_best_metric": best, "x_min_loss": lowest, "same": best == lowest})
+    return pd.DataFrame(rows, columns=[by, "x_best_metric", "x_min_loss", "same"])
 
 
 # ----------------------------------------------------------------------------- figures

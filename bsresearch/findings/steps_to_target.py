@@ -7,6 +7,8 @@
     local_exponents(best)                         # the measured exponent between neighbouring batch sizes
     noise = noise_checkpoints(noise_runs)         # B_simple / B_noise measured at checkpoints of one run
     value_at_loss(noise, 0.3, "b_simple")         # B_simple where the run crossed the target loss
+    noise_summary_test(noise_ratio_summaries(at_weights, points))   # v4: r under every summary, seed bootstrap
+    two_batch_agreement(table)                    # v4: the two-batch B_simple against the exact one
 
 S is in optimizer steps, E = S x B in examples, B in examples per update; the target is a full-train
 loss (mean cross-entropy), read at the evaluation steps, so S has that schedule's resolution.
@@ -385,6 +387,165 @@ def value_at_loss(table: pd.DataFrame, target: float, value: str = "b_simple", l
                 row[value] = math.exp(math.log(values[i]) + t * (math.log(values[j]) - math.log(values[i])))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- the noise scale under every summary (v4)
+NOISE_SUMMARIES = ("ratio_of_means", "mean", "median", "geometric_mean")   # the first is McCandlish's and the primary's
+TWO_BATCH_TOLERANCE = 1.25     # the two-batch estimate agrees with the exact one within a factor of this
+TWO_BATCH_MIN_SHARE = 0.75     # ... at this share of the points, for "agrees"
+
+
+def b_simple_summaries(at_weights: pd.DataFrame) -> dict[str, float]:
+    """B_simple over runs measured at their target weights (one row per run: trace_cov, grad_sq_norm), under
+    each of NOISE_SUMMARIES: ratio_of_means = mean tr(Sigma) / mean |G|^2 (McCandlish et al.: numerator and
+    denominator averaged first; the protocol's B_simple,target); mean, median and geometric_mean of the
+    per-run ratios tr(Sigma) / |G|^2 (a run with |G|^2 <= 0 has B_simple = inf)."""
+    trace = at_weights["trace_cov"].to_numpy(float)
+    grad = at_weights["grad_sq_norm"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_run = np.where(grad > 0, trace / grad, np.inf)
+        geometric = float(np.exp(np.mean(np.log(per_run)))) if len(per_run) else math.nan
+    mean_grad = float(grad.mean()) if len(grad) else math.nan
+    return {"ratio_of_means": float(trace.mean()) / mean_grad if mean_grad > 0 else math.inf,
+            "mean": float(per_run.mean()) if len(per_run) else math.nan,
+            "median": float(np.median(per_run)) if len(per_run) else math.nan,
+            "geometric_mean": geometric}
+
+
+def noise_ratio_summaries(at_weights: pd.DataFrame, points: pd.DataFrame, steps: str = "steps_to_target",
+                          by: str = "batch_size", seed: str = "seed", n_boot: int = 2000, boot_seed: int = 0,
+                          confidence: float = 0.95) -> pd.DataFrame:
+    """r = B_simple / B_crit under each of NOISE_SUMMARIES, with two intervals.
+
+    B_crit is fitted to `points` (the protocol's fit points: batch size, seed, steps); `at_weights` holds the
+    same runs' tr(Sigma) and |G|^2 at their target weights. ratio_low/ratio_high: a percentile bootstrap over
+    seeds (`n_boot` resamples of the seeds with replacement, NumPy generator seeded `boot_seed`; a seed keeps
+    all its runs; B_crit is refitted and the summary recomputed in each; order statistics, so an inf end stays
+    inf; a resample whose fit fails is left out and counted in n_boot_failed). fit_low/fit_high: the
+    protocol's v1 form, the summary over B_crit's fit interval (B_crit's uncertainty only). Columns: summary,
+    b_simple, b_crit, ratio, ratio_low, ratio_high, fit_low, fit_high, n_runs, n_seeds, n_boot_failed."""
+    for column in ("trace_cov", "grad_sq_norm", seed):
+        if column not in at_weights:
+            raise ConfigError(f"noise_ratio_summaries: at_weights has no column {column!r}")
+    fit = results.critical_batch(points, steps=steps, batch=by, confidence=confidence)
+    values = b_simple_summaries(at_weights)
+    seeds = np.array(sorted(points[seed].unique()))
+    by_seed = {s: (points[points[seed] == s], at_weights[at_weights[seed] == s]) for s in seeds}
+    rng = np.random.default_rng(boot_seed)
+    boots: dict[str, list[float]] = {k: [] for k in NOISE_SUMMARIES}
+    failed = 0
+    for _ in range(n_boot):
+        pick = rng.choice(seeds, size=len(seeds), replace=True)
+        pts = pd.concat([by_seed[s][0] for s in pick], ignore_index=True)
+        weights = pd.concat([by_seed[s][1] for s in pick], ignore_index=True)
+        try:
+            b_crit = results.critical_batch(pts, steps=steps, batch=by, confidence=confidence).b_crit
+        except (ConfigError, ValueError, np.linalg.LinAlgError):
+            failed += 1
+            continue
+        for name, value in b_simple_summaries(weights).items():
+            boots[name].append(value / b_crit)
+    tail = (1 - confidence) / 2
+    low_crit, high_crit = fit.b_crit_interval
+    rows = []
+    for name in NOISE_SUMMARIES:
+        reps = np.array(boots[name], dtype=float)
+        low, high = (np.quantile(reps, [tail, 1 - tail], method="inverted_cdf") if len(reps)
+                     else (math.nan, math.nan))
+        rows.append({"summary": name, "b_simple": values[name], "b_crit": fit.b_crit,
+                     "ratio": values[name] / fit.b_crit, "ratio_low": float(low), "ratio_high": float(high),
+                     "fit_low": values[name] / high_crit if high_crit > 0 else math.nan,
+                     "fit_high": values[name] / low_crit if low_crit > 0 else math.inf,
+                     "n_runs": len(at_weights), "n_seeds": len(seeds), "n_boot_failed": failed})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class NoiseSummaryTest:
+    """The noise-scale mechanism test (docs/protocols.md, protocol v4): r under every summary."""
+    table: pd.DataFrame      # noise_ratio_summaries, with `inside` (r and its bootstrap interval within bounds)
+    lower: float
+    upper: float
+    verdict: str             # reproduced | partly | not reproduced | not testable
+    reason: str
+
+
+def noise_summary_test(table: pd.DataFrame, b_crit: CriticalBatchTest | None = None,
+                       bounds: tuple[float, float] = NOISE_RATIO_RANGE) -> NoiseSummaryTest:
+    """reproduced: r and its bootstrap interval lie within `bounds` under every summary; partly: they do for
+    ratio_of_means (McCandlish's estimator) but not under some other summary, or r of ratio_of_means lies
+    within and its interval does not; not reproduced: r of ratio_of_means lies outside; not testable: the
+    B_crit test (if given) is not valid, or an interval could not be computed."""
+    lo, hi = bounds
+    inside_r = (table["ratio"] >= lo) & (table["ratio"] <= hi)
+    inside = inside_r & (table["ratio_low"] >= lo) & (table["ratio_high"] <= hi)
+    out = table.assign(inside=inside)
+    primary = out.set_index("summary").loc["ratio_of_means"]
+    others = out[(out["summary"] != "ratio_of_means") & ~out["inside"]]["summary"].tolist()
+    if b_crit is not None and not b_crit.valid:
+        verdict, reason = "not testable", f"the B_crit test is not testable ({b_crit.reason})"
+    elif bool(out[["ratio_low", "ratio_high"]].isna().to_numpy().any()):
+        verdict, reason = "not testable", "a summary has no bootstrap interval"
+    elif not lo <= primary["ratio"] <= hi:
+        verdict, reason = "not reproduced", f"r (ratio of means) = {primary['ratio']:.3g} outside [{lo:g}, {hi:g}]"
+    elif bool(out["inside"].all()):
+        verdict, reason = "reproduced", f"r and its interval within [{lo:g}, {hi:g}] under every summary"
+    elif not bool(primary["inside"]):
+        verdict, reason = "partly", (f"r (ratio of means) = {primary['ratio']:.3g} within [{lo:g}, {hi:g}], its "
+                                     f"interval [{primary['ratio_low']:.3g}, {primary['ratio_high']:.3g}] not")
+    else:
+        verdict, reason = "partly", f"ratio of means within [{lo:g}, {hi:g}]; not under {', '.join(others)}"
+    return NoiseSummaryTest(out, lo, hi, verdict, reason)
+
+
+def near_loss(table: pd.DataFrame, target: float, factor: float = 2.0, loss: str = "train_loss") -> pd.DataFrame:
+    """The rows (checkpoints) whose `loss` lies within a factor `factor` of `target`: target / factor <= loss <=
+    target x factor ("near the target", where B_simple is read)."""
+    values = pd.to_numeric(table[loss], errors="coerce")
+    return table[(values >= target / factor) & (values <= target * factor)]
+
+
+@dataclass(frozen=True)
+class TwoBatchAgreement:
+    """The two-batch B_simple against the exact one at the same weights (docs/protocols.md, protocol v4)."""
+    n: int                   # points compared
+    n_within: int            # two-batch / exact within [1/tolerance, tolerance] (a non-finite or <= 0 estimate is not)
+    share_within: float
+    n_nonfinite: int         # two-batch estimates that are inf, NaN or <= 0 (a pair mean |G|^2 <= 0)
+    geo_ratio: float         # exp(mean over seeds of the per-seed mean log(two-batch / exact)), finite ratios only
+    geo_low: float           # t interval over seeds, back on the ratio scale
+    geo_high: float
+    n_seeds: int
+    tolerance: float
+    min_share: float
+    agrees: bool             # share_within >= min_share and [geo_low, geo_high] within [1/tolerance, tolerance]
+    table: pd.DataFrame      # the input with ratio and within
+
+
+def two_batch_agreement(table: pd.DataFrame, exact: str = "exact", estimate: str = "two_batch", seed: str = "seed",
+                        tolerance: float = TWO_BATCH_TOLERANCE, min_share: float = TWO_BATCH_MIN_SHARE,
+                        confidence: float = 0.95) -> TwoBatchAgreement:
+    """How closely the two-batch estimate follows the exact B_simple at the points of `table` (one row per
+    point: `exact`, `estimate`, `seed`), e.g. every fitted run's target weights, or near_loss of a run's
+    checkpoints. The geometric-mean ratio's interval is a t interval over the seeds' mean log ratios."""
+    for column in (exact, estimate, seed):
+        if column not in table:
+            raise ConfigError(f"two_batch_agreement: no column {column!r}")
+    ex = pd.to_numeric(table[exact], errors="coerce").to_numpy(float)
+    est = pd.to_numeric(table[estimate], errors="coerce").to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(np.isfinite(est) & (est > 0) & (ex > 0), est / ex, np.nan)
+    within = np.isfinite(ratio) & (np.abs(np.log(np.where(np.isfinite(ratio), ratio, 1.0))) <= math.log(tolerance))
+    out = table.assign(ratio=ratio, within=within)
+    logs = out.assign(_log=np.log(ratio)).dropna(subset=["_log"]).groupby(seed)["_log"].mean()
+    mean, _, low, high = stats.t_interval(logs.to_numpy(float), confidence)
+    n = len(out)
+    share = float(within.sum() / n) if n else math.nan
+    geo, geo_low, geo_high = (math.exp(v) if math.isfinite(v) else math.nan for v in (mean, low, high))
+    agrees = bool(n and share >= min_share and math.isfinite(geo_low) and 1 / tolerance <= geo_low
+                  and geo_high <= tolerance)
+    return TwoBatchAgreement(n, int(within.sum()), share, int((~np.isfinite(ratio)).sum()), geo, geo_low, geo_high,
+                             len(logs), tolerance, min_share, agrees, out)
 
 
 # ----------------------------------------------------------------------------- figures
