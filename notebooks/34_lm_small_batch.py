@@ -29,7 +29,8 @@ sweep: str = "lm_small_batch"               # the Adam lr selection (seeds 1-2)
 sgd_sweep: str = "lm_small_batch_sgd"       # the SGD lr selection (seeds 1-2); "" for none
 extension_sweeps: str = "lm_small_batch_ext,lm_small_batch_sgd_ext"   # grids extended at their edges (the
                                             # protocol's rule), comma-separated; those not run yet are skipped
-seeds_sweep: str = "lm_small_batch_seeds"   # seeds 3-7 at the chosen lrs (skipped while it has not run)
+seeds_sweep: str = "lm_small_batch_seeds,lm_small_batch_sgd_seeds"   # seeds 3-7 at the chosen lrs, Adam and
+                                            # SGD, comma-separated (those not run yet are skipped)
 runs_dir: str = "runs"                      # root folder of run directories (relative: to the project)
 out_dir: str = "reports/lm_small_batch"     # figures and tables go here (relative: to the project)
 spec_path: Optional[str] = None             # the spec (not needed: a run's setting is read from its config)
@@ -54,9 +55,12 @@ from bsresearch.plots import save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-if seeds_sweep and not (runs_dir / seeds_sweep).is_dir():
-    print(f"sweep {seeds_sweep} has not run yet: the lr selection only")
-    seeds_sweep = ""
+seeds_sweeps = [s.strip() for s in seeds_sweep.split(",") if s.strip()]
+for missing in [s for s in seeds_sweeps if not (runs_dir / s).is_dir()]:
+    print(f"sweep {missing} has not run yet")
+seeds_sweeps = [s for s in seeds_sweeps if (runs_dir / s).is_dir()]
+if not seeds_sweeps:
+    print("no seeds sweep has run: the lr selection only")
 extensions = [s for s in extension_sweeps.split(",") if s.strip() and (runs_dir / s.strip()).is_dir()]
 print("grid extensions:", ", ".join(extensions) or "none run")
 selection_runs = results.load([s.strip() for s in (sweep, sgd_sweep, *extensions) if s], runs_root=runs_dir)
@@ -78,8 +82,8 @@ print(seeds_overrides(selection))
 # ## The pre-registered test (seeds 3-7 at the chosen lrs)
 
 # %%
-if seeds_sweep:
-    runs = results.load(seeds_sweep, runs_root=runs_dir)
+if seeds_sweeps:
+    runs = results.load(seeds_sweeps, runs_root=runs_dir)
     test = small_batch_test(runs)
     verdict = pd.DataFrame([{
         "statistic 1": f"d_beta2 = L(adam fixed, B={test.small}) - L(adam half-life, B={test.small})",
@@ -102,12 +106,12 @@ if seeds_sweep:
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-if seeds_sweep:
+if seeds_sweeps:
     loss_vs_batch(axes[0], table, unit=results.loss_unit(runs))
 spread_vs_batch(axes[1], selection)
 save_figure(fig, out / "loss_vs_batch",
             "Left: final validation loss after 2^21 tokens against the batch size, per optimizer setting, each at "
             "its lr chosen on seeds 1-2; mean over seeds 3-7 with its 95% t interval. Right: the spread of the "
             "selection seeds' mean loss over each cell's lr grid (robustness to the lr).",
-            runs=runs if seeds_sweep else selection_runs)
+            runs=runs if seeds_sweeps else selection_runs)
 plt.show()
