@@ -74,6 +74,16 @@ def sweep_dir(sweep: str | Path, runs_root: str | Path = "runs") -> Path:
     raise SweepMissing(f"no runs of sweep {str(sweep)!r} in {folder.parent}: run `{command}` first")
 
 
+def sweeps_run(names: str, runs_root: str | Path = "runs") -> list[str]:
+    """The sweeps of a comma-separated list (a notebook parameter) that have a folder under runs_root; each
+    one that has not run yet is printed, not raised (an analysis notebook reads what exists)."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    missing = [n for n in wanted if not (Path(runs_root) / n).is_dir()]
+    for name in missing:
+        print(f"sweep {name} has not run yet")
+    return [n for n in wanted if n not in missing]
+
+
 def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any]) -> dict[str, Any]:
     rd = RunDir(run_dir)
     row: dict[str, Any] = {"sweep": sweep, "run_id": run_dir.name, "label": label}

@@ -55,15 +55,11 @@ from bsresearch.plots import save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-seeds_sweeps = [s.strip() for s in seeds_sweep.split(",") if s.strip()]
-for missing in [s for s in seeds_sweeps if not (runs_dir / s).is_dir()]:
-    print(f"sweep {missing} has not run yet")
-seeds_sweeps = [s for s in seeds_sweeps if (runs_dir / s).is_dir()]
+seeds_sweeps = results.sweeps_run(seeds_sweep, runs_dir)
 if not seeds_sweeps:
     print("no seeds sweep has run: the lr selection only")
-extensions = [s for s in extension_sweeps.split(",") if s.strip() and (runs_dir / s.strip()).is_dir()]
-print("grid extensions:", ", ".join(extensions) or "none run")
-selection_runs = results.load([s.strip() for s in (sweep, sgd_sweep, *extensions) if s], runs_root=runs_dir)
+extensions = results.sweeps_run(extension_sweeps, runs_dir)
+selection_runs = results.load([s for s in (sweep, sgd_sweep, *extensions) if s], runs_root=runs_dir)
 print(f"selection: {len(selection_runs)} runs:", dict(selection_runs["state"].value_counts()))
 
 # %% [markdown]

@@ -188,3 +188,11 @@ def test_a_damaged_history_is_named_when_loaded_not_a_parser_error(sweep):
     path.write_text(path.read_text() + "1,2,3\n")        # a row with too few fields
     with pytest.raises(ConfigError, match=r"run .*: history.csv: line \d+ has 3 fields, its header \d+"):
         results.load_history(runs)
+
+
+def test_sweeps_run_keeps_the_listed_sweeps_that_have_run_in_order(tmp_path, capsys):
+    for name in ("b", "a"):
+        (tmp_path / name).mkdir()
+    assert results.sweeps_run(" a, missing ,b,,", tmp_path) == ["a", "b"]
+    assert "sweep missing has not run yet" in capsys.readouterr().out
+    assert results.sweeps_run("", tmp_path) == []

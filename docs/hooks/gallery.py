@@ -50,7 +50,10 @@ def discover() -> list[Finding]:
     found = []
     for path in sorted(EXPERIMENTS.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text()) or {}
-        module = re.sub(r"^\d+_", "", Path(spec.get("analysis") or "").stem)   # analysis: null in a child spec
+        if "extends" in spec:          # a child spec: as merged over its parents (what a sweep of it runs)
+            from bsresearch.sweep.spec import load_spec
+            spec = load_spec(path).raw
+        module = re.sub(r"^\d+_", "", Path(spec.get("analysis") or "").stem)   # analysis: null stops inheriting it
         if module in modules:
             name = spec.get("name", path.stem)
             folders = [p for p in [REPORTS / name, *sorted(REPORTS.glob(f"*/{name}"))] if p.is_dir()]
