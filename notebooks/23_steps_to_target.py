@@ -52,6 +52,9 @@ measure_at_target: bool = True             # B_simple at each fitted run's targe
 targets: list = [0.5, 0.4, 0.35, 0.3]      # secondary: B_crit at each of these losses (not below the target)
 two_batch_sizes: list = [20, 80]           # (B_small, B_big) of the two-batch estimator at the noise checkpoints
 two_batch_pairs: int = 200                 # independent batch pairs per checkpoint (0: skip)
+lr_table: Optional[str] = None             # confirmatory runs (protocol v3): a committed tuned_lr.csv whose lr per
+                                           # batch size SWEEP ran on fresh seeds; nothing is selected here, every
+                                           # run is a confirmation point (set seeds_sweep ""). None: select on SWEEP
 
 # %%
 
@@ -90,9 +93,17 @@ if len(missing):
 targets_found = tried["target_loss"].unique()
 assert len(targets_found) == 1 and set(tried["budget"]) == {"target"}, "one target-loss budget expected"
 target = float(targets_found[0])
-selection = tried[tried["seed"].isin(selection_seeds)]
-if set(tried["seed"]) - set(selection_seeds):
-    print(f"seeds {sorted(set(tried['seed']) - set(selection_seeds))} of {sweep} are not selection seeds: left out")
+if lr_table:   # the lr was chosen on another sweep's selection seeds; this sweep's seeds are all confirmation
+    chosen_lrs = pd.read_csv(project_path(lr_table))
+    selection_seeds = sorted(int(s) for s in tried["seed"].unique())
+    selection = tried
+    print(f"lr per batch size from {lr_table} (chosen on the selection seeds of its own sweep); every run of "
+          f"{sweep} (seeds {selection_seeds}) is a confirmation point")
+else:
+    selection = tried[tried["seed"].isin(selection_seeds)]
+    if set(tried["seed"]) - set(selection_seeds):
+        print(f"seeds {sorted(set(tried['seed']) - set(selection_seeds))} of {sweep} are not selection seeds: "
+              f"left out")
 
 seeds_name = f"{sweep}_seeds" if seeds_sweep is None else seeds_sweep
 confirmation = None
@@ -115,11 +126,14 @@ print(f"target: full-train loss <= {target:g}; batch sizes {sorted(int(b) for b 
 # ## The tuned lr (selection seeds), the confirmation seeds, and the fit's points
 
 # %%
-tuned = stt.tuned_table(selection, confidence=confidence)   # best lr per batch size, on the selection seeds
-per_seed, mismatches = stt.add_confirmation_seeds(stt.at_best_lr(selection, tuned), confirmation, tuned)
+if lr_table:   # the chosen lr's grid (interior or not) is the selection's, read from the table
+    tuned, per_seed, mismatches = stt.lr_chosen_elsewhere(tried, chosen_lrs, confidence=confidence)
+else:          # best lr per batch size, on the selection seeds
+    tuned = stt.tuned_table(selection, confidence=confidence)
+    per_seed, mismatches = stt.add_confirmation_seeds(stt.at_best_lr(selection, tuned), confirmation, tuned)
 for m in mismatches.itertuples():
-    print(f"batch size {m.batch_size:g}: the seeds sweep ran lr {m.lr_run:g}, the best lr on seeds "
-          f"{selection_seeds} is {m.lr_best:g}: its {m.n_runs} run(s) are left out")
+    print(f"batch size {m.batch_size:g}: {m.n_runs} run(s) at lr {m.lr_run:g}, not at the chosen lr "
+          f"{m.lr_best:g}: left out")
 seeds_per_batch = per_seed.groupby("batch_size")["seed"].nunique()
 min_reached = min(stt.MIN_REACHED, int(seeds_per_batch.max()))   # with 2 seeds only: both must reach it
 points, counts = stt.fit_points(per_seed, min_reached=min_reached)
@@ -174,8 +188,9 @@ primary = [
      f"the {r_test.n_runs} runs of the fit at their target weights." if r_test is not None else
      "PRIMARY 2, noise scale vs B_crit: NOT COMPUTED (measure_at_target is false)."),
     f"Seeds per batch size at the best lr: {'-'.join(map(str, seed_counts))} "
-    f"(selection seeds {selection_seeds}"
-    + (f" + seeds sweep {seeds_name}" if confirmation is not None else ", no seeds sweep")
+    + (f"(seeds {selection_seeds} of {sweep}, at the lr chosen in {lr_table}" if lr_table else
+       f"(selection seeds {selection_seeds}"
+       + (f" + seeds sweep {seeds_name}" if confirmation is not None else ", no seeds sweep"))
     + ("" if min(seed_counts) >= 5 else "; FEWER THAN THE PROTOCOL'S 5") + ").",
     f"Largest batch: B = {b_largest} of N = {n_train} training examples, B/N = {fraction:.3g}.",
 ]

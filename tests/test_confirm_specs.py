@@ -84,3 +84,17 @@ def test_the_quoted_tests_are_word_for_word_in_the_protocol(path):
             assert part.strip() in protocol, (
                 f"{path.name} quotes a test that docs/protocols.md no longer states: a frozen test (protocol "
                 f"version 3) was changed, which makes a new version; quote: {part[:80]!r}")
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIRM if "lr_table" in spec_of(p).analysis_parameters],
+                         ids=lambda p: p.name)
+def test_the_lr_table_a_report_reads_is_the_lr_the_sweep_ran(path):
+    """A confirmatory steps-to-target sweep runs one lr per batch size, chosen on the exploratory sweep's
+    selection seeds; its report reads that choice from the exploratory report's tuned_lr.csv. They must agree."""
+    import pandas as pd
+
+    spec = spec_of(path)
+    table = pd.read_csv(ROOT / spec.analysis_parameters["lr_table"]).set_index("batch_size")["lr"]
+    ran = {(p.config.batch_size, p.config.lr) for p in expand(spec)}
+    assert ran == {(int(b), float(lr)) for b, lr in table.items()}
+    assert spec.analysis_parameters.get("seeds_sweep") == ""   # every run here is a confirmation point

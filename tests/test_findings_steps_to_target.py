@@ -30,6 +30,7 @@ from bsresearch.findings.steps_to_target import (
     fit_tuned_lr,
     largest_batch_fraction,
     local_exponents,
+    lr_chosen_elsewhere,
     mark_regimes,
     noise_at_target_vs_batch,
     noise_checkpoints,
@@ -141,6 +142,29 @@ def test_confirmation_seeds_join_at_the_best_lr_and_a_different_lr_is_named_and_
     assert mismatches.to_dict("records") == [{"batch_size": 64, "lr_run": 0.8, "lr_best": 0.2, "n_runs": 3}]
     alone, none = add_confirmation_seeds(at_best_lr(runs, best), None, best)
     assert len(alone) == len(SIZES) * 2 and none.empty
+
+
+def test_lr_chosen_elsewhere_fits_every_fresh_seed_at_the_table_lr_with_the_tables_grid():
+    selection = make_runs(seeds=(1, 2))
+    chosen = tuned_table(selection)                               # as the exploratory report wrote it
+    chosen.loc[chosen.batch_size == 1024, "interior"] = False     # the selection's grid decides "interior"
+    fresh = make_runs(seeds=(20, 21, 22))
+    fresh = fresh[fresh["lr"] == fresh["batch_size"].map(best_lr_of)]   # one lr per batch size, as the spec runs
+    stray = fresh[fresh.batch_size == 64].assign(lr=0.8)           # a run at another lr than the table's
+    tuned, per_seed, mismatches = lr_chosen_elsewhere(pd.concat([fresh, stray], ignore_index=True), chosen)
+    assert len(per_seed) == len(SIZES) * 3 and (per_seed["stage"] == "confirmation").all()
+    assert set(per_seed["seed"]) == {20, 21, 22}
+    assert mismatches.to_dict("records") == [{"batch_size": 64, "lr_run": 0.8, "lr_best": 0.2, "n_runs": 3}]
+    assert list(tuned["lr"]) == [best_lr_of(b) for b in SIZES]
+    assert list(tuned["interior"]) == [b != 1024 for b in SIZES]   # the table's, not "a single lr is an edge"
+    assert (tuned["n_lrs"] == 5).all() and (tuned["lr_min"] == 0.05).all() and (tuned["n_seeds"] == 3).all()
+    for row in tuned.itertuples():   # oracle: the mean over the fresh seeds at the chosen lr
+        steps = fresh[fresh.batch_size == row.batch_size]["steps_to_target"].to_numpy(float)
+        assert row.steps_mean == pytest.approx(steps.mean())
+    with pytest.raises(ConfigError, match="lacks the column"):
+        lr_chosen_elsewhere(fresh, chosen[["batch_size", "lr"]])
+    with pytest.raises(ConfigError, match="no run is at the lr"):
+        lr_chosen_elsewhere(fresh.assign(lr=3.0), chosen)
 
 
 def test_fit_points_leave_out_failed_runs_and_batch_sizes_with_fewer_than_3_reached():

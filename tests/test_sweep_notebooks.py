@@ -112,6 +112,23 @@ seeds: [0, 1]
     assert len(at_target) == 2 * len(tuned) == 6               # every seed at every batch size's best lr
     assert (at_target["b_simple"] > 0).all() and (at_target["train_loss"] <= 0.9).all()
     assert "over the 256 training examples" in (out / "noise_scale.txt").read_text()
+    # the confirmatory design (protocol v3): fresh seeds at the lr chosen above, read from the committed table
+    table = tmp_path / "tuned_lr.csv"
+    table.write_bytes((out / "tuned_lr.csv").read_bytes())
+    lrs = "\n".join(f"  - {{where: {{batch_size: {int(r.batch_size)}}}, set: {{lr: {r.lr}}}}}"
+                     for r in tuned.itertuples())
+    confirm = tmp_path / "tiny_stt_confirm.yaml"
+    confirm.write_text(spec.read_text().replace("name: tiny_stt", "name: tiny_stt_confirm")
+                       .replace("selection_seeds: [0, 1]", f"lr_table: {table}, seeds_sweep: ''")
+                       .replace(", lr: [0.1, 0.2, 0.4, 0.8, 1.6]", "").replace("seeds: [0, 1]", "seeds: [5, 6]")
+                       + f"overrides:\n{lrs}\n")
+    assert run_sweep(confirm, runs_root=runs, executor="inline", progress=False).all_finished
+    out = run_report(confirm, runs, reports, html=False, allow_dirty=True)
+    at_target = pd.read_csv(out / "b_simple_at_target.csv")
+    assert set(at_target["seed"]) == {5, 6} and (at_target["stage"] == "confirmation").all()
+    assert len(at_target) == 6
+    confirmed = pd.read_csv(out / "tuned_lr.csv")
+    assert list(confirmed["lr"]) == list(tuned["lr"]) and list(confirmed["interior"]) == list(tuned["interior"])
 
 
 @pytest.mark.slow

@@ -204,6 +204,29 @@ def add_confirmation_seeds(per_seed: pd.DataFrame, confirmation: pd.DataFrame | 
     return runs.sort_values([by, "seed"]).reset_index(drop=True), (mismatches if len(mismatches) else empty)
 
 
+def lr_chosen_elsewhere(runs: pd.DataFrame, chosen: pd.DataFrame, by: str = "batch_size", lr: str = "lr",
+                        confidence: float = 0.95) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The confirmatory design (protocol version 3): each batch size's lr was chosen on another sweep's
+    selection seeds, whose report wrote `chosen` (its tuned_lr.csv: `by`, lr, interior, lr_min, lr_max,
+    n_lrs), and `runs` (fresh seeds) ran at that lr only, so nothing is selected here. Returns (tuned: as
+    tuned_table over the runs at the chosen lr, with interior, lr_min, lr_max and n_lrs those of the
+    selection's grid; per_seed: those runs, stage "confirmation"; mismatches: as add_confirmation_seeds,
+    the runs at another lr or at a batch size `chosen` lacks, left out)."""
+    grid = ["interior", "lr_min", "lr_max", "n_lrs"]
+    missing = [c for c in [by, lr, *grid] if c not in chosen.columns]
+    if missing:
+        raise ConfigError(f"the table of chosen lrs lacks the column(s) {missing}; it must be a steps-to-target "
+                          f"report's tuned_lr.csv (columns {by}, {lr}, {', '.join(grid)}, ...)")
+    empty = runs.iloc[0:0].assign(stage=pd.Series(dtype=object))
+    per_seed, mismatches = add_confirmation_seeds(empty, runs, chosen[[by, lr]], by=by, lr=lr)
+    if not len(per_seed):
+        raise ConfigError(f"no run is at the lr the table chose for its {by}: the sweep and the table of chosen "
+                          f"lrs do not belong together")
+    tuned = tuned_table(per_seed, by=by, lr=lr, confidence=confidence)   # one lr per batch size: the chosen one
+    tuned = tuned.drop(columns=grid).merge(chosen[[by, *grid]], on=by)
+    return tuned[[by, lr, *grid, *[c for c in tuned.columns if c not in (by, lr, *grid)]]], per_seed, mismatches
+
+
 def fit_points(per_seed: pd.DataFrame, steps: str = "steps_to_target", by: str = "batch_size",
                min_reached: int = MIN_REACHED) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The protocol's points of the B_crit fit from the runs at the best lr: a run that did not reach the
