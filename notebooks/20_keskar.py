@@ -42,7 +42,15 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results, stats
-from bsresearch.findings.keskar import interpolate_runs, interpolation_plot, keskar_test, tenth_of_data, verdict_table
+from bsresearch.findings.keskar import (
+    interpolate_runs,
+    interpolation_plot,
+    keskar_test,
+    paired_differences,
+    paired_test_plot,
+    tenth_of_data,
+    verdict_table,
+)
 from bsresearch.findings.runs import measure_runs
 from bsresearch.measure.sharpness import keskar_sharpness
 from bsresearch.paths import project_path
@@ -132,18 +140,25 @@ paired.to_csv(out / "keskar_paired.csv", index=False)
 paired
 
 # %%
-fig, axes = figure_grid(4, width=3.6)
-for ax, (y, title) in zip(axes, [("test_acc", "test accuracy"), ("keskar_phi_eps1e-3", "phi, eps 1e-3 (%)"),
-                                 ("keskar_subspace_phi_eps1e-3", "phi, eps 1e-3, 100-dim subspace (%)"),
-                                 ("hessian_top_eigenvalue", "top Hessian eigenvalue")]):
-    metric_vs_batch(ax, ok, y)
-    ax.set_title(title, fontsize=10)
+fig = plt.figure(figsize=(14.4, 7.6), layout="constrained")
+axes = fig.subplot_mosaic([["ratio", "ratio", "drop", "drop"], ["test_acc", "phi", "subspace", "eigenvalue"]])
+paired_test_plot(axes["ratio"], axes["drop"], paired_differences(runs, small_batch, large_batch), test)
+for key, (y, title) in zip(["test_acc", "phi", "subspace", "eigenvalue"],
+                           [("test_acc", "test accuracy"), ("keskar_phi_eps1e-3", "phi, eps 1e-3 (%)"),
+                            ("keskar_subspace_phi_eps1e-3", "phi, eps 1e-3, 100-dim subspace (%)"),
+                            ("hessian_top_eigenvalue", "top Hessian eigenvalue")]):
+    metric_vs_batch(axes[key], ok, y)
+    axes[key].set_title(title, fontsize=10)
     if y != "test_acc":
-        ax.set_yscale("log")
-save_figure(fig, out / "keskar_target", f"Keskar et al. ({setting}): test "
-            "accuracy, Keskar sharpness phi (full space and a random 100-dim subspace, eps 1e-3) and the top "
-            "Hessian eigenvalue at the end of training, against batch size; mean and 95% interval over seeds, "
-            "dots are single seeds.", runs=ok)
+        axes[key].set_yscale("log")
+save_figure(fig, out / "keskar_target", f"Keskar et al. ({setting}). Top, the pre-registered test as it decides: "
+            f"for each seed (the same initial weights at both batch sizes), the ratio of Keskar's phi (eps 1e-3, "
+            f"full space) B={large_batch} over B={small_batch} (left, log axis) and the test-accuracy drop "
+            f"B={small_batch} - B={large_batch} in points (right), with the estimate and its 95% t interval over "
+            f"the {test.n_pairs} paired seeds; the red line is the threshold the interval must clear (verdict: "
+            f"{test.verdict}). Bottom, descriptive and unpaired: test accuracy, phi (full space and a random "
+            "100-dim subspace, eps 1e-3) and the top Hessian eigenvalue at the end of training against batch size; "
+            "mean and 95% interval over seeds, dots are single seeds.", runs=ok)
 
 # %% [markdown]
 # Keskar's parametric plot: loss and accuracy along (1 - alpha) x_SB + alpha x_LB, alpha in [-1, 2], for every seed.

@@ -157,11 +157,12 @@ save_figure(fig, out / "goyal_vs_batch",
             f"linear: x B/32, sqrt: x sqrt(B/32); warmup: {warmup:.3g} epochs). Left: final test accuracy, mean "
             "and 95% t-interval over the "
             "seeds that finished (faint: each seed). Middle: test accuracy minus the same rule's at batch "
-            f"{baseline_batch}, in points, with Welch's 95% interval: each rule is measured from its own "
-            f"baseline, so the one dotted line at -{100 * margin:g} point is every rule's threshold (a batch size "
-            "holds when the interval's lower end is above it and no seed diverged; the pre-registered test "
-            f"applies it to linear + warmup). Right: full-train loss. x at the bottom: a diverged seed. "
-            f"Largest B/N = {largest_b / n_train:.3g}.", runs=unique)
+            f"{baseline_batch}, in points (symmetric-log axis, linear within ±{200 * margin:g} points, so the "
+            "threshold stays readable beside a collapse), with Welch's 95% interval: each rule is measured "
+            f"from its own baseline, so the one dotted line at -{100 * margin:g} point is every rule's threshold "
+            "(a batch size holds when the interval's lower end is above it and no seed diverged; the "
+            f"pre-registered test applies it to linear + warmup). Right: full-train loss. x at the bottom: a "
+            f"diverged seed. Largest B/N = {largest_b / n_train:.3g}.", runs=unique)
 plt.show()
 
 # %%

@@ -163,15 +163,18 @@ metric_vs_batch_optima(axes[0], lr_runs, opt_lr, metric)
 metric_vs_batch(axes[1], lr_runs, "train_loss", hue="lr")
 axes[1].set_yscale("log")
 axes[1].get_legend().set_title("learning rate")
-optimum_scaling(axes[2], opt_lr, fit_lr)
+optimum_scaling(axes[2], opt_lr, fit_lr, primary=seed_lr)
 save_figure(fig, out / "optimum_vs_lr",
             f"Smith & Le: {SETTING}. Left: final test accuracy against batch size, one line per lr "
             f"(mean and 95% interval over seeds; grey points: seeds); diamonds: B_opt, the vertex of a parabola "
             f"in log2 B through the best batch size and its neighbours, with its {confidence:.0%} bootstrap "
             f"interval over seeds (open: peak at the grid's edge). Middle: final full-train loss (at a fixed "
-            f"number of epochs, large batches are under-trained). Right: B_opt against lr with the "
-            f"least-squares power law (slope {fit_lr.slope:.2f}, {confidence:.0%} bootstrap interval "
-            f"[{fit_lr.slope_low:.2f}, {fit_lr.slope_high:.2f}]) and the predicted slope 1.", runs=lr_runs)
+            f"number of epochs, large batches are under-trained). Right: B_opt against lr; solid red: the "
+            f"pre-registered statistic, the mean of the per-seed slopes, {seed_lr.mean:.2f} "
+            f"[{seed_lr.low:.2f}, {seed_lr.high:.2f}] ({confidence:.0%} t interval over {len(seed_lr.slopes)} "
+            f"seeds; drawn through the points' geometric mean); dotted: the secondary least-squares power law "
+            f"of the seed-mean peaks (slope {fit_lr.slope:.2f}, {confidence:.0%} bootstrap interval "
+            f"[{fit_lr.slope_low:.2f}, {fit_lr.slope_high:.2f}]); dashed: the predicted slope 1.", runs=lr_runs)
 plt.show()
 print(f"secondary, bootstrap: B_opt ~ lr^k: k = {interval(fit_lr.slope, fit_lr.slope_low, fit_lr.slope_high, '.2f')} "
       f"(predicted 1; {fit_lr.n_excluded} lr(s) with a censored peak left out)")
@@ -200,15 +203,17 @@ if n_sweep:
     metric_vs_batch(axes[1], n_all, "train_loss", hue="n_train")
     axes[1].set_yscale("log")
     axes[1].get_legend().set_title("training-set size N")
-    optimum_scaling(axes[2], opt_n, fit_n)
+    optimum_scaling(axes[2], opt_n, fit_n, primary=seed_n)
     axes[2].set_xlabel("training-set size N")
     save_figure(fig, out / "optimum_vs_n",
                 f"Smith & Le on MNIST-1D, lr {n_lr:g}, training-set size N = 1000, 2000 (nested random subsets) and "
                 f"4000 (the smith_le runs at this lr); otherwise as in optimum_vs_lr, each N trained for the same "
                 f"number of epochs. Left: final test accuracy against batch size per N with B_opt (diamonds, "
-                f"{confidence:.0%} bootstrap interval). Middle: final train loss. Right: B_opt against N with the "
-                f"power-law fit (slope {fit_n.slope:.2f} [{fit_n.slope_low:.2f}, {fit_n.slope_high:.2f}]) and the "
-                f"predicted slope 1.", runs=n_all)
+                f"{confidence:.0%} bootstrap interval). Middle: final train loss. Right: B_opt against N; "
+                f"solid red: the second test's statistic, the mean per-seed slope {seed_n.mean:.2f} [{seed_n.low:.2f}, "
+                f"{seed_n.high:.2f}] ({confidence:.0%} t interval); dotted: the secondary power-law fit of the "
+                f"seed-mean peaks (slope {fit_n.slope:.2f} [{fit_n.slope_low:.2f}, {fit_n.slope_high:.2f}]); "
+                f"dashed: the predicted slope 1.", runs=n_all)
     plt.show()
     print(f"secondary, bootstrap: B_opt ~ N^k: k = {interval(fit_n.slope, fit_n.slope_low, fit_n.slope_high, '.2f')} "
           f"(predicted 1; {fit_n.n_excluded} N with a censored peak left out)")

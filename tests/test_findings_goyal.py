@@ -127,6 +127,10 @@ def test_difference_vs_batch_keeps_every_interval_inside_the_axes():
     assert len(threshold) == 1 and list(np.asarray(threshold[0].get_ydata())) == [-1.0, -1.0]
     crosses = [c for c in ax.collections if str(c.get_label()).startswith("_diverged")]
     assert len(crosses) == 1 and len(np.asarray(crosses[0].get_offsets())) == 1
+    # readable: with a collapse of 30 points on the axis, the -1 point threshold still sits well apart from 0
+    frac = ax.transLimits.transform   # data -> axes fraction, through the y scale
+    gap = abs(frac(ax.transScale.transform((1.0, -1.0)))[1] - frac(ax.transScale.transform((1.0, 0.0)))[1])
+    assert 100 * diffs["diff"].min() < -25 and gap > 0.08
     plt.close(fig)
 
 

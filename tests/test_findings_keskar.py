@@ -7,7 +7,14 @@ from conftest import tiny_config
 
 from bsresearch import results
 from bsresearch.config import ConfigError
-from bsresearch.findings.keskar import interpolate_runs, keskar_test, tenth_of_data, verdict_table
+from bsresearch.findings.keskar import (
+    interpolate_runs,
+    keskar_test,
+    paired_differences,
+    paired_test_plot,
+    tenth_of_data,
+    verdict_table,
+)
 from bsresearch.findings.runs import measure_runs
 from bsresearch.train import run
 
@@ -88,6 +95,24 @@ def test_keskar_verdicts_follow_the_protocol(ratios, drops, verdict):
     assert test.extend_seeds == (verdict != "reproduced")   # the non-reproduced cases straddle a threshold
     shown = verdict_table(test)
     assert list(shown["verdict"]) == [verdict] * 2 and shown["statistic"].iloc[0].startswith("R:")
+
+
+def test_the_paired_figure_draws_each_seeds_difference_the_estimate_and_the_threshold():
+    import matplotlib.pyplot as plt
+    table = _table([1, 1, 2], [2, 8, 8], [0.90, 0.92, 0.91], [0.88, 0.91, 0.87])
+    pairs = paired_differences(table, 32, 400)
+    assert list(pairs["ratio"]) == [2, 8, 4] and list(pairs["drop"]) == pytest.approx([0.02, 0.01, 0.04])
+    test = keskar_test(table, 32, 400)
+    fig, (ax_ratio, ax_drop) = plt.subplots(1, 2)
+    paired_test_plot(ax_ratio, ax_drop, pairs, test)
+    assert list(ax_ratio.collections[0].get_offsets()[:, 1]) == [2, 8, 4]          # one point per seed
+    assert list(ax_drop.collections[0].get_offsets()[:, 1]) == pytest.approx([2, 1, 4])   # in points
+    thresholds = [[ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_label().startswith("threshold")]
+                  for ax in (ax_ratio, ax_drop)]
+    assert thresholds == [[1.0], [0.0]]
+    estimate = [ln for ln in ax_ratio.get_lines() if ln.get_marker() == "D"][0]
+    assert estimate.get_ydata()[0] == pytest.approx(test.ratio) and ax_ratio.get_yscale() == "log"
+    plt.close(fig)
 
 
 def test_keskar_is_not_testable_when_a_run_missed_its_target_or_failed():

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
 import matplotlib.transforms as mtransforms
 import numpy as np
 import pandas as pd
@@ -404,7 +405,8 @@ def difference_vs_batch(ax: plt.Axes, rows: pd.DataFrame, diffs: pd.DataFrame, m
     points, with Welch's 95% interval, against batch size (log2 axis); one dotted line at -margin, the
     threshold of "holds" (docs/protocols.md#goyal), which applies to every rule because each is measured
     from its own baseline. Diverged seeds: an x at the bottom in the rule's colour. Limits from the
-    intervals, so every bar lies inside the axes."""
+    intervals, so every bar lies inside the axes. The y axis is symmetric-log, linear within 2 margins of 0,
+    so that the threshold stays readable beside a collapse of tens of points."""
     names = present_in_order(diffs[hue], order)
     colors = colors or variant_colors(names)
     bottom = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
@@ -425,8 +427,12 @@ def difference_vs_batch(ax: plt.Axes, rows: pd.DataFrame, diffs: pd.DataFrame, m
     ax.axhline(-100 * margin, color="0.3", linestyle=":", linewidth=1.2,
                label=f"-{100 * margin:g} point: holds above (lower end)")
     limits_from_intervals(ax, ends + [[-100 * margin]], ends + [[0.0]])
+    linear = 2 * 100 * margin
+    ax.set_yscale("symlog", linthresh=linear, linscale=1.5)
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
     log2_batch_axis(ax, "x", [int(b) for b in diffs["batch_size"].unique()])
-    ax.set(xlabel=axis_label("batch_size"), ylabel=f"test acc. - same rule at B={baseline_batch} (points)")
+    ax.set(xlabel=axis_label("batch_size"),
+           ylabel=f"test acc. - same rule at B={baseline_batch} (points; linear within ±{linear:g})")
     ax.legend(fontsize="x-small")
     return ax
 

@@ -2,6 +2,7 @@
 large batches converge to sharper minima that generalize worse. Needs torch (the trained weights).
 
     test = keskar_test(runs, small_batch=32, large_batch=tenth_of_data(runs))   # the pre-registered test
+    paired_test_plot(ax_ratio, ax_drop, paired_differences(runs, 32, test.large_batch), test)   # what decides
     table = runs.measure_runs(ok, lambda model, data, cfg: {"phi": keskar_sharpness(...).phi})
     curve = interpolate_runs(small_batch_run_dir, large_batch_run_dir)       # the parametric plot
     interpolation_plot(ax_loss, ax_acc, curve)
@@ -87,14 +88,10 @@ def keskar_test(runs: pd.DataFrame, small_batch: int, large_batch: int, phi: str
             problems.append(f"B={r['batch_size']} seed {r['seed']}: {r['state']}")
         elif "reached_target" in cells and not bool(r["reached_target"]):
             problems.append(f"B={r['batch_size']} seed {r['seed']}: did not reach its target")
-    ok = cells[cells["state"] == "ok"]
-    sb = ok[ok["batch_size"] == small_batch].set_index("seed")
-    lb = ok[ok["batch_size"] == large_batch].set_index("seed")
-    seeds = sorted(set(sb.index) & set(lb.index))
-    log_ratio = [math.log(float(lb.loc[s, phi]) / float(sb.loc[s, phi])) for s in seeds]
-    drops = [float(sb.loc[s, metric]) - float(lb.loc[s, metric]) for s in seeds]
-    m, _, low, high = t_interval(log_ratio)
-    d, _, d_low, d_high = t_interval(drops)
+    pairs = paired_differences(cells, small_batch, large_batch, phi, metric)
+    seeds = list(pairs["seed"])
+    m, _, low, high = t_interval(np.log(pairs["ratio"].to_numpy(float)))
+    d, _, d_low, d_high = t_interval(pairs["drop"].to_numpy(float))
     if len(seeds) < 2:
         problems.append(f"{len(seeds)} seed(s) with both batch sizes; 2 or more needed")
     if problems:
@@ -105,6 +102,43 @@ def keskar_test(runs: pd.DataFrame, small_batch: int, large_batch: int, phi: str
     n_train = int(runs["n_train"].max()) if "n_train" in runs else 0
     return KeskarTest(small_batch, large_batch, n_train, len(seeds), float(np.exp(m)), float(np.exp(low)),
                       float(np.exp(high)), d, d_low, d_high, tuple(problems), verdict)
+
+
+def paired_differences(runs: pd.DataFrame, small_batch: int, large_batch: int, phi: str = PRIMARY_PHI,
+                       metric: str = "test_acc") -> pd.DataFrame:
+    """Per seed with an `ok` run at both batch sizes (the same initial weights): ratio = phi(LB) / phi(SB)
+    and drop = metric(SB) - metric(LB), the two paired differences the test's intervals are taken over."""
+    ok = runs[runs["state"] == "ok"]
+    sb = ok[ok["batch_size"] == small_batch].set_index("seed")
+    lb = ok[ok["batch_size"] == large_batch].set_index("seed")
+    seeds = sorted(set(sb.index) & set(lb.index))
+    return pd.DataFrame({"seed": seeds,
+                         "ratio": [float(lb.loc[s, phi]) / float(sb.loc[s, phi]) for s in seeds],
+                         "drop": [float(sb.loc[s, metric]) - float(lb.loc[s, metric]) for s in seeds]})
+
+
+def paired_test_plot(ax_ratio: plt.Axes, ax_drop: plt.Axes, pairs: pd.DataFrame, test: KeskarTest) -> None:
+    """The deciding statistics as the eye should read them: each seed's paired ratio (log axis) and accuracy
+    drop (points), the estimate with its t interval at the right, and each threshold (ratio 1, drop 0) as a
+    red line; the interval must clear the line."""
+    sides = [(ax_ratio, pairs["ratio"], (test.ratio, test.ratio_low, test.ratio_high), 1.0,
+              f"phi ratio B={test.large_batch} / B={test.small_batch}", "geometric mean"),
+             (ax_drop, 100 * pairs["drop"], (100 * test.drop, 100 * test.drop_low, 100 * test.drop_high), 0.0,
+              f"test accuracy B={test.small_batch} - B={test.large_batch} (points)", "mean")]
+    for ax, values, (est, low, high), threshold, label, name in sides:
+        x = np.arange(len(values))
+        ax.scatter(x, values, color="0.4", zorder=3, label="one seed (paired)")
+        ax.errorbar([len(values) + 0.5], [est], yerr=[[est - low], [high - est]], fmt="D", color="C0",
+                    capsize=5, zorder=4, label=f"{name}, {test.n_pairs}-seed 95% t interval")
+        ax.axhline(threshold, color="C3", lw=1.5, label=f"threshold: interval above {threshold:g}")
+        ax.set_xticks([*x, len(values) + 0.5], [f"seed {int(s)}" for s in pairs["seed"]] + [name],
+                      rotation=45, ha="right", fontsize="small")
+        ax.set_ylabel(label)
+        ax.legend(fontsize="x-small")
+    ax_ratio.set_yscale("log")
+    ax_ratio.set_title(f"R = {test.ratio:.3g} [{test.ratio_low:.3g}, {test.ratio_high:.3g}]", fontsize=10)
+    ax_drop.set_title(f"D = {100 * test.drop:.2f} [{100 * test.drop_low:.2f}, {100 * test.drop_high:.2f}] points",
+                      fontsize=10)
 
 
 def verdict_table(test: KeskarTest, phi: str = PRIMARY_PHI) -> pd.DataFrame:

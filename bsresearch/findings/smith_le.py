@@ -578,10 +578,12 @@ def metric_vs_batch_optima(ax: plt.Axes, runs: pd.DataFrame, optimum: Optimum, y
     return ax
 
 
-def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None, predicted_slope: float = 1.0
-                    ) -> plt.Axes:
-    """B_opt against the group value (lr or N) on log-log axes, with bootstrap intervals; the fitted power
-    law with its slope interval, and a line of the predicted slope through the points' geometric mean.
+def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None, predicted_slope: float = 1.0,
+                    primary: SeedSlopes | None = None) -> plt.Axes:
+    """B_opt against the group value (lr or N) on log-log axes, with bootstrap intervals; a line of the
+    predicted slope through the points' geometric mean. With `primary` (power_law_by_seed, the pre-registered
+    statistic), its mean slope is the solid line through the same point, labelled with its t interval, and
+    the bootstrap fit of the seed-mean peaks (`fit`, secondary) is dotted; without it, the fit is solid.
     Open markers: peaks at the grid's edge (censored, left out of the fit)."""
     table = optimum.table.sort_values(optimum.by)
     x = table[optimum.by].to_numpy(float)
@@ -594,11 +596,16 @@ def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None,
         ax.errorbar(x[~interior], b[~interior], yerr=err[:, ~interior], fmt="o", color="C0", capsize=3,
                     markerfacecolor="white", label="peak at the grid's edge (censored)")
     span = np.geomspace(x.min() / 1.3, x.max() * 1.3, 50)
-    if fit is not None and np.isfinite(fit.slope):
-        ax.plot(span, fit.predict(span), "-", color="C1",
-                label=f"fit: slope {fit.slope:.2f} [{fit.slope_low:.2f}, {fit.slope_high:.2f}]")
     use = interior if interior.any() else np.ones_like(interior)
     anchor_x, anchor_b = np.exp(np.log(x[use]).mean()), np.exp(np.log(b[use]).mean())
+    if fit is not None and np.isfinite(fit.slope):
+        ax.plot(span, fit.predict(span), ":" if primary is not None else "-", color="C1",
+                label=("secondary, bootstrap fit" if primary is not None else "fit")
+                + f": slope {fit.slope:.2f} [{fit.slope_low:.2f}, {fit.slope_high:.2f}]")
+    if primary is not None and np.isfinite(primary.mean):
+        ax.plot(span, anchor_b * (span / anchor_x) ** primary.mean, "-", color="C3", lw=2,
+                label=f"pre-registered: mean per-seed slope {primary.mean:.2f} [{primary.low:.2f}, "
+                      f"{primary.high:.2f}] ({primary.confidence:.0%} t, {len(primary.slopes)} seeds)")
     ax.plot(span, anchor_b * (span / anchor_x) ** predicted_slope, "--", color="0.5",
             label=f"predicted: slope {predicted_slope:g}")
     ax.set_xscale("log")
