@@ -61,7 +61,8 @@ def test_the_analysis_reads_confirmatory_sweeps_only(path):
         if key.endswith("_sweep") and value:
             assert value in names, f"{path.name}: analysis_parameters.{key} = {value!r} is not a confirmatory sweep"
     if spec.parents[0].name == "dinh.yaml":
-        assert spec.analysis_parameters["seeds"] == list(spec_of(path.parent / "keskar_confirm.yaml").seeds)
+        # dinh's ten models are keskar_confirm's first five seeds, even after keskar_confirm's extension to 8
+        assert spec.analysis_parameters["seeds"] == list(spec_of(path.parent / "keskar_confirm.yaml").seeds)[:5]
 
 
 def _quoted_blocks(path: Path) -> list[list[str]]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 import torch
@@ -136,6 +137,9 @@ def paired_test_plot(ax_ratio: plt.Axes, ax_drop: plt.Axes, pairs: pd.DataFrame,
         ax.set_ylabel(label)
         ax.legend(fontsize="x-small")
     ax_ratio.set_yscale("log")
+    ax_ratio.yaxis.set_major_locator(mticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax_ratio.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax_ratio.yaxis.set_minor_formatter(mticker.NullFormatter())
     ax_ratio.set_title(f"R = {test.ratio:.3g} [{test.ratio_low:.3g}, {test.ratio_high:.3g}]", fontsize=10)
     ax_drop.set_title(f"D = {100 * test.drop:.2f} [{100 * test.drop_low:.2f}, {100 * test.drop_high:.2f}] points",
                       fontsize=10)
