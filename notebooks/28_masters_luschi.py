@@ -20,6 +20,13 @@
 # without divergence) and of the good-lr window's width (octaves within 1 point of the best test accuracy),
 # each with a 95% percentile bootstrap interval over seeds; reproduced when both intervals lie below 0,
 # partly when one does; not testable when at some B no lr diverged or the best lr is at the grid's edge.
+#
+# **Mechanism test** (protocol version 4, docs/protocols.md#masters-luschi-mechanism;
+# `experiments/masters_luschi_mechanism.yaml` sets `learns`): "stable" means every seed finished without
+# diverging *and* learned (test accuracy >= `learns`, 0.5; chance is 0.1), so runs stuck at chance do not count.
+# The same slopes and thresholds; a batch size where no lr learns is named and left out, and fewer than 4 batch
+# sizes with a learning lr make the test not testable. The version-1 reading (no divergence) of the same runs is
+# printed beside it and never pooled with it.
 
 # %% tags=["parameters"]
 from typing import Optional
@@ -34,10 +41,13 @@ margin: float = 0.01                                # the good window: within th
 other_margins: list = [0.005, 0.02]                 # secondary: the same table at 0.5 and 2 points
 n_boot: int = 2000                                  # bootstrap resamples of the seeds (the protocol's 2000)
 confidence: float = 0.95                            # of every interval
+learns: Optional[float] = None                      # mechanism test: stable = every seed learns (test acc >= this)
+other_learns: list = [0.25, 0.75]                   # with learns: the secondary thresholds
 
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
+from IPython.display import display
 
 from bsresearch import results, stats
 from bsresearch.findings import masters_luschi as ml
@@ -69,21 +79,37 @@ print(setting)
 # ## The pre-registered test
 
 # %%
-table = ml.stable_lr_table(rows, metric, margin)
-trend = ml.stable_range_trend(rows, metric, margin, n_boot=n_boot, confidence=confidence)
-test = ml.range_test(table, trend)
+if learns is None:   # version 1: stable = no seed diverged
+    table = ml.stable_lr_table(rows, metric, margin)
+    trend = ml.stable_range_trend(rows, metric, margin, n_boot=n_boot, confidence=confidence)
+    test = ml.range_test(table, trend)
+    stable_words = "largest stable lr"
+else:                # version 4: stable = every seed learns
+    learning = ml.learning_range_test(rows, learns, metric, margin, n_boot=n_boot, confidence=confidence)
+    table, trend, test = learning.table, learning.trend, learning.test
+    stable_words = f"largest lr at which every seed learns ({metric} >= {learns:g})"
 pct = int(round(100 * confidence))
 verdict = pd.DataFrame([{
     "statistic": f"slope of {name} against log2(B)", "estimate": t.slope,
     f"{pct}% bootstrap interval": f"[{t.low:.3f}, {t.high:.3f}]", "threshold": "interval below 0",
     "below 0": ml.below_zero(t), "batch sizes": t.n_batch_sizes, "resamples": t.n_boot}
-    for name, t in (("log2(largest stable lr)", test.max_stable_lr), ("window width (octaves)", test.window_octaves))])
+    for name, t in ((f"log2({stable_words})", test.max_stable_lr), ("window width (octaves)", test.window_octaves))])
 verdict["verdict"] = test.verdict
 verdict["not testable because"] = test.reason
 verdict.to_csv(out / "test.csv", index=False)
 (out / "test.md").write_text(f"Margin {100 * margin:g} point(s); {setting}.\n{results.provenance_caption(rows)}\n\n"
                              + stats.frame_markdown(verdict))
-print(f"VERDICT: {test.verdict}" + (f" ({test.reason})" if test.reason else ""))
+print(f"VERDICT{' (mechanism test, protocol v4)' if learns is not None else ''}: {test.verdict}"
+      + (f" ({test.reason})" if test.reason else ""))
+if learns is not None:
+    if learning.no_learning:
+        print(f"no lr at which every seed learns at B = {', '.join(f'{b:g}' for b in learning.no_learning)}: "
+              "left out of the slopes (an empty range, the narrowest there is)")
+    v1 = ml.range_test(ml.stable_lr_table(rows, metric, margin),
+                       ml.stable_range_trend(rows, metric, margin, n_boot=n_boot, confidence=confidence))
+    print(f"beside it, version 1's reading of the same runs (stable = no divergence): {v1.verdict}, slope of "
+          f"log2(largest stable lr) {v1.max_stable_lr.slope:.3f} [{v1.max_stable_lr.low:.3f}, "
+          f"{v1.max_stable_lr.high:.3f}]" + (f" ({v1.reason})" if v1.reason else ""))
 if len(rows) > len(first_rows):
     first = ml.range_test(ml.stable_lr_table(first_rows, metric, margin),
                           ml.stable_range_trend(first_rows, metric, margin, n_boot=n_boot, confidence=confidence))
@@ -95,7 +121,7 @@ verdict.T
 # ## Secondary: the table per batch size, the best lr's slope, the best batch size, other margins
 
 # %%
-intervals = ml.stable_lr_intervals(rows, metric, margin, n_boot=n_boot, confidence=confidence)
+intervals = ml.stable_lr_intervals(rows, metric, margin, n_boot=n_boot, confidence=confidence, learns=learns)
 per_batch = table.merge(intervals, on="batch_size", how="left")
 per_batch.to_csv(out / "stable_range.csv", index=False)
 (out / "stable_range.md").write_text(results.provenance_caption(rows) + "\n\n" + stats.frame_markdown(per_batch))
@@ -121,6 +147,14 @@ others_trend = pd.DataFrame([{"margin": m, "column": c, "slope": t.slope, "low":
 others.to_csv(out / "stable_range_other_margins.csv", index=False)
 others_trend.to_csv(out / "trend_other_margins.csv", index=False)
 (out / "trend_other_margins.md").write_text(stats.frame_markdown(others_trend))
+if learns is not None:   # the secondary thresholds of "learns"
+    by_learns = pd.DataFrame([
+        {"learns": t.learns, "column": c, "slope": tr.slope, "low": tr.low, "high": tr.high, "verdict": t.test.verdict,
+         "no learning lr at B": ", ".join(f"{b:g}" for b in t.no_learning)}
+        for t in (ml.learning_range_test(rows, v, metric, margin, n_boot=n_boot, confidence=confidence)
+                  for v in other_learns) for c, tr in t.trend.items()])
+    by_learns.to_csv(out / "trend_other_learns.csv", index=False)
+    display(by_learns)
 others_trend
 
 # %% [markdown]
@@ -129,13 +163,13 @@ others_trend
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
 ml.accuracy_vs_lr_plot(axes[0], rows, metric)
-ml.stable_range_plot(axes[1], table, intervals)
+ml.stable_range_plot(axes[1], table, intervals, label=stable_words)
 ml.window_width_plot(axes[2], table, intervals, test.window_octaves)
 save_figure(fig, out / "stable_range",
             f"Left: mean {metric} over seeds against the lr (the rate at the base batch size under linear scaling) "
             f"per batch size; a cross marks an lr where some seed diverged. Middle: per batch size, the window of "
             f"lrs within {100 * margin:g} point(s) of the best (bar), the best lr (dot; hollow at the grid's edge) "
-            f"and the largest lr without divergence (caret, with its {pct}% bootstrap interval over seeds). Right: "
+            f"and the {stable_words} (caret, with its {pct}% bootstrap interval over seeds). Right: "
             f"the window's width in octaves with its bootstrap interval, and the least-squares slope against "
             f"log2(B) (the pre-registered statistic). Verdict: {test.verdict}. Setting: {setting}.", runs=rows)
 plt.show()

@@ -175,3 +175,29 @@ def test_report_figures_fit_a_page_and_open_whole(tmp_path, n, width, shape):
     wide, _ = plt.subplots(figsize=(16, 4))   # a notebook's own figure, wider than a page
     assert matplotlib.image.imread(save_figure(wide, tmp_path / "w", "caption")[0]).shape[1] <= PNG_MAX_WIDTH
     plt.close(wide)
+
+
+@pytest.mark.slow
+def test_masters_luschi_report_with_learns_judges_by_runs_that_learn(tmp_path):
+    # the mechanism test's path (protocol v4, analysis_parameters {learns: 0.5}): the verdict, the version-1
+    # reading beside it and the secondary thresholds; a tiny synthetic grid, ~30 s
+    spec = tmp_path / "tiny_ml.yaml"
+    spec.write_text(f"""
+name: tiny_ml
+analysis: {ROOT / 'notebooks' / '28_masters_luschi.ipynb'}
+analysis_parameters: {{learns: 0.5, extension_sweep: "", n_boot: 50, other_learns: [0.3]}}
+base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: sgd, momentum: 0.9,
+       lr_scaling: linear, base_batch_size: 8, budget: epochs, budget_amount: 2, eval_schedule: log}}
+grid: {{batch_size: [8, 32, 64, 128], lr: [0.001, 0.01, 0.1, 1.0, 8.0]}}
+seeds: [0, 1]
+""")
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
+    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
+    test = pd.read_csv(out / "test.csv")
+    assert test["statistic"].iloc[0] == "slope of log2(largest lr at which every seed learns (test_acc >= 0.5)) " \
+                                        "against log2(B)"
+    assert set(pd.read_csv(out / "trend_other_learns.csv")["learns"]) == {0.3}
+    nb = nbformat.read(out / "28_masters_luschi.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "VERDICT (mechanism test, protocol v4)" in printed and "version 1's reading of the same runs" in printed

@@ -276,10 +276,11 @@ def accuracy_vs_lr_plot(ax: plt.Axes, runs: pd.DataFrame, metric: str = "test_ac
 
 
 def stable_range_plot(ax: plt.Axes, table: pd.DataFrame, intervals: pd.DataFrame | None = None,
-                      by: str = "batch_size") -> plt.Axes:
+                      by: str = "batch_size", label: str = "largest lr without divergence") -> plt.Axes:
     """Per batch size (log2 axis): the window of good lrs as a vertical bar, the best lr as a dot and the
-    largest stable lr as a caret; a hollow dot marks a best lr at the grid's edge. Log lr axis. Given
-    `intervals` (stable_lr_intervals), the largest stable lr gets its bootstrap interval as an error bar."""
+    largest stable lr as a caret (`label`: what "stable" means in `table`); a hollow dot marks a best lr at the
+    grid's edge. Log lr axis. Given `intervals` (stable_lr_intervals), the largest stable lr gets its bootstrap
+    interval as an error bar."""
     data = table.dropna(subset=["best_lr"]).sort_values(by)
     b = data[by].to_numpy(float)
     ax.vlines(b, data["window_low"], data["window_high"], color="C0", lw=6, alpha=0.35,
@@ -289,7 +290,7 @@ def stable_range_plot(ax: plt.Axes, table: pd.DataFrame, intervals: pd.DataFrame
     if edge.any():
         ax.plot(b[edge], data["best_lr"][edge], "o", mfc="none", color="C0", label="best lr at the grid's edge")
     stable = table.dropna(subset=["max_stable_lr"]).sort_values(by)
-    ax.plot(stable[by], stable["max_stable_lr"], "^-", color="C3", ms=5, lw=1, label="largest lr without divergence")
+    ax.plot(stable[by], stable["max_stable_lr"], "^-", color="C3", ms=5, lw=1, label=label)
     if intervals is not None:
         merged = stable.merge(intervals, on=by, how="left")
         err = np.vstack([merged["max_stable_lr"] - merged["max_stable_lr_low"],
