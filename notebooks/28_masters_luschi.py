@@ -41,7 +41,7 @@ margin: float = 0.01                                # the good window: within th
 other_margins: list = [0.005, 0.02]                 # secondary: the same table at 0.5 and 2 points
 n_boot: int = 2000                                  # bootstrap resamples of the seeds (the protocol's 2000)
 confidence: float = 0.95                            # of every interval
-learns: Optional[float] = None                      # mechanism test: stable = every seed learns (test acc >= this)
+learns: Optional[float] = None                      # mechanism test (v4), stable means every seed reaches this test acc
 other_learns: list = [0.25, 0.75]                   # with learns: the secondary thresholds
 
 # %%

@@ -286,6 +286,25 @@ def test_matched_loss_test_partly_when_only_the_shorter_small_batch_is_matched()
     assert test.verdict == "partly" and not test.extend_seeds
 
 
+def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
+    import matplotlib.pyplot as plt
+    runs = _mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.931})
+    test = hoffer.matched_loss_test(runs)
+    fig, ax = plt.subplots()
+    hoffer.ladder_plot(ax, runs, test)
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    ladder = lines["small batch, 1-16x its epochs (mean)"]
+    scale = (0.9 * 1.1) ** 0.2
+    assert list(ladder.get_xdata()) == pytest.approx([v * scale for v in LADDER_LOSS.values()])
+    assert list(ladder.get_ydata()) == pytest.approx([ACC[v] for v in hoffer.LADDER])
+    ring = lines["SB* = sb_x8 (nearest train loss)"]
+    assert ring.get_xdata()[0] == pytest.approx(0.001 * scale)
+    star = lines[hoffer.variant_label("lb_sqrt_gbn_ra")]
+    assert star.get_marker() == "*" and star.get_ydata()[0] == pytest.approx(0.931)
+    assert ax.get_xscale() == "log"
+    plt.close(fig)
+
+
 def test_matched_loss_test_not_reproduced_not_testable_divergence_and_seeds():
     assert hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.85})).verdict == "not reproduced"
     beyond = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.93}, recipe_loss=1e-5))

@@ -201,3 +201,37 @@ seeds: [0, 1]
     nb = nbformat.read(out / "28_masters_luschi.ipynb", as_version=4)
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "VERDICT (mechanism test, protocol v4)" in printed and "version 1's reading of the same runs" in printed
+
+
+@pytest.mark.slow
+def test_hoffer_mechanism_report_matches_the_recipe_to_the_nearest_rung(tmp_path):
+    # notebooks/35_hoffer_mechanism on a tiny ladder (two data sets, as the real spec): the verdict per data
+    # set, SB* from the ladder's train losses, the figure; ~40 s
+    spec = tmp_path / "tiny_hoffer.yaml"
+    spec.write_text(f"""
+name: tiny_hoffer
+analysis: {ROOT / 'notebooks' / '35_hoffer_mechanism.ipynb'}
+analysis_parameters: {{primary_dataset: synthetic, ladder: [sb, sb_x2, sb_x4], earlier_reports: {{}}}}
+base: {{train_size: 256, model: mlp, width: 16, batchnorm: true, optimizer: sgd, lr: 0.05, momentum: 0.9,
+       base_batch_size: 8, lr_scaling: none, budget: epochs, eval_schedule: log}}
+grid: {{dataset: [synthetic, mnist1d]}}
+variants:
+  sb: {{batch_size: 8, budget_amount: 1}}
+  sb_x2: {{batch_size: 8, budget_amount: 2}}
+  sb_x4: {{batch_size: 8, budget_amount: 4}}
+  lb: {{batch_size: 64, budget_amount: 1}}
+  lb_ra: {{batch_size: 64, budget: steps, budget_amount: 32}}
+  lb_sqrt_gbn_ra: {{batch_size: 64, lr_scaling: sqrt, ghost_batch_size: 8, budget: steps, budget_amount: 32}}
+seeds: [0, 1]
+""")
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
+    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
+    test = pd.read_csv(out / "test.csv")
+    assert list(test["data set"]) == ["synthetic", "mnist1d"]
+    assert set(test["SB*"]) <= {"sb", "sb_x2", "sb_x4"}
+    ladder = pd.read_csv(out / "ladder.csv")
+    for d, part in ladder.groupby("dataset"):   # SB* is the rung nearest the recipe in |log2| train loss
+        nearest = part.loc[part["log2_distance"].abs().idxmin(), "variant"]
+        assert test.set_index("data set").loc[d, "SB*"] == nearest
+    assert {"matched_loss.png", "secondary.csv", "variants.csv"} <= {p.name for p in out.iterdir()}

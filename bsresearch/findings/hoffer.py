@@ -476,6 +476,38 @@ def variant_points(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, y: str
     return ax
 
 
+def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others: Sequence[str] = ("lb_ra", "lb"),
+                metric: str = "test_acc", loss: str = "train_loss", by: str = "variant") -> plt.Axes:
+    """The mechanism test as the eye should read it: `metric` against the final `loss` (log axis) of each run
+    that ended ok, the small-batch ladder as a line through its rungs' means (geometric mean of the loss, mean
+    of the metric) with SB* ringed, the recipe as a red star and `others` (the LB without the recipe) as their
+    own markers. If the recipe's star sits on the ladder's line, it generalizes as a small batch that fits the
+    training set as well."""
+    ok = rows[rows["state"] == "ok"]
+    ladder = [name for name in test.ladder[by] if (ok[by] == name).any()]
+    means = pd.DataFrame([{by: name, "loss": _geometric_mean(ok.loc[ok[by] == name, loss]),
+                           "metric": float(ok.loc[ok[by] == name, metric].mean())} for name in ladder])
+    part = ok[ok[by].isin(ladder)]
+    ax.scatter(part[loss], part[metric], s=10, color="C0", alpha=0.35, linewidths=0)
+    if len(means):
+        ax.plot(means["loss"], means["metric"], "o-", color="C0", label="small batch, 1-16x its epochs (mean)")
+    if test.control:
+        star = means[means[by] == test.control]
+        ax.plot(star["loss"], star["metric"], "o", ms=14, mfc="none", mec="C0", mew=1.5,
+                label=f"SB* = {test.control} (nearest train loss)")
+    for name, style in [(test.recipe, dict(marker="*", color="C3", ms=14)),
+                        *[(o, dict(marker=m, color=c, ms=8)) for o, m, c in zip(others, "sD", ("C2", "C7"))]]:
+        mine = ok[ok[by] == name]
+        if len(mine):
+            ax.scatter(mine[loss], mine[metric], s=12, color=style["color"], alpha=0.35, linewidths=0)
+            ax.plot([_geometric_mean(mine[loss])], [mine[metric].mean()], linestyle="none", label=variant_label(name),
+                    **style)
+    ax.set_xscale("log")
+    ax.set(xlabel=f"final {axis_label(loss)} (log)", ylabel=axis_label(metric))
+    ax.legend(fontsize="x-small")
+    return ax
+
+
 def distance_panel(ax: plt.Axes, history: pd.DataFrame, t_min: float = FIT_T_MIN, color: object = "C0",
                    x: str = "step", min_decades: float = MIN_DECADES) -> LogTimeFit:
     """One variant's distance from initialisation against steps (log x axis), with the two fits drawn.
