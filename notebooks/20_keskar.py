@@ -82,7 +82,7 @@ print(f"VERDICT: {test.verdict} (R = {test.ratio:.3g} [{test.ratio_low:.3g}, {te
       f"{test.n_pairs} seeds)")
 if test.extend_seeds:
     print("an interval contains its threshold with fewer than 8 seeds: by the protocol the sweep is extended "
-          "once, to seeds 0-7, and that result is final")
+          "once, to 8 seeds (the next three in the spec's order), and that result is final")
 print("the paper: LB/SB phi ratio from about 9x to over 100x; test accuracy drops of 0.2 to 5.3 points")
 primary.T
 

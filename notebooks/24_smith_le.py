@@ -137,7 +137,7 @@ print(f"VERDICT: {seed_lr.verdict} (beta_lr = {interval(seed_lr.mean, seed_lr.lo
       f"{confidence:.0%} t interval over {len(seed_lr.slopes)} seeds; threshold: contains 1, lower end > 0)")
 if seed_lr.extend_seeds:
     print("the interval contains 0 or 1 with fewer than 8 seeds: by the protocol the smith_le* sweeps are extended "
-          "once, to seeds 0-7, and that result is final")
+          "once, to 8 seeds (the next three in the spec's order), and that result is final")
 if seed_n is not None:
     print(f"second test: {seed_n.verdict} (beta_N = {interval(seed_n.mean, seed_n.low, seed_n.high, '.2f')})")
 test.T
