@@ -235,3 +235,35 @@ seeds: [0, 1]
         nearest = part.loc[part["log2_distance"].abs().idxmin(), "variant"]
         assert test.set_index("data set").loc[d, "SB*"] == nearest
     assert {"matched_loss.png", "secondary.csv", "variants.csv"} <= {p.name for p in out.iterdir()}
+
+
+@pytest.mark.slow
+def test_smith_le_mechanism_report_reads_b_opt_among_runs_that_reached_the_target(tmp_path):
+    # notebooks/36_smith_le_mechanism on a tiny grid: matched (to a train loss) and fixed variants; ~40 s
+    spec = tmp_path / "tiny_sl.yaml"
+    spec.write_text(f"""
+name: tiny_sl
+analysis: {ROOT / 'notebooks' / '36_smith_le_mechanism.ipynb'}
+analysis_parameters: {{earlier_report: ""}}
+base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: sgd, momentum: 0.9,
+       lr_scaling: none, eval_schedule: log, eval_per_decade: 20}}
+grid: {{batch_size: [4, 8, 16, 32], lr: [0.05, 0.2]}}
+variants:
+  matched: {{budget: target, target_loss: 0.9, max_steps: 2000}}
+  fixed: {{budget: examples, budget_amount: 2560}}
+seeds: [0, 1, 2]
+""")
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
+    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
+    peaks = pd.read_csv(out / "peaks.csv")
+    assert sorted(peaks["lr"]) == [0.05, 0.2]
+    cells = pd.read_csv(out / "reached_cells.csv")
+    assert len(cells) == 8 and (cells["included"] == (cells["n_reached"] >= 3)).all()
+    assert set(pd.read_csv(out / "argmax_argmin.csv")["budget"]) == {"fixed 10 epochs",
+                                                                     "to train loss 0.9 (runs that reached it)"}
+    included = cells[cells["included"]].groupby("lr").size()
+    assert list(peaks.set_index("lr")["n_cells"]) == [int(included.get(lr, 0)) for lr in [0.05, 0.2]]
+    assert pd.read_csv(out / "test.csv")["verdict"].iloc[0] in {"reproduced", "partly", "not reproduced",
+                                                                "not testable"}
+    assert (out / "matched_loss.png").is_file()

@@ -660,3 +660,54 @@ def agreement_plot(ax: plt.Axes, table: pd.DataFrame, by: str = "batch_size", la
     ax.set(xlabel=axis_label(by), ylabel=f"difference from the smallest batch ({unit})")
     ax.legend(fontsize="small")
     return ax
+
+
+def matched_curves_plot(ax: plt.Axes, runs: pd.DataFrame, test: MatchedLossTest, metric: str = "test_acc",
+                        x: str = "batch_size", by: str = "lr", reached: str = "reached",
+                        min_reached: int = MIN_REACHED) -> plt.Axes:
+    """The matched-loss curves the test reads: `metric` against `x` per `by` group over the runs that reached
+    the target in included cells (mean and 95% interval over seeds), and each group's B_opt (parabola vertex) as
+    a diamond at its best seed mean, filled where the group is peaked (its best cell beats both ends of the
+    trainable range), open where it is not."""
+    data = _included_runs(runs, x, by, reached, min_reached)
+    metric_vs_batch(ax, data, metric, hue=by)
+    for i, row in enumerate(test.peaks.sort_values(by).itertuples(index=False)):
+        if math.isfinite(row.x_opt):
+            color = f"C{i % 10}"
+            ax.plot([row.x_opt], [row.y_best], "D", ms=8, color=color, mfc=color if row.peaked else "white",
+                    zorder=5)
+    ax.plot([], [], "D", color="0.3", label="B_opt, peaked")
+    ax.plot([], [], "D", color="0.3", mfc="white", label="B_opt, not peaked")
+    ax.legend(fontsize="x-small", title=axis_label(by))
+    return ax
+
+
+def optima_vs_lr_plot(ax: plt.Axes, matched: pd.DataFrame, fixed: pd.DataFrame | None = None,
+                      slopes: SeedSlopes | None = None, by: str = "lr", fixed_label: str = "fixed budget") -> plt.Axes:
+    """B_opt against the lr on log-log axes: at the common train loss (`matched`: matched_loss_peaks; filled
+    where peaked) and, beside it, at the fixed budget (`fixed`: an Optimum.table, x_opt per group; grey). With
+    `slopes`, the pre-registered mean per-seed slope is drawn through the matched points' geometric mean, with
+    its t interval in the legend, beside the predicted slope 1."""
+    m = matched.dropna(subset=["x_opt"]).sort_values(by)
+    if fixed is not None and len(fixed):
+        f = fixed.sort_values(by)
+        ax.plot(f[by], f["x_opt"], "s--", color="0.55", label=fixed_label)
+    peaked = m["peaked"].astype(bool).to_numpy()
+    ax.plot(m[by][peaked], m["x_opt"][peaked], "D", color="C0", ms=8, label="common train loss, peaked")
+    ax.plot(m[by][~peaked], m["x_opt"][~peaked], "D", color="C0", mfc="white", ms=8,
+            label="common train loss, not peaked")
+    if len(m):
+        lrs = m[by].to_numpy(float)
+        span = np.geomspace(lrs.min() / 1.3, lrs.max() * 1.3, 50)
+        use = peaked if peaked.any() else np.ones_like(peaked)
+        gx, gy = np.exp(np.log(lrs[use]).mean()), np.exp(np.log(m["x_opt"].to_numpy(float)[use]).mean())
+        ax.plot(span, gy * (span / gx), ":", color="0.4", label="predicted: slope 1")
+        if slopes is not None and math.isfinite(slopes.mean):
+            ax.plot(span, gy * (span / gx) ** slopes.mean, "-", color="C3", lw=2,
+                    label=f"pre-registered: mean per-seed slope {slopes.mean:.2f} [{slopes.low:.2f}, "
+                          f"{slopes.high:.2f}]")
+    ax.set_xscale("log")
+    log2_batch_axis(ax, "y")
+    ax.set(xlabel=axis_label(by), ylabel="best batch size B_opt")
+    ax.legend(fontsize="x-small")
+    return ax
