@@ -495,13 +495,13 @@ def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others:
         star = means[means[by] == test.control]
         ax.plot(star["loss"], star["metric"], "o", ms=14, mfc="none", mec="C0", mew=1.5,
                 label=f"SB* = {test.control} (nearest train loss)")
-    for name, style in [(test.recipe, dict(marker="*", color="C3", ms=14)),
-                        *[(o, dict(marker=m, color=c, ms=8)) for o, m, c in zip(others, "sD", ("C2", "C7"))]]:
+    styles = [(test.recipe, "*", "C3", 14.0), *[(o, m, c, 8.0) for o, m, c in zip(others, "sD", ("C2", "C7"))]]
+    for name, marker, color, size in styles:
         mine = ok[ok[by] == name]
         if len(mine):
-            ax.scatter(mine[loss], mine[metric], s=12, color=style["color"], alpha=0.35, linewidths=0)
-            ax.plot([_geometric_mean(mine[loss])], [mine[metric].mean()], linestyle="none", label=variant_label(name),
-                    **style)
+            ax.scatter(mine[loss], mine[metric], s=12, color=color, alpha=0.35, linewidths=0)
+            ax.plot([_geometric_mean(mine[loss])], [mine[metric].mean()], linestyle="none", marker=marker,
+                    color=color, ms=size, label=variant_label(name))
     ax.set_xscale("log")
     ax.set(xlabel=f"final {axis_label(loss)} (log)", ylabel=axis_label(metric))
     ax.legend(fontsize="x-small")
