@@ -267,3 +267,35 @@ seeds: [0, 1, 2]
     assert pd.read_csv(out / "test.csv")["verdict"].iloc[0] in {"reproduced", "partly", "not reproduced",
                                                                 "not testable"}
     assert (out / "matched_loss.png").is_file()
+
+
+@pytest.mark.slow
+def test_goyal_mechanism_report_separates_the_lr_ceiling_from_the_batch(tmp_path):
+    # notebooks/37_goyal_mechanism on a tiny grid: the linear lr and two octaves below it per batch size; ~30 s
+    spec = tmp_path / "tiny_goyal.yaml"
+    spec.write_text(f"""
+name: tiny_goyal
+analysis: {ROOT / 'notebooks' / '37_goyal_mechanism.ipynb'}
+analysis_parameters: {{earlier_report: "", baseline_batch: 8}}
+base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: sgd, momentum: 0.9,
+       base_batch_size: 8, lr_scaling: linear, budget: epochs, budget_amount: 2, eval_schedule: log}}
+grid: {{batch_size: [128, 32, 8]}}
+variants:
+  k0: {{lr: 0.05}}
+  k1: {{lr: 0.025}}
+  k2: {{lr: 0.0125}}
+seeds: [0, 1, 2]
+overrides:
+  - where: {{batch_size: 8}}
+    set: {{lr: 0.05}}
+""")
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
+    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
+    per = pd.read_csv(out / "per_batch.csv").set_index("batch_size")
+    assert list(per.index) == [8, 32, 128]
+    assert list(per["linear_lr"]) == pytest.approx([0.05, 0.2, 0.8])
+    assert list(per.loc[[32, 128], "n_lrs"]) == [3, 3]
+    assert list(per["b_over_n"]) == pytest.approx([8 / 256, 32 / 256, 128 / 256])
+    test = pd.read_csv(out / "test.csv")
+    assert test["test"].iloc[0].startswith("(2) mechanism") and (out / "lr_ceiling.png").is_file()

@@ -460,3 +460,48 @@ def curves_by_batch(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", 
         ax.set_yscale("log")
     ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
     return ax
+
+
+def ceiling_plot(ax_diff: plt.Axes, ax_lr: plt.Axes, test: CeilingTest, batch: str = "batch_size") -> None:
+    """The mechanism test as the eye should read it. Left: test accuracy minus the baseline's (points, Welch 95%
+    interval) against batch size, at the linear rule's lr and at each batch size's held-out best lr, with the
+    -margin threshold on a symmetric-log axis (linear within 2 margins), and B/N on a top axis. Right: the lrs
+    against batch size on log-log axes: the linear rule's, the best of the grid (hollow where it is the
+    grid's smallest) and the lr ceiling (the largest lr at which every seed learns)."""
+    per = test.per_batch.sort_values(batch)
+    b = per[batch].to_numpy(float)
+    margin = 100 * test.linear.margin
+    for i, (name, label) in enumerate([("linear", "linear rule's lr"), ("best", "held-out best lr of the grid")]):
+        if f"{name}_diff" not in per:
+            continue
+        y, low, high = (100 * per[f"{name}_{c}"].to_numpy(float) for c in ("diff", "low", "high"))
+        shift = 2 ** (0.03 * (2 * i - 1))
+        ax_diff.errorbar(b * shift, y, yerr=np.vstack([np.nan_to_num(y - low), np.nan_to_num(high - y)]), fmt="o-",
+                         ms=4, capsize=2, color=f"C{i}", label=label)
+    ax_diff.axhline(0.0, color="0.7", linewidth=0.8)
+    ax_diff.axhline(-margin, color="C3", linestyle=":", linewidth=1.5, label=f"-{margin:g} point: holds above")
+    ax_diff.set_yscale("symlog", linthresh=2 * margin, linscale=1.5)
+    ax_diff.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    log2_batch_axis(ax_diff, "x", [int(v) for v in b])
+    ax_diff.set(xlabel=axis_label(batch),
+                ylabel=f"test acc. - B={test.linear.baseline_batch} (points; linear within ±{2 * margin:g})")
+    n = float(test.n_train)
+    top = ax_diff.secondary_xaxis("top", functions=(lambda x: np.asarray(x, float) / n,
+                                                    lambda f: np.asarray(f, float) * n))
+    top.set_xticks(b / n, [f"{v:.2g}" for v in b / n])
+    top.xaxis.set_minor_locator(mticker.NullLocator())
+    top.set_xlabel("B / N")
+    ax_diff.legend(fontsize="x-small")
+    base = test.linear.baseline_batch
+    base_lr = float(per.loc[per[batch] == base, "linear_lr"].iloc[0]) if (per[batch] == base).any() else math.nan
+    ax_lr.plot(b, per["linear_lr"], "--", color="0.5", label=f"linear rule: {base_lr:g} B/{base}")
+    bottom = per["best_at_bottom"].astype(bool).to_numpy()
+    ax_lr.plot(b[~bottom], per["best_lr"].to_numpy(float)[~bottom], "o", color="C1", label="best lr (all seeds)")
+    if bottom.any():
+        ax_lr.plot(b[bottom], per["best_lr"].to_numpy(float)[bottom], "o", mfc="white", color="C1",
+                   label="best lr, the grid's smallest")
+    ax_lr.plot(b, per["lr_ceiling"], "v", color="C3", label="lr ceiling: largest lr at which every seed learns")
+    ax_lr.set_yscale("log")
+    log2_batch_axis(ax_lr, "x", [int(v) for v in b])
+    ax_lr.set(xlabel=axis_label(batch), ylabel="learning rate")
+    ax_lr.legend(fontsize="x-small")
