@@ -52,6 +52,8 @@ measure_at_target: bool = True             # B_simple at each fitted run's targe
 targets: list = [0.5, 0.4, 0.35, 0.3]      # secondary: B_crit at each of these losses (not below the target)
 two_batch_sizes: list = [20, 80]           # (B_small, B_big) of the two-batch estimator at the noise checkpoints
 two_batch_pairs: int = 200                 # independent batch pairs per checkpoint (0: skip)
+summaries_test: bool = False               # protocol v4 mechanism test, r under every summary and the two-batch
+                                           # estimate at every fitted run's target weights (needs measure_at_target)
 lr_table: Optional[str] = None             # confirmatory runs (protocol v3): a committed tuned_lr.csv whose lr per
                                            # batch size SWEEP ran on fresh seeds; nothing is selected here, every
                                            # run is a confirmation point (set seeds_sweep ""). None: select on SWEEP
@@ -154,6 +156,7 @@ if measure_at_target:
     import torch
 
     from bsresearch.data import dataset_for
+    from bsresearch.measure import noise as noise_measure
     from bsresearch.measure.noise import gradient_noise_scale
     from bsresearch.train import load_trained_model
     torch.set_num_threads(1)
@@ -163,9 +166,16 @@ if measure_at_target:
         model, cfg = load_trained_model(run["run_dir"], device=device)
         data = data or dataset_for(cfg, device)
         ns = gradient_noise_scale(model, data.x_train, data.y_train, unbiased=False)
-        rows.append({"batch_size": run["batch_size"], "lr": run["lr"], "seed": run["seed"], "stage": run["stage"],
-                     "step": run["steps"], "train_loss": run["train_loss"], "b_simple": ns.b_simple,
-                     "trace_cov": ns.trace_cov, "grad_sq_norm": ns.grad_sq_norm})
+        row = {"batch_size": run["batch_size"], "lr": run["lr"], "seed": run["seed"], "stage": run["stage"],
+               "step": run["steps"], "train_loss": run["train_loss"], "b_simple": ns.b_simple,
+               "trace_cov": ns.trace_cov, "grad_sq_norm": ns.grad_sq_norm}
+        if summaries_test:   # the two-batch estimate at the same weights (never an input to a primary)
+            b_small, b_big = (int(v) for v in two_batch_sizes)
+            generator = torch.Generator().manual_seed(int(run["seed"]) * 100_000 + int(run["steps"]))
+            pairs = noise_measure.two_batch_pairs(model, data.x_train, data.y_train, b_small, b_big, two_batch_pairs,
+                                                  generator)
+            row["two_batch"] = noise_measure.two_batch_summary(pairs, confidence=confidence)["b_simple"]
+        rows.append(row)
     at_weights = pd.DataFrame(rows)
     at_weights.to_csv(out / "b_simple_at_target.csv", index=False)
 r_test = stt.noise_ratio_test(at_weights, b_test) if len(at_weights) else None
@@ -205,6 +215,24 @@ if len(mismatches):
     primary.append(f"Seeds-sweep runs at another lr than the re-selected best (left out): batch sizes "
                    f"{mismatches['batch_size'].tolist()}.")
 print("\n".join(primary))
+if summaries_test and len(at_weights):   # protocol v4: the noise-scale mechanism test
+    summaries = stt.noise_ratio_summaries(at_weights, points, confidence=confidence)
+    mechanism = stt.noise_summary_test(summaries, b_test)
+    mechanism.table.to_csv(out / "noise_summaries.csv", index=False)
+    agreement = stt.two_batch_agreement(at_weights.rename(columns={"b_simple": "exact"}), confidence=confidence)
+    agreement.table.to_csv(out / "two_batch_at_target.csv", index=False)
+    print(f"MECHANISM VERDICT (protocol v4, docs/protocols.md#steps-to-target-mechanism): "
+          f"{mechanism.verdict.upper()} ({mechanism.reason})")
+    for r in mechanism.table.itertuples():
+        print(f"  r ({r.summary}) = {r.b_simple:.3g} / {r.b_crit:.3g} = {r.ratio:.3g}, seed-bootstrap interval "
+              f"[{r.ratio_low:.3g}, {r.ratio_high:.3g}] (B_crit refitted in each resample), B_crit's fit interval "
+              f"only [{r.fit_low:.3g}, {r.fit_high:.3g}]; within [{mechanism.lower:g}, {mechanism.upper:g}]: "
+              f"{r.inside}")
+    print(f"  two-batch ({two_batch_sizes[0]}, {two_batch_sizes[1]}; {two_batch_pairs} pairs) against exact at the "
+          f"{agreement.n} target weights: {agreement.n_within} within a factor {agreement.tolerance:g} "
+          f"({agreement.share_within:.0%}), geometric-mean ratio {agreement.geo_ratio:.3g} [{agreement.geo_low:.3g}, "
+          f"{agreement.geo_high:.3g}] over {agreement.n_seeds} seeds: {'agrees' if agreement.agrees else 'DIFFERS'} "
+          f"(the exact value is the one every primary uses)")
 
 # %% [markdown]
 # ## Secondary: the fit three ways, seeds 3-5 alone, regimes, measured exponents, the tuned lr

@@ -87,11 +87,12 @@ def test_the_quoted_tests_are_word_for_word_in_the_protocol(path):
                 f"version 3) was changed, which makes a new version; quote: {part[:80]!r}")
 
 
-@pytest.mark.parametrize("path", [p for p in CONFIRM if "lr_table" in spec_of(p).analysis_parameters],
+@pytest.mark.parametrize("path", [p for p in [*CONFIRM, *EXPLORATORY] if "lr_table" in spec_of(p).analysis_parameters],
                          ids=lambda p: p.name)
 def test_the_lr_table_a_report_reads_is_the_lr_the_sweep_ran(path):
-    """A confirmatory steps-to-target sweep runs one lr per batch size, chosen on the exploratory sweep's
-    selection seeds; its report reads that choice from the exploratory report's tuned_lr.csv. They must agree."""
+    """A confirmatory (or mechanism) steps-to-target sweep runs one lr per batch size, chosen on the exploratory
+    sweep's selection seeds; its report reads that choice from the exploratory report's tuned_lr.csv. They must
+    agree."""
     import pandas as pd
 
     spec = spec_of(path)

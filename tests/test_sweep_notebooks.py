@@ -119,7 +119,8 @@ seeds: [0, 1]
                      for r in tuned.itertuples())
     confirm = tmp_path / "tiny_stt_confirm.yaml"
     confirm.write_text(spec.read_text().replace("name: tiny_stt", "name: tiny_stt_confirm")
-                       .replace("selection_seeds: [0, 1]", f"lr_table: {table}, seeds_sweep: ''")
+                       .replace("selection_seeds: [0, 1]", f"lr_table: {table}, seeds_sweep: '', summaries_test: true, "
+                                "two_batch_pairs: 20")
                        .replace(", lr: [0.1, 0.2, 0.4, 0.8, 1.6]", "").replace("seeds: [0, 1]", "seeds: [5, 6]")
                        + f"overrides:\n{lrs}\n")
     assert run_sweep(confirm, runs_root=runs, executor="inline", progress=False).all_finished
@@ -129,6 +130,13 @@ seeds: [0, 1]
     assert len(at_target) == 6
     confirmed = pd.read_csv(out / "tuned_lr.csv")
     assert list(confirmed["lr"]) == list(tuned["lr"]) and list(confirmed["interior"]) == list(tuned["interior"])
+    # protocol v4's noise-scale mechanism test on the same runs: r under every summary, two-batch at the weights
+    summaries = pd.read_csv(out / "noise_summaries.csv")
+    assert list(summaries["summary"]) == ["ratio_of_means", "mean", "median", "geometric_mean"]
+    per_run = at_target["b_simple"]
+    assert summaries.set_index("summary").loc["median", "b_simple"] == pytest.approx(per_run.median())
+    two_batch = pd.read_csv(out / "two_batch_at_target.csv")
+    assert len(two_batch) == 6 and (two_batch["ratio"] == two_batch["two_batch"] / two_batch["exact"]).all()
 
 
 @pytest.mark.slow
