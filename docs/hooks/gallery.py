@@ -44,17 +44,26 @@ class Finding:
         return self.report.relative_to(REPORTS).as_posix() if self.report else self.name
 
 
+def spec_file(path: Path) -> str:
+    """A spec's path as the commands name it: experiments/x.yaml, experiments/confirm/x_confirm.yaml."""
+    return path.relative_to(ROOT).as_posix()
+
+
 def discover() -> list[Finding]:
     notebooks = {re.sub(r"^\d+_", "", p.stem) for p in (ROOT / "notebooks").glob("[0-9]*_*.py")}
-    modules = {p.stem for p in (ROOT / "bsresearch" / "findings").glob("*.py") if p.stem in notebooks}
+    findings = {p.stem for p in (ROOT / "bsresearch" / "findings").glob("*.py")}
+    modules = findings & notebooks
+    # a notebook of its own for a finding's further test (35_hoffer_mechanism) reads that finding's module
+    module_of = {n: n if n in findings else max((m for m in findings if n.startswith(f"{m}_")), key=len, default="")
+                 for n in notebooks}
     found = []
-    for path in sorted(EXPERIMENTS.glob("*.yaml")):
+    for path in sorted(EXPERIMENTS.rglob("*.yaml")):   # experiments/confirm/ too
         spec = yaml.safe_load(path.read_text()) or {}
         if "extends" in spec:          # a child spec: as merged over its parents (what a sweep of it runs)
             from bsresearch.sweep.spec import load_spec
             spec = load_spec(path).raw
-        module = re.sub(r"^\d+_", "", Path(spec.get("analysis") or "").stem)   # analysis: null stops inheriting it
-        if module in modules:
+        module = module_of.get(re.sub(r"^\d+_", "", Path(spec.get("analysis") or "").stem), "")   # analysis: null
+        if module in modules:                                                                   # stops inheriting
             name = spec.get("name", path.stem)
             folders = [p for p in [REPORTS / name, *sorted(REPORTS.glob(f"*/{name}"))] if p.is_dir()]
             found += [Finding(name, module, path, spec, folder) for folder in folders or [None]]
@@ -171,13 +180,14 @@ def commands(f: Finding, named_sweeps: list[str]) -> list[str]:
     text = f.spec_path.read_text()
     lines = [command.strip() for m in re.finditer(r"^#\s+(bsresearch (?:sweep|report) .+)$", text, re.M)
              for command in re.split(r"\s{2,}\(", m[1])[0].split(" && ")]
-    have = {s for line in lines for s in re.findall(r"sweep experiments/(\w+)\.yaml", line)}
+    have = {s for line in lines for s in re.findall(r"sweep experiments/(?:\w+/)?(\w+)\.yaml", line)}
     own = [f.name] if any(k in f.spec for k in ("base", "grid", "variants")) else []
-    missing = [s for s in dict.fromkeys(own + named_sweeps) if s not in have and (EXPERIMENTS / f"{s}.yaml").exists()]
+    specs = {p.stem: spec_file(p) for p in sorted(EXPERIMENTS.rglob("*.yaml"))}
+    missing = [s for s in dict.fromkeys(own + named_sweeps) if s not in have and s in specs]
     at = next((i for i, line in enumerate(lines) if line.startswith("bsresearch report")), len(lines))
-    lines[at:at] = [f"bsresearch sweep experiments/{s}.yaml" for s in missing]
-    if not any(f"report experiments/{f.name}.yaml" in line for line in lines):
-        lines.append(f"bsresearch report experiments/{f.name}.yaml")
+    lines[at:at] = [f"bsresearch sweep {specs[s]}" for s in missing]
+    if not any(f"report {spec_file(f.spec_path)}" in line for line in lines):
+        lines.append(f"bsresearch report {spec_file(f.spec_path)}")
     return lines
 
 
@@ -220,7 +230,7 @@ def finding_page(f: Finding, src: Sources, own_anchors: set[str]) -> str:
         out += [escape(f.spec["description"]), ""]
     api = f"{root}api/findings.md#bsresearch.findings.{f.module}"
     facts = [("report", f"`reports/{f.key}/`" if f.report else f"**{NOT_YET}**: no folder `reports/{f.name}/` yet"),
-             ("spec", f"`experiments/{f.spec_path.name}`" if f.spec_path else "not written yet"),
+             ("spec", f"`{spec_file(f.spec_path)}`" if f.spec_path else "not written yet"),
              ("analysis", f"`bsresearch/findings/{f.module}.py` ([API]({api}))")]
     base = f.spec.get("base") or {}
     if base.get("dataset"):
