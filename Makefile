@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install data test test-fast lint typecheck demo lab test-browser docs docs-serve clean-notebooks bench bench-gpu reproduce reproduce-gpu clean
+.PHONY: install data test test-fast lint typecheck demo lab test-browser docs docs-serve clean-notebooks bench bench-gpu reproduce reproduce-confirm reproduce-mechanism reproduce-gpu clean
 
 install: $(STAMP)
 
@@ -139,6 +139,21 @@ reproduce: install data
 	  $(BIN)/bsresearch sweep experiments/$$s.yaml --engine library --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
 	for r in $(REPRODUCE_REPORTS); do $(BIN)/bsresearch report experiments/$$r.yaml --timeout 7200 || exit 1; done; \
 	echo "reproduce: $$(( $$(date +%s) - start )) s wall; reports in reports/"
+
+# The confirmatory sweeps (protocol v3, fresh seeds; experiments/confirm/README.md) and the mechanism tests (v4),
+# each in the order its reports read them; reports into reports/<spec name>/.
+CONFIRM_SWEEPS := keskar keskar_fashion hoffer goyal smith_le_edge smith_le_n smith_le steps_to_target steps_to_target_fashion
+CONFIRM_REPORTS := keskar dinh keskar_fashion hoffer goyal smith_le steps_to_target steps_to_target_fashion
+MECHANISM_SPECS := masters_luschi_mechanism hoffer_mechanism smith_le_mechanism goyal_mechanism steps_to_target_large_mechanism
+reproduce-confirm: install data
+	@for s in $(CONFIRM_SWEEPS); do \
+	  $(BIN)/bsresearch sweep experiments/confirm/$${s}_confirm.yaml --engine library --quiet || echo "note: sweep $${s}_confirm has runs that did not finish"; done; \
+	for r in $(CONFIRM_REPORTS); do $(BIN)/bsresearch report experiments/confirm/$${r}_confirm.yaml --timeout 7200 || exit 1; done
+
+reproduce-mechanism: install data
+	@for s in $(MECHANISM_SPECS); do \
+	  $(BIN)/bsresearch sweep experiments/$$s.yaml --engine library --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
+	for s in $(MECHANISM_SPECS); do $(BIN)/bsresearch report experiments/$$s.yaml --timeout 7200 || exit 1; done
 
 # On a CUDA machine: the GPU reproductions (Keskar and steps-to-target on Fashion-MNIST with the convnet and the
 # ResNet), their reports in reports/<gpu model>/<spec>/. Not yet run (no GPU was available).
