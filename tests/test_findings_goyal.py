@@ -131,6 +131,7 @@ def test_difference_vs_batch_keeps_every_interval_inside_the_axes():
     frac = ax.transLimits.transform   # data -> axes fraction, through the y scale
     gap = abs(frac(ax.transScale.transform((1.0, -1.0)))[1] - frac(ax.transScale.transform((1.0, 0.0)))[1])
     assert 100 * diffs["diff"].min() < -25 and gap > 0.08
+    assert ax.get_yscale() == "symlog" and bottom < 100 * diffs["low"].min()   # the collapse stays on the axes
     plt.close(fig)
 
 
