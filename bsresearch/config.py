@@ -21,7 +21,16 @@ from . import references
 from .errors import ConfigError
 
 # Accepted values. The registries in data.py, models.py and measure/ are checked against these by tests.
-DATASETS = ("mnist1d", "mnist1d_large", "fashion_mnist", "synthetic", "cifar10", "cifar100", "mnist", "svhn")
+# What each built-in dataset is, known without loading it (data.py loads them, with torch; tests check the two
+# agree): (training examples, test examples, input shape, classes). The sweep's cost estimate and the systems
+# benchmark's workloads read it.
+BUILTIN_DATA: dict[str, tuple[int, int, tuple[int, ...], int]] = {
+    "mnist1d": (4000, 1000, (40,), 10), "mnist1d_large": (40000, 10000, (40,), 10),
+    "fashion_mnist": (60000, 10000, (1, 28, 28), 10), "synthetic": (1024, 256, (20,), 4),   # synthetic: n_train
+    "cifar10": (50000, 10000, (3, 32, 32), 10), "cifar100": (50000, 10000, (3, 32, 32), 100),   # is train_size
+    "mnist": (60000, 10000, (1, 28, 28), 10), "svhn": (73257, 26032, (3, 32, 32), 10),   # (default 1024)
+}
+DATASETS = tuple(BUILTIN_DATA)
 IMAGE_DATASETS = ("fashion_mnist", "cifar10", "cifar100", "mnist", "svhn")
 MODELS = ("mlp", "cnn1d", "convnet", "resnet")
 # Losses by name (bsresearch/losses.py holds them; a test checks the names agree). Each is a mean over the

@@ -6,7 +6,8 @@ on local worker processes or a Dask cluster, resumable after any interruption.
 
 Modules: spec (YAML -> validated SweepSpec -> Points), task (RunTask/GroupTask/RunOutcome, the run lock),
 worker (execute one run, the runner's own status), supervise (one worker process per run, timeouts),
-executors (inline, local, Dask, Slurm/PBS), runner (plan, fused groups, execute, report), cli
+executors (inline, local, Dask, Slurm/PBS), cost (each task's cost estimated from its configs: the runner
+starts the longest first), runner (plan, fused groups, execute, report), cli
 (`bsresearch sweep`). Which runs fuse, and how many at once: bsresearch.fused.grouping.
 """
 from __future__ import annotations

@@ -101,7 +101,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         grouped = sum(len(m) for m in report.groups.values())
         fused = f" ({grouped} in {len(report.groups)} fused group(s), {todo - grouped} alone)" if report.groups else ""
         print(f"{len(report.planned)} runs in {report.sweep_dir}: {todo} to run{fused} "
-              f"({report.executor}/{report.engine}, {report.workers} worker(s)); nothing was run (--dry-run)")
+              f"({report.executor}/{report.engine}, {report.workers} worker(s)), started in the order of the start "
+              f"column (longest estimated first); nothing was run (--dry-run)")
         return 0
     print(report.summary())
     return 0 if report.all_finished else 1

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import ConfigError, check_data_size
+from ..config import ConfigError, RunConfig, check_data_size
 from ..rundir import (
     FINISHED_STATES,
     MANIFEST,
@@ -45,6 +45,7 @@ from ..rundir import (
     storage_error,
 )
 from . import supervise
+from .cost import longest_first, task_seconds
 from .executors import check_dask, default_workers, make_executor, visible_gpus
 from .spec import Point, SweepSpec, expand, load_spec
 from .task import BUSY, GroupTask, RunOutcome, RunTask, is_complete, is_locked
@@ -87,6 +88,7 @@ class SweepReport:
     dry_run: bool = False
     waited: tuple[RunOutcome, ...] = ()  # runs another live process held: what it recorded when done
     fuse: str = "off"
+    dispatch: tuple[tuple[str, ...], ...] = ()  # the run ids of each task, in the order they are dispatched
 
     def final_states(self) -> dict[str, str]:
         """run_id -> state after the sweep (executed runs: their outcome; runs another process held: what
@@ -101,15 +103,20 @@ class SweepReport:
         return all(s in FINISHED_STATES for s in self.final_states().values())
 
     def plan_table(self) -> str:
+        """The runs in the spec's order; `start`: the place of the run's task in the dispatch order (1 starts
+        first: longest estimated first, bsresearch.sweep.cost), '-' for a run not executed."""
         width = max([len(p.point.label) for p in self.planned] + [5])
+        start = {run_id: str(k) for k, task in enumerate(self.dispatch, 1) for run_id in task}
         if self.fuse == "off":
-            lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  action"]
-            lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action}"
-                      for p in self.planned]
+            lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  {'action':<6}  start"]
+            lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action:<6}  "
+                      f"{start.get(p.point.run_id, '-')}" for p in self.planned]
             return "\n".join(lines)
-        lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  {'action':<6}  {'group':<10}  why not fused"]
+        lines = [f"{'run_id':<10}  {'point':<{width}}  {'found':<11}  {'action':<6}  {'start':<5}  {'group':<10}  "
+                 "why not fused"]
         lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action:<6}  "
-                  f"{p.group or '-':<10}  {p.fusion or ''}".rstrip() for p in self.planned]
+                  f"{start.get(p.point.run_id, '-'):<5}  {p.group or '-':<10}  {p.fusion or ''}".rstrip()
+                  for p in self.planned]
         return "\n".join(lines)
 
     @property
@@ -308,10 +315,11 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
         check_writable(sweep_dir, "--runs")
         write_manifest(spec, sweep_dir, points)
         make_reserve(sweep_dir)   # room for the statuses that say the disk filled (rundir.RESERVE)
+    dispatch = tuple(tuple(m.run_id for m in t.members) if isinstance(t, GroupTask) else (t.run_id,) for t in tasks)
     if dry_run or not todo:
         waited = () if dry_run else wait_for_others([p for p in planned if p.action == BUSY], progress)
         return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run, waited,
-                           fuse)
+                           fuse, dispatch)
     fn = execute if executor == "inline" else supervise.run_any
     window = {"inline": 1, "local": workers}.get(executor, len(tasks))
     outcomes: list[RunOutcome] = []
@@ -334,7 +342,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     busy = {o.run_id for o in outcomes if o.state == BUSY}
     waited = wait_for_others([p for p in planned if p.action == BUSY or p.point.run_id in busy], progress)
     return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), tuple(outcomes),
-                       time.monotonic() - start, waited=waited, fuse=fuse)
+                       time.monotonic() - start, waited=waited, fuse=fuse, dispatch=dispatch)
 
 
 def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
@@ -361,7 +369,10 @@ def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
 
 def make_tasks(todo: list[PlannedRun], sweep_dir: Path, engine: str, notebook: str | None, timeout: float,
                gpus: tuple[str, ...]) -> list[RunTask | GroupTask]:
-    """One RunTask per run left alone, one GroupTask per fused group (in the order of its first member).
+    """One RunTask per run left alone, one GroupTask per fused group, in the order they are dispatched: the
+    longest estimated first (cost.task_seconds from the configs; equal estimates keep the spec's order, a
+    group at its first member's place), so that the last tasks to start are short and no worker waits long
+    for the others at the end. Only the order changes: run ids, run directories and results do not.
 
     A group's timeout is the per-run timeout times its members: together they may take as long as they
     would have one after another, never less than one of them alone."""
@@ -371,18 +382,24 @@ def make_tasks(todo: list[PlannedRun], sweep_dir: Path, engine: str, notebook: s
 
     tasks: list[RunTask | GroupTask] = []
     members: dict[str, list[RunTask]] = {}
+    configs: list[list[RunConfig]] = []   # per task, its runs' configs (for the estimate)
+    place: dict[str, int] = {}            # group id -> its task's index
     for p in todo:
         if p.group is None:
             tasks.append(run_task(p))
+            configs.append([p.point.config])
         elif p.group not in members:
-            members[p.group] = [run_task(p)]
+            members[p.group], place[p.group] = [run_task(p)], len(tasks)
             tasks.append(GroupTask(group_id=p.group, group_dir="", members=()))  # filled in below
+            configs.append([p.point.config])
         else:
             members[p.group].append(run_task(p))
-    return [GroupTask(group_id=t.group_id, group_dir=str(sweep_dir / GROUPS_DIR / t.group_id),
-                      members=tuple(members[t.group_id]), engine=engine, notebook=str(GROUP_TEMPLATE),
-                      timeout=timeout * len(members[t.group_id]), gpus=gpus)
-            if isinstance(t, GroupTask) else t for t in tasks]
+            configs[place[p.group]].append(p.point.config)
+    tasks = [GroupTask(group_id=t.group_id, group_dir=str(sweep_dir / GROUPS_DIR / t.group_id),
+                       members=tuple(members[t.group_id]), engine=engine, notebook=str(GROUP_TEMPLATE),
+                       timeout=timeout * len(members[t.group_id]), gpus=gpus)
+             if isinstance(t, GroupTask) else t for t in tasks]
+    return longest_first(tasks, [task_seconds(c) for c in configs])
 
 
 def _check_fuse(fuse: str, fuse_max: int | None, engine: str) -> None:

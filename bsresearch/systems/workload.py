@@ -30,10 +30,7 @@ from ..runtime import autocast, check_precision, make_generator
 # dataset -> (input shape, classes): the shapes a model sees, known without loading the data (the
 # benchmark uses synthetic inputs, so cifar10 works on a machine without the CIFAR files).
 INPUT_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
-    "mnist1d": ((40,), 10), "mnist1d_large": ((40,), 10), "synthetic": ((20,), 4), "fashion_mnist": ((1, 28, 28), 10),
-    "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
-    "svhn": ((3, 32, 32), 10),
-}
+    name: (shape, classes) for name, (_, _, shape, classes) in C.BUILTIN_DATA.items()}
 # The dataset each model is benchmarked on unless told otherwise.
 DEFAULT_DATASET = {"mlp": "mnist1d", "cnn1d": "mnist1d", "convnet": "cifar10", "resnet": "cifar10"}
 EXAMPLES = 256  # real examples of a user's data that a workload's batches cycle through
