@@ -246,7 +246,7 @@ def test_optimum_figures_draw_the_estimates():
     assert sorted(float(d.get_xdata()[0]) for d in diamonds) == pytest.approx(sorted(opt.table["x_opt"]))
     assert optimum_scaling(axes[1], opt, fit) is axes[1]
     labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
-    assert any("censored" in t for t in labels) and any(f"slope {fit.slope:.2f}" in t for t in labels)
+    assert any("censored" in t for t in labels) and any(f"fit: {fit.slope:.2f} [" in t for t in labels)
     assert axes[1].yaxis._scale.base == 2
     # with the pre-registered per-seed statistic: its slope is the solid line, the bootstrap fit dotted
     primary = power_law_by_seed(runs)
@@ -256,7 +256,7 @@ def test_optimum_figures_draw_the_estimates():
     assert len(solid) == 1 and f"{primary.mean:.2f}" in solid[0].get_label()
     x, y = solid[0].get_xdata(), solid[0].get_ydata()
     assert np.log(y[-1] / y[0]) / np.log(x[-1] / x[0]) == pytest.approx(primary.mean)
-    assert [ln.get_linestyle() for label, ln in lines.items() if label.startswith("secondary")] == [":"]
+    assert [ln.get_linestyle() for label, ln in lines.items() if label.startswith("bootstrap fit")] == [":"]
     assert metric_vs_noise_scale(axes[2], runs, "test_acc", hue="lr") is axes[2]
     xs = np.concatenate([np.asarray(line.get_xdata(), float) for line in axes[2].get_lines()
                          if len(line.get_xdata()) == len(GRID) and line.get_label() != "_nolegend_"])

@@ -591,7 +591,7 @@ def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None,
     err = np.vstack([b - table["x_opt_low"].to_numpy(float), table["x_opt_high"].to_numpy(float) - b])
     interior = table["interior"].to_numpy(bool)
     ax.errorbar(x[interior], b[interior], yerr=err[:, interior], fmt="o", color="C0", capsize=3,
-                label=f"B_opt, {optimum.confidence:.0%} bootstrap interval")
+                label=f"B_opt, {optimum.confidence:.0%} bootstrap")
     if (~interior).any():
         ax.errorbar(x[~interior], b[~interior], yerr=err[:, ~interior], fmt="o", color="C0", capsize=3,
                     markerfacecolor="white", label="peak at the grid's edge (censored)")
@@ -600,12 +600,11 @@ def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None,
     anchor_x, anchor_b = np.exp(np.log(x[use]).mean()), np.exp(np.log(b[use]).mean())
     if fit is not None and np.isfinite(fit.slope):
         ax.plot(span, fit.predict(span), ":" if primary is not None else "-", color="C1",
-                label=("secondary, bootstrap fit" if primary is not None else "fit")
-                + f": slope {fit.slope:.2f} [{fit.slope_low:.2f}, {fit.slope_high:.2f}]")
+                label=("bootstrap fit" if primary is not None else "fit")
+                + f": {fit.slope:.2f} [{fit.slope_low:.2f}, {fit.slope_high:.2f}]")
     if primary is not None and np.isfinite(primary.mean):
         ax.plot(span, anchor_b * (span / anchor_x) ** primary.mean, "-", color="C3", lw=2,
-                label=f"pre-registered: mean per-seed slope {primary.mean:.2f} [{primary.low:.2f}, "
-                      f"{primary.high:.2f}] ({primary.confidence:.0%} t, {len(primary.slopes)} seeds)")
+                label=f"pre-registered: {primary.mean:.2f} [{primary.low:.2f}, {primary.high:.2f}]")
     ax.plot(span, anchor_b * (span / anchor_x) ** predicted_slope, "--", color="0.5",
             label=f"predicted: slope {predicted_slope:g}")
     ax.set_xscale("log")
@@ -613,7 +612,7 @@ def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None,
     ax.minorticks_off()
     log2_batch_axis(ax, "y")
     ax.set(xlabel=axis_label(optimum.by), ylabel="best batch size B_opt")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="x-small", loc="upper left")
     return ax
 
 
@@ -704,8 +703,7 @@ def optima_vs_lr_plot(ax: plt.Axes, matched: pd.DataFrame, fixed: pd.DataFrame |
         ax.plot(span, gy * (span / gx), ":", color="0.4", label="predicted: slope 1")
         if slopes is not None and math.isfinite(slopes.mean):
             ax.plot(span, gy * (span / gx) ** slopes.mean, "-", color="C3", lw=2,
-                    label=f"pre-registered: mean per-seed slope {slopes.mean:.2f} [{slopes.low:.2f}, "
-                          f"{slopes.high:.2f}]")
+                    label=f"pre-registered: {slopes.mean:.2f} [{slopes.low:.2f}, {slopes.high:.2f}]")
     ax.set_xscale("log")
     log2_batch_axis(ax, "y")
     ax.set(xlabel=axis_label(by), ylabel="best batch size B_opt")
