@@ -123,12 +123,14 @@ seed_n = power_law_by_seed(n_all, metric, x="batch_size", by="n_train", confiden
 test = pd.DataFrame([
     {"statistic": f"beta_lr: slope of log B_opt on log lr (N = {N_TRAIN})",
      "estimate": seed_lr.mean, f"{confidence:.0%} t interval": f"[{seed_lr.low:.3f}, {seed_lr.high:.3f}]",
+     "low": seed_lr.low, "high": seed_lr.high,
      "seeds": len(seed_lr.slopes), "per-seed slopes": ", ".join(f"{v:.2f}" for v in seed_lr.slopes),
      "censored peaks": seed_lr.n_censored, "threshold": "contains 1, lower end > 0",
      "largest B/N": float((lr_runs["batch_size"] / lr_runs["n_train"]).max()), "verdict": seed_lr.verdict}]
     + ([] if seed_n is None else [
     {"statistic": f"second test, beta_N: slope of log B_opt on log N (lr {n_lr:g}); does not change the verdict",
      "estimate": seed_n.mean, f"{confidence:.0%} t interval": f"[{seed_n.low:.3f}, {seed_n.high:.3f}]",
+     "low": seed_n.low, "high": seed_n.high,
      "seeds": len(seed_n.slopes), "per-seed slopes": ", ".join(f"{v:.2f}" for v in seed_n.slopes),
      "censored peaks": seed_n.n_censored, "threshold": "contains 1, lower end > 0",
      "largest B/N": float((n_all["batch_size"] / n_all["n_train"]).max()), "verdict": seed_n.verdict}]))
