@@ -107,6 +107,10 @@ if learns is not None:
               "left out of the slopes (an empty range, the narrowest there is)")
     v1 = ml.range_test(ml.stable_lr_table(rows, metric, margin),
                        ml.stable_range_trend(rows, metric, margin, n_boot=n_boot, confidence=confidence))
+    deciding = (test.max_stable_lr, test.window_octaves)
+    if rows["seed"].nunique() < 8 and any(t.low <= 0 <= t.high + ml.ZERO for t in deciding):
+        print("a deciding interval reaches 0 with fewer than 8 seeds: by statistics item 3 the sweep is extended "
+              "once, to 8 seeds (the next three in the spec's order), and that result is final")
     print(f"beside it, version 1's reading of the same runs (stable = no divergence): {v1.verdict}, slope of "
           f"log2(largest stable lr) {v1.max_stable_lr.slope:.3f} [{v1.max_stable_lr.low:.3f}, "
           f"{v1.max_stable_lr.high:.3f}]" + (f" ({v1.reason})" if v1.reason else ""))
