@@ -75,3 +75,16 @@ def variant_rows():
             rows.append({"variant": rule, "batch_size": b, "seed": seed, "state": state,
                          "test_acc": 0.9 - drop + (seed - 1) / 100 if state == "ok" else 0.1})
     return pd.DataFrame(rows)
+
+
+def swept_report(tmp_path: Path, name: str, spec_text: str) -> Path:
+    """A report end to end on a tiny sweep: write `spec_text` as tmp_path/NAME.yaml, run the sweep inline (every
+    run must finish: ok or diverged) into tmp_path/runs, then `bsresearch report` into tmp_path/reports;
+    returns the report folder."""
+    from bsresearch.report import run_report
+    from bsresearch.sweep import run_sweep
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(spec_text)
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    assert run_sweep(spec, runs_root=runs, executor="inline", progress=False).all_finished
+    return run_report(spec, runs, reports, html=False, allow_dirty=True)

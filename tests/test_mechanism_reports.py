@@ -8,9 +8,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-
-from bsresearch.report import run_report
-from bsresearch.sweep import run_sweep
+from conftest import swept_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,8 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_masters_luschi_report_with_learns_judges_by_runs_that_learn(tmp_path):
     # the mechanism test's path (protocol v4, analysis_parameters {learns: 0.5}): the verdict, the version-1
     # reading beside it and the secondary thresholds; a tiny synthetic grid, ~30 s
-    spec = tmp_path / "tiny_ml.yaml"
-    spec.write_text(f"""
+    out = swept_report(tmp_path, "tiny_ml", f"""
 name: tiny_ml
 analysis: {ROOT / 'notebooks' / '28_masters_luschi.ipynb'}
 analysis_parameters: {{learns: 0.5, extension_sweep: "", n_boot: 50, other_learns: [0.3]}}
@@ -29,9 +26,6 @@ base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: s
 grid: {{batch_size: [8, 32, 64, 128], lr: [0.001, 0.01, 0.1, 1.0, 8.0]}}
 seeds: [0, 1]
 """)
-    runs, reports = tmp_path / "runs", tmp_path / "reports"
-    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
-    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
     test = pd.read_csv(out / "test.csv")
     assert test["statistic"].iloc[0] == "slope of log2(largest lr at which every seed learns (test_acc >= 0.5)) " \
                                         "against log2(B)"
@@ -45,8 +39,7 @@ seeds: [0, 1]
 def test_hoffer_mechanism_report_matches_the_recipe_to_the_nearest_rung(tmp_path):
     # notebooks/35_hoffer_mechanism on a tiny ladder (two data sets, as the real spec): the verdict per data
     # set, SB* from the ladder's train losses, the figure; ~40 s
-    spec = tmp_path / "tiny_hoffer.yaml"
-    spec.write_text(f"""
+    out = swept_report(tmp_path, "tiny_hoffer", f"""
 name: tiny_hoffer
 analysis: {ROOT / 'notebooks' / '35_hoffer_mechanism.ipynb'}
 analysis_parameters: {{primary_dataset: synthetic, ladder: [sb, sb_x2, sb_x4], earlier_reports: {{}}}}
@@ -62,9 +55,6 @@ variants:
   lb_sqrt_gbn_ra: {{batch_size: 64, lr_scaling: sqrt, ghost_batch_size: 8, budget: steps, budget_amount: 32}}
 seeds: [0, 1]
 """)
-    runs, reports = tmp_path / "runs", tmp_path / "reports"
-    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
-    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
     test = pd.read_csv(out / "test.csv")
     assert list(test["data set"]) == ["synthetic", "mnist1d"]
     assert set(test["SB*"]) <= {"sb", "sb_x2", "sb_x4"}
@@ -78,8 +68,7 @@ seeds: [0, 1]
 @pytest.mark.slow
 def test_smith_le_mechanism_report_reads_b_opt_among_runs_that_reached_the_target(tmp_path):
     # notebooks/36_smith_le_mechanism on a tiny grid: matched (to a train loss) and fixed variants; ~40 s
-    spec = tmp_path / "tiny_sl.yaml"
-    spec.write_text(f"""
+    out = swept_report(tmp_path, "tiny_sl", f"""
 name: tiny_sl
 analysis: {ROOT / 'notebooks' / '36_smith_le_mechanism.ipynb'}
 analysis_parameters: {{earlier_report: ""}}
@@ -91,9 +80,6 @@ variants:
   fixed: {{budget: examples, budget_amount: 2560}}
 seeds: [0, 1, 2]
 """)
-    runs, reports = tmp_path / "runs", tmp_path / "reports"
-    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
-    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
     peaks = pd.read_csv(out / "peaks.csv")
     assert sorted(peaks["lr"]) == [0.05, 0.2]
     cells = pd.read_csv(out / "reached_cells.csv")
@@ -110,8 +96,7 @@ seeds: [0, 1, 2]
 @pytest.mark.slow
 def test_goyal_mechanism_report_separates_the_lr_ceiling_from_the_batch(tmp_path):
     # notebooks/37_goyal_mechanism on a tiny grid: the linear lr and two octaves below it per batch size; ~30 s
-    spec = tmp_path / "tiny_goyal.yaml"
-    spec.write_text(f"""
+    out = swept_report(tmp_path, "tiny_goyal", f"""
 name: tiny_goyal
 analysis: {ROOT / 'notebooks' / '37_goyal_mechanism.ipynb'}
 analysis_parameters: {{earlier_report: "", baseline_batch: 8}}
@@ -127,9 +112,6 @@ overrides:
   - where: {{batch_size: 8}}
     set: {{lr: 0.05}}
 """)
-    runs, reports = tmp_path / "runs", tmp_path / "reports"
-    run_sweep(spec, runs_root=runs, executor="inline", progress=False)
-    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
     per = pd.read_csv(out / "per_batch.csv").set_index("batch_size")
     assert list(per.index) == [8, 32, 128]
     assert list(per["linear_lr"]) == pytest.approx([0.05, 0.2, 0.8])

@@ -7,6 +7,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+from conftest import swept_report
 
 from bsresearch.config import run_id
 from bsresearch.report import run_report
@@ -91,8 +92,7 @@ def test_report_passes_the_specs_analysis_parameters_to_the_notebook(tmp_path):
 def test_steps_to_target_report_without_a_noise_sweep_measures_b_simple_at_the_target(tmp_path):
     # the path the GPU steps-to-target specs take: analysis_parameters {noise_sweep: ""}, B_simple measured
     # at the weights where each batch size reached the target; a tiny synthetic sweep, ~20 s
-    spec = tmp_path / "tiny_stt.yaml"
-    spec.write_text(f"""
+    out = swept_report(tmp_path, "tiny_stt", f"""
 name: tiny_stt
 analysis: {ROOT / 'notebooks' / '23_steps_to_target.ipynb'}
 analysis_parameters: {{noise_sweep: "", measure_at_target: true, selection_seeds: [0, 1]}}
@@ -101,9 +101,6 @@ base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: s
 grid: {{batch_size: [4, 16, 64], lr: [0.1, 0.2, 0.4, 0.8, 1.6]}}
 seeds: [0, 1]
 """)
-    runs, reports = tmp_path / "runs", tmp_path / "reports"
-    assert run_sweep(spec, runs_root=runs, executor="inline", progress=False).all_finished
-    out = run_report(spec, runs, reports, html=False, allow_dirty=True)
     names = {p.name for p in out.iterdir()}
     assert {"noise_scale.png", "steps_to_target.png", "critical_batch_fit.csv", "b_simple_at_target.csv"} <= names
     assert "noise_scale_checkpoints.csv" not in names          # no noise sweep was read
@@ -117,14 +114,12 @@ seeds: [0, 1]
     table.write_bytes((out / "tuned_lr.csv").read_bytes())
     lrs = "\n".join(f"  - {{where: {{batch_size: {int(r.batch_size)}}}, set: {{lr: {r.lr}}}}}"
                      for r in tuned.itertuples())
-    confirm = tmp_path / "tiny_stt_confirm.yaml"
-    confirm.write_text(spec.read_text().replace("name: tiny_stt", "name: tiny_stt_confirm")
+    out = swept_report(tmp_path, "tiny_stt_confirm", (tmp_path / "tiny_stt.yaml").read_text()
+                       .replace("name: tiny_stt", "name: tiny_stt_confirm")
                        .replace("selection_seeds: [0, 1]", f"lr_table: {table}, seeds_sweep: '', summaries_test: true, "
                                 "two_batch_pairs: 20")
                        .replace(", lr: [0.1, 0.2, 0.4, 0.8, 1.6]", "").replace("seeds: [0, 1]", "seeds: [5, 6]")
                        + f"overrides:\n{lrs}\n")
-    assert run_sweep(confirm, runs_root=runs, executor="inline", progress=False).all_finished
-    out = run_report(confirm, runs, reports, html=False, allow_dirty=True)
     at_target = pd.read_csv(out / "b_simple_at_target.csv")
     assert set(at_target["seed"]) == {5, 6} and (at_target["stage"] == "confirmation").all()
     assert len(at_target) == 6

@@ -154,3 +154,15 @@ def test_a_sweep_runs_its_tasks_in_dispatch_order_and_only_the_order_changes(tmp
     report = run_sweep(spec, runs_root=tmp_path / "dry", dry_run=True, fuse="off", engine="library")
     rows = {line.split()[0]: line.split()[-1] for line in report.plan_table().splitlines()[1:]}
     assert [rows[r] for r in dispatched] == ["1", "2", "3", "4"]
+
+
+def test_a_users_model_data_and_loss_are_ordered_by_their_updates_and_batch():
+    """FILE.py:NAME references have no architecture to count before they are built: their cost uses fixed
+    per-example defaults, so the order still follows the updates and the batch size, and nothing loads."""
+    user = dict(model="examples/regression_mlp.py:make_model", dataset="examples/regression_mlp.py:make_data",
+                loss="mse", train_size=512, budget="steps", width=None, depth=None)
+    short, long_, wide = (tiny_config(**user, budget_amount=20), tiny_config(**user, budget_amount=200),
+                          tiny_config(**user, budget_amount=20, batch_size=128))
+    costs = [run_cost(c).seconds for c in (short, long_, wide)]
+    assert all(c > 0 for c in costs) and costs[1] > costs[0] and costs[2] > costs[0]
+    assert longest_first(["short", "long", "wide"], costs)[-1] == "short"

@@ -398,6 +398,16 @@ def limits_from_intervals(ax: plt.Axes, lows: Sequence[Any], highs: Sequence[Any
         ax.set_ylim(bottom - pad * span, top + pad * span)
 
 
+def threshold_axis(ax: plt.Axes, margin_points: float, color: object, label: str) -> None:
+    """A difference axis in points that keeps a -margin threshold readable beside a collapse of tens of
+    points: a grey line at 0, the dotted threshold at -margin_points, and a symmetric-log scale, linear within
+    2 margins of 0, with plain tick labels. Set the limits after this call (a new scale resets them)."""
+    ax.axhline(0.0, color="0.7", linewidth=0.8)
+    ax.axhline(-margin_points, color=color, linestyle=":", linewidth=1.2, label=label)
+    ax.set_yscale("symlog", linthresh=2 * margin_points, linscale=1.5)
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
 def difference_vs_batch(ax: plt.Axes, rows: pd.DataFrame, diffs: pd.DataFrame, margin: float = 0.01,
                         hue: str = "variant", order: Sequence[str] | None = None,
                         colors: dict[str, tuple] | None = None, baseline_batch: int = 32) -> plt.Axes:
@@ -423,13 +433,8 @@ def difference_vs_batch(ax: plt.Axes, rows: pd.DataFrame, diffs: pd.DataFrame, m
         if len(diverged):
             ax.scatter(diverged["batch_size"] * shift, np.full(len(diverged), 0.03), marker="x", s=30,
                        color=colors[name], transform=bottom, zorder=4, clip_on=False, label=f"_diverged {name}")
-    ax.axhline(0.0, color="0.7", linewidth=0.8)
-    ax.axhline(-100 * margin, color="0.3", linestyle=":", linewidth=1.2,
-               label=f"-{100 * margin:g} point: holds above (lower end)")
-    linear = 2 * 100 * margin
-    ax.set_yscale("symlog", linthresh=linear, linscale=1.5)   # before the limits: a new scale resets them
+    threshold_axis(ax, 100 * margin, "0.3", f"-{100 * margin:g} point: holds above (lower end)")
     limits_from_intervals(ax, ends + [[-100 * margin]], ends + [[0.0]])
-    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
     log2_batch_axis(ax, "x", [int(b) for b in diffs["batch_size"].unique()])
     ax.set(xlabel=axis_label("batch_size"), ylabel=f"test acc. - same rule at B={baseline_batch} (points)")
     ax.legend(fontsize="x-small")
@@ -477,10 +482,7 @@ def ceiling_plot(ax_diff: plt.Axes, ax_lr: plt.Axes, test: CeilingTest, batch: s
         shift = 2 ** (0.03 * (2 * i - 1))
         ax_diff.errorbar(b * shift, y, yerr=np.vstack([np.nan_to_num(y - low), np.nan_to_num(high - y)]), fmt="o-",
                          ms=4, capsize=2, color=f"C{i}", label=label)
-    ax_diff.axhline(0.0, color="0.7", linewidth=0.8)
-    ax_diff.axhline(-margin, color="C3", linestyle=":", linewidth=1.5, label=f"-{margin:g} point: holds above")
-    ax_diff.set_yscale("symlog", linthresh=2 * margin, linscale=1.5)
-    ax_diff.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    threshold_axis(ax_diff, margin, "C3", f"-{margin:g} point: holds above")
     log2_batch_axis(ax_diff, "x", [int(v) for v in b])
     ax_diff.set(xlabel=axis_label(batch), ylabel=f"test acc. - B={test.linear.baseline_batch} (points)")
     n = float(test.n_train)

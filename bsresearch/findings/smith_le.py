@@ -578,6 +578,21 @@ def metric_vs_batch_optima(ax: plt.Axes, runs: pd.DataFrame, optimum: Optimum, y
     return ax
 
 
+def slope_lines(ax: plt.Axes, x: np.ndarray, y: np.ndarray, use: np.ndarray, primary: SeedSlopes | None = None,
+                predicted_slope: float = 1.0, predicted_style: str = ":") -> None:
+    """Power laws through the geometric mean of the points (x, y) selected by `use` (all of them when none
+    is), on log-log axes: the predicted slope (grey, `predicted_style`) and, given `primary`, the
+    pre-registered mean per-seed slope (solid red, with its t interval in the legend)."""
+    use = use if use.any() else np.ones_like(use)
+    gx, gy = np.exp(np.log(x[use]).mean()), np.exp(np.log(y[use]).mean())
+    span = np.geomspace(x.min() / 1.3, x.max() * 1.3, 50)
+    if primary is not None and np.isfinite(primary.mean):
+        ax.plot(span, gy * (span / gx) ** primary.mean, "-", color="C3", lw=2,
+                label=f"pre-registered: {primary.mean:.2f} [{primary.low:.2f}, {primary.high:.2f}]")
+    ax.plot(span, gy * (span / gx) ** predicted_slope, predicted_style, color="0.5",
+            label=f"predicted: slope {predicted_slope:g}")
+
+
 def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None, predicted_slope: float = 1.0,
                     primary: SeedSlopes | None = None) -> plt.Axes:
     """B_opt against the group value (lr or N) on log-log axes, with bootstrap intervals; a line of the
@@ -595,18 +610,12 @@ def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None,
     if (~interior).any():
         ax.errorbar(x[~interior], b[~interior], yerr=err[:, ~interior], fmt="o", color="C0", capsize=3,
                     markerfacecolor="white", label="peak at the grid's edge (censored)")
-    span = np.geomspace(x.min() / 1.3, x.max() * 1.3, 50)
-    use = interior if interior.any() else np.ones_like(interior)
-    anchor_x, anchor_b = np.exp(np.log(x[use]).mean()), np.exp(np.log(b[use]).mean())
     if fit is not None and np.isfinite(fit.slope):
+        span = np.geomspace(x.min() / 1.3, x.max() * 1.3, 50)
         ax.plot(span, fit.predict(span), ":" if primary is not None else "-", color="C1",
                 label=("bootstrap fit" if primary is not None else "fit")
                 + f": {fit.slope:.2f} [{fit.slope_low:.2f}, {fit.slope_high:.2f}]")
-    if primary is not None and np.isfinite(primary.mean):
-        ax.plot(span, anchor_b * (span / anchor_x) ** primary.mean, "-", color="C3", lw=2,
-                label=f"pre-registered: {primary.mean:.2f} [{primary.low:.2f}, {primary.high:.2f}]")
-    ax.plot(span, anchor_b * (span / anchor_x) ** predicted_slope, "--", color="0.5",
-            label=f"predicted: slope {predicted_slope:g}")
+    slope_lines(ax, x, b, interior, primary, predicted_slope, "--")
     ax.set_xscale("log")
     ax.set_xticks(x, [_group_label(v) for v in x])
     ax.minorticks_off()
@@ -696,14 +705,7 @@ def optima_vs_lr_plot(ax: plt.Axes, matched: pd.DataFrame, fixed: pd.DataFrame |
     ax.plot(m[by][~peaked], m["x_opt"][~peaked], "D", color="C0", mfc="white", ms=8,
             label="common train loss, not peaked")
     if len(m):
-        lrs = m[by].to_numpy(float)
-        span = np.geomspace(lrs.min() / 1.3, lrs.max() * 1.3, 50)
-        use = peaked if peaked.any() else np.ones_like(peaked)
-        gx, gy = np.exp(np.log(lrs[use]).mean()), np.exp(np.log(m["x_opt"].to_numpy(float)[use]).mean())
-        ax.plot(span, gy * (span / gx), ":", color="0.4", label="predicted: slope 1")
-        if slopes is not None and math.isfinite(slopes.mean):
-            ax.plot(span, gy * (span / gx) ** slopes.mean, "-", color="C3", lw=2,
-                    label=f"pre-registered: {slopes.mean:.2f} [{slopes.low:.2f}, {slopes.high:.2f}]")
+        slope_lines(ax, m[by].to_numpy(float), m["x_opt"].to_numpy(float), peaked, slopes)
     ax.set_xscale("log")
     log2_batch_axis(ax, "y")
     ax.set(xlabel=axis_label(by), ylabel="best batch size B_opt")
