@@ -9,16 +9,19 @@ built-in mlp and cnn1d fuse through their batched layers (fused.trainer.StackEng
 user's given as FILE.py:NAME with --dataset and --model-kwargs, through torch.func.vmap
 (fused.generic.VmapEngine), and the row also gives what train_group's calibration decided for that group.
 A third mode, where the data allow (K x B <= the training set), is one run at batch K x B: the same
-arithmetic with one step's overhead, the practical limit of fusing (its examples/s divided by B).
+arithmetic with one step's overhead, the practical limit of fusing (its examples/s divided by B). With
+--compare-attention, a model through the vmap path is also timed fused with scaled_dot_product_attention
+left to vmap's per-member loop (the program before fused/attention.py), in the same rounds.
 
     python benchmarks/fused_runs.py [--device cpu|cuda] [--models mlp,cnn1d] [--batch-sizes 32,256]
                                     [--ks 1,4,16,32,64] [--seconds 0.5] [--repeats 3] [--threads 1]
     python benchmarks/fused_runs.py --models examples/lm.py:make_model --dataset examples/lm.py:make_data \
         --model-kwargs '{"context": 64, "width": 64, "depth": 2}' --dataset-kwargs '{"context": 64}' \
-        --optimizer adam --batch-sizes 1,2,4 --ks 8 --stem fused_runs_lm
+        --optimizer adam --batch-sizes 1,2,4 --ks 8 --stem fused_runs_lm [--compare-attention]
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -67,8 +70,21 @@ def separate_steps(cfgs: list[RunConfig], data, device: torch.device, parts):
     return run_steps
 
 
+def without_batched_attention(step: Callable[[], None]) -> Callable[[], None]:
+    """`step` with the generic path's scaled_dot_product_attention left to vmap's per-member loop, as before
+    fused/attention.py: the same program otherwise, for an A/B in one run."""
+    def run_step() -> None:
+        saved = generic.batched_attention
+        generic.batched_attention = contextlib.nullcontext  # type: ignore[assignment]
+        try:
+            step()
+        finally:
+            generic.batched_attention = saved
+    return run_step
+
+
 def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: float, repeats: int,
-            **fields: Any) -> list[dict]:
+            compare_attention: bool = False, **fields: Any) -> list[dict]:
     cfgs = configs(model, batch_size, k, device, **fields)
     data = dataset_for(cfgs[0], device)
     parts = components(cfgs[0], data, model_for(cfgs[0], data, torch.Generator().manual_seed(0)).to(device))
@@ -76,6 +92,9 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
     if 1 < k and k * batch_size <= data.n_train:
         candidates["one run at batch K*B"] = separate_steps(configs(model, k * batch_size, 1, device, **fields), data,
                                                             device, parts)
+    if compare_attention and model not in STACKED_MODELS:
+        candidates["fused, attention by vmap's loop"] = without_batched_attention(fused_step(cfgs, data, device,
+                                                                                             parts))
     for fn in candidates.values():  # warm up
         time_steps(fn, 3, device)
     rate = min(time_steps(fn, 3, device) for fn in candidates.values())
@@ -96,7 +115,7 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
     for row in rows:
         row["speedup"] = float(row["member_steps_per_s"]) / float(rows[1]["member_steps_per_s"])
         row["train_group_decision"] = decision
-    limit = f", one batch-K*B run x{rows[2]['speedup']:.2f}" if len(rows) > 2 else ""
+    limit = "".join(f", {row['mode']} x{row['speedup']:.2f}" for row in rows[2:])
     print(f"{model} b{batch_size} K={k}: fused {rows[0]['member_steps_per_s']:.0f}, separate "
           f"{rows[1]['member_steps_per_s']:.0f} member steps/s, x{rows[0]['speedup']:.2f}{limit}", flush=True)
     return rows
@@ -115,6 +134,9 @@ def main() -> None:
     parser.add_argument("--ks", default="1,4,16,32,64")
     parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compare-attention", action="store_true",
+                        help="a model through the vmap path: also time the fused step with scaled_dot_product_"
+                             "attention left to vmap's per-member loop (fused/attention.py's A/B)")
     args = parser.parse_args()
     device = start(args)
     rows = []
@@ -128,7 +150,7 @@ def main() -> None:
     for model in models:
         for b in map(int, args.batch_sizes.split(",")):
             for k in map(int, args.ks.split(",")):
-                rows += measure(model, b, k, device, args.seconds, args.repeats, **fields)
+                rows += measure(model, b, k, device, args.seconds, args.repeats, args.compare_attention, **fields)
     df = pd.DataFrame(rows)
     write_results(df, args.stem, device, args.out_dir)
 

@@ -4,7 +4,8 @@ The built-in mlp and cnn1d have their own batched layers (fused/layers.py). Any 
 included, fuses here when torch.func.vmap can take it: its parameters become (K, ...) tensors, views of one
 flat (K, P) tensor, so fused/optim.py updates all members in one set of operations; gradients accumulate
 into one flat (K, P) buffer (each parameter's .grad is a view of it, filled in place by autograd); the
-forward pass and the loss are vmapped over the members, each on its own batch.
+forward pass and the loss are vmapped over the members, each on its own batch; a model's
+scaled_dot_product_attention runs there as one call for all members (fused/attention.py).
 
 What cannot fuse, and is said in one line before any training (`probe`): BatchNorm (its running statistics
 are updated in place in training), random draws in training (dropout: vmap cannot give each member its own
@@ -30,6 +31,7 @@ from .. import config as C
 from ..data import Dataset, eval_chunk_size
 from ..loop import Member, StepHooks
 from ..losses import Loss, Task
+from .attention import batched_attention
 from .optim import FusedOptimizer
 
 # The parameters' .grad are views of one flat buffer, which is the point; autograd warns that such a grad does
@@ -47,7 +49,7 @@ def probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> str
         return "BatchNorm's running statistics are updated in place in training, which vmap cannot batch"
     stack = _Stack([model, model], x.device)
     try:
-        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []), batched_attention():
             value = vmap(stack.loss_fn(model, loss), randomness="error")(stack.leaves,
                                                                           x.expand(2, *x.shape),
                                                                           y.expand(2, *y.shape))
@@ -130,7 +132,8 @@ class VmapEngine:
         stack.grad.zero_()
         total = torch.zeros(len(members), device=stack.flat.device)
         for micro in micro_batches:
-            losses = vmap(self.one, randomness="error")(stack.leaves, data.x_train[micro], data.y_train[micro])
+            with batched_attention():
+                losses = vmap(self.one, randomness="error")(stack.leaves, data.x_train[micro], data.y_train[micro])
             if len(micro_batches) > 1:
                 losses = losses * (micro.shape[1] / idx.shape[1])
             with warnings.catch_warnings():
@@ -159,7 +162,9 @@ class VmapEngine:
             correct = torch.zeros(k, dtype=torch.int64, device=x.device)
             for start in range(0, len(x), chunk):
                 xb, yb = x[start:start + chunk], y[start:start + chunk]
-                output = vmap(lambda p, xs: functional_call(model, (p, buffers), (xs,)), in_dims=(0, None))(params, xb)
+                with batched_attention():
+                    output = vmap(lambda p, xs: functional_call(model, (p, buffers), (xs,)),
+                                  in_dims=(0, None))(params, xb)
                 loss_sum += torch.stack([loss.total(output[i], yb) for i in range(k)])
                 if self.task.accuracy:
                     correct += (output.argmax(-1) == yb).flatten(1).sum(1)
