@@ -116,6 +116,26 @@ def test_run_directory_matches_train_run(tmp_path):
     assert ckpt["state"]["step"] == ref["state"]["step"]
 
 
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_a_members_evaluation_is_that_of_its_weights_as_a_run_alone_evaluates(tmp_path, batchnorm):
+    """Each member is evaluated through its own torch model, as train.run evaluates: the last history row's
+    losses and accuracies are, bit for bit, those of the member's final weights (and BatchNorm statistics)
+    evaluated by engine.evaluate_batches."""
+    from bsresearch.data import dataset_for
+    from bsresearch.engine import evaluate_batches
+    cfgs = [tiny_config(seed=s, model="cnn1d", width=6, batchnorm=batchnorm, lr=0.05 * (s + 1), budget_amount=40,
+                        eval_every=20) for s in range(3)]
+    dirs = [tmp_path / str(i) for i in range(3)]
+    fused = train_group(cfgs, dirs, progress=False)
+    data = dataset_for(cfgs[0], torch.device("cpu"))
+    for result in fused:
+        assert result.model is not None
+        last = result.history[-1]
+        for split in ("train", "test"):
+            loss, accuracy = evaluate_batches(result.model, data.eval_batches(split))
+            assert (last[f"{split}_loss"], last[f"{split}_acc"]) == (loss, accuracy), split
+
+
 def test_finished_run_directory_is_returned_as_is(tmp_path):
     cfgs = [tiny_config(seed=0), tiny_config(seed=1)]
     done = train.run(cfgs[0], tmp_path / "a", progress=False)

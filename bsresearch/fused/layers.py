@@ -178,13 +178,12 @@ class StackedModel:
                 getattr(children[module_name], n).copy_(value[member])
 
     # --- the batched forward pass
-    def forward(self, flat: torch.Tensor, buffers: dict[str, list[torch.Tensor]], x: torch.Tensor,
-                training: bool) -> torch.Tensor:
-        """Logits (K, B, classes) of all K members.
+    def forward(self, flat: torch.Tensor, buffers: dict[str, list[torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+        """Logits (K, B, classes) of all K members, in training mode: BatchNorm normalises with batch (or
+        ghost-batch) statistics and updates the running statistics in place. (Evaluation goes through each
+        member's own torch model: StackEngine.evaluate.)
 
         x: (K, B, *input_shape), each member its own batch, or (B, *input_shape) shared by all members.
-        training: BatchNorm normalises with batch (or ghost-batch) statistics and updates the running
-        statistics in place; otherwise it uses the running statistics.
         """
         k = flat.shape[0]
         params = SplitColumns.apply(flat, [slot.numel for slot in self.slots])
@@ -203,7 +202,7 @@ class StackedModel:
             elif op.kind == "conv":
                 x = self._conv(params, op, x)
             elif op.kind == "bn":
-                x = self._batchnorm(params, buffers[op.buffers or ""], op, x, training)
+                x = self._batchnorm(params, buffers[op.buffers or ""], op, x)
         return x
 
     def _conv(self, params: tuple[torch.Tensor, ...], op: Op, x: torch.Tensor) -> torch.Tensor:
@@ -217,19 +216,15 @@ class StackedModel:
                             w.view(k, -1, out_channels))
         return out.view(k, batch, positions, out_channels)
 
-    def _batchnorm(self, params: tuple[torch.Tensor, ...], stats: list[torch.Tensor], op: Op, x: torch.Tensor,
-                   training: bool) -> torch.Tensor:
-        """BatchNorm over all but the member and channel (last) dimensions, per member.
-
-        Training: each (ghost) batch is normalised with its own biased variance and updates the running
-        statistics in turn with the unbiased one, as torch's BatchNorm does; eval: running statistics.
-        """
+    def _batchnorm(self, params: tuple[torch.Tensor, ...], stats: list[torch.Tensor], op: Op,
+                   x: torch.Tensor) -> torch.Tensor:
+        """Training-mode BatchNorm over all but the member and channel (last) dimensions, per member: each
+        (ghost) batch is normalised with its own biased variance and updates the running statistics in turn
+        with the unbiased one, as torch's BatchNorm does."""
         k, channels = x.shape[0], x.shape[-1]
         view = (k,) + (1,) * (x.dim() - 2) + (channels,)
         w, b = params[op.params[0]].view(view), params[op.params[1]].view(view)
         running_mean, running_var, tracked = stats
-        if not training:
-            return (x - running_mean.view(view)) * torch.rsqrt(running_var.view(view) + op.eps) * w + b
         chunks = x.split(op.ghost, dim=1) if op.ghost and x.shape[1] > op.ghost else (x,)
         dims = tuple(range(1, x.dim() - 1))
         out = []
