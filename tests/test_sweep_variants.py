@@ -28,3 +28,16 @@ def test_runs_per_variant_gives_a_shared_run_to_every_variant_that_has_its_confi
     assert variants.variant_order(spec) == ["none", "linear", "linear_warmup"]
     plain = parse_spec({k: v for k, v in SPEC.items() if k not in ("variants", "overrides")})
     assert variants.runs_per_variant(runs, plain).equals(runs)
+
+
+def test_an_override_written_for_one_variant_maps_every_variants_runs():
+    """An override whose `where` names one variant (a step cap for the runs trained to a target, say) is no
+    error when the runs of another variant are looked up, and its runs carry its values."""
+    spec = parse_spec({**SPEC, "overrides": [{"where": {"variant": "linear_warmup"}, "set": {"warmup_epochs": 2}}]})
+    points = expand(spec)
+    runs = pd.DataFrame([{"run_id": p.run_id, "state": "ok", **p.coords} for p in points])
+    rows = variants.runs_per_variant(runs, spec)
+    assert sorted(rows["variant"].value_counts().items()) == [("linear", 4), ("linear_warmup", 4), ("none", 4)]
+    warm = {p.run_id for p in points if p.coords["variant"] == "linear_warmup"}
+    assert set(rows.loc[rows["variant"] == "linear_warmup", "run_id"]) == warm
+    assert all(p.config.warmup_epochs == 2 for p in expand(spec, variant_only="linear_warmup"))

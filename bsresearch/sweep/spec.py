@@ -522,21 +522,26 @@ def _label(coords: dict[str, Any]) -> str:
     return " ".join(f"{k}={show(v)}" for k, v in coords.items())
 
 
-def expand(spec: SweepSpec) -> list[Point]:
+def expand(spec: SweepSpec, variant_only: str | None = None) -> list[Point]:
     """The runs of a spec: variants x grid (cartesian product, in the order written) x seeds, overrides
     applied. A variant's fields come after the base and before the grid point.
 
     Points that end up with the same config (e.g. an override fixes the lr a grid axis varies) are one
     run: the first is kept. Raises ConfigError naming the point when a config is invalid, and naming the
     override when its `where` matches no run (a typo there would otherwise change nothing, silently).
+    `variant_only`: the points of that variant alone, as the whole spec gives them (an override written for
+    another variant is then not an error).
     """
     if not spec.has_runs:
         return []
+
     names = list(spec.grid)
     points: dict[str, Point] = {}
     matched = [False] * len(spec.overrides)
     seen: list[dict[str, list[Any]]] = [{k: [] for k in o.where} for o in spec.overrides]  # values met
-    for variant, variant_fields in (spec.variants.items() or [(None, {})]):
+    variants: list[tuple[str | None, dict[str, Any]]] = [(variant_only, spec.variants[variant_only])] \
+        if variant_only is not None else list(spec.variants.items()) or [(None, {})]
+    for variant, variant_fields in variants:
         for values in itertools.product(*spec.grid.values()):
             for seed in spec.seeds:
                 coords = {**({"variant": variant} if variant else {}), **dict(zip(names, values)), "seed": seed}
@@ -553,7 +558,7 @@ def expand(spec: SweepSpec) -> list[Point]:
                         matched[i] = True
                 _add_point(points, fields, coords)
     for i, override in enumerate(spec.overrides):
-        if not matched[i]:
+        if not matched[i] and variant_only is None:
             raise ConfigError(_unmatched_message(i, override, seen[i]))
     return list(points.values())
 

@@ -6,8 +6,6 @@ This is the one place analysis meets the spec: findings modules take `rows` and 
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pandas as pd
 
 from .spec import SweepSpec, expand
@@ -25,8 +23,8 @@ def runs_per_variant(runs: pd.DataFrame, spec: SweepSpec) -> pd.DataFrame:
         return runs.reset_index(drop=True)
     by_id = runs.drop_duplicates("run_id").set_index("run_id", drop=False)
     rows = []
-    for name, fields in spec.variants.items():
-        for point in expand(dataclasses.replace(spec, variants={name: fields})):
+    for name in spec.variants:
+        for point in expand(spec, variant_only=name):
             if point.run_id in by_id.index:
                 rows.append({**by_id.loc[point.run_id].to_dict(), **point.coords})
     return pd.DataFrame(rows, columns=list(dict.fromkeys([*runs.columns, "variant"])))
