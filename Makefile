@@ -145,13 +145,14 @@ reproduce: install data
 CONFIRM_SWEEPS := keskar keskar_fashion hoffer goyal smith_le_edge smith_le_n smith_le steps_to_target steps_to_target_fashion
 CONFIRM_REPORTS := keskar dinh keskar_fashion hoffer goyal smith_le steps_to_target steps_to_target_fashion
 MECHANISM_SPECS := masters_luschi_mechanism hoffer_mechanism smith_le_mechanism goyal_mechanism steps_to_target_large_mechanism
+MECHANISM_SWEEPS := $(MECHANISM_SPECS) smith_le_mechanism_edge
 reproduce-confirm: install data
 	@for s in $(CONFIRM_SWEEPS); do \
 	  $(BIN)/bsresearch sweep experiments/confirm/$${s}_confirm.yaml --engine library --quiet || echo "note: sweep $${s}_confirm has runs that did not finish"; done; \
 	for r in $(CONFIRM_REPORTS); do $(BIN)/bsresearch report experiments/confirm/$${r}_confirm.yaml --timeout 7200 || exit 1; done
 
 reproduce-mechanism: install data
-	@for s in $(MECHANISM_SPECS); do \
+	@for s in $(MECHANISM_SWEEPS); do \
 	  $(BIN)/bsresearch sweep experiments/$$s.yaml --engine library --quiet || echo "note: sweep $$s has runs that did not finish"; done; \
 	for s in $(MECHANISM_SPECS); do $(BIN)/bsresearch report experiments/$$s.yaml --timeout 7200 || exit 1; done
 

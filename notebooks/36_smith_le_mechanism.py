@@ -32,6 +32,8 @@ out_dir: str = "reports/smith_le_mechanism"        # figures and tables are writ
 spec_path: Optional[str] = "experiments/smith_le_mechanism.yaml"   # the spec: which variant each run belongs to
 matched_variant: str = "matched"                   # trained to the target train loss
 fixed_variant: str = "fixed"                       # the version-1 fixed budget, on the same seeds ("" for none)
+edge_sweep: str = ""                               # the edge rule's sweep (its runs join these), or "" for none
+edge_spec_path: Optional[str] = None               # that sweep's spec (its variants)
 earlier_report: str = "reports/smith_le"           # version 1's verdict, printed beside this one
 metric: str = "test_acc"                           # B_opt maximizes it
 confidence: float = 0.95                           # of every interval
@@ -50,11 +52,22 @@ from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)
-rows = variants.runs_per_variant(runs, load_spec(project_path(spec_path)))
+
+
+def sweep_rows(name: str, spec: Optional[str]) -> pd.DataFrame:
+    """The runs of sweep `name`, one row per variant that gives each (its spec says which)."""
+    results.sweep_dir(name, runs_dir)
+    return variants.runs_per_variant(results.load(name, runs_root=runs_dir), load_spec(project_path(spec)))
+
+
+def matched_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["variant"] == matched_variant].assign(reached=lambda d: d["reached_target"].fillna(False))
+
+
+grid_rows = sweep_rows(sweep, spec_path)
+rows = pd.concat([grid_rows, sweep_rows(edge_sweep, edge_spec_path)], ignore_index=True) if edge_sweep else grid_rows
 print(f"{len(rows)} runs:", dict(rows.groupby(["variant", "state"]).size()))
-matched = rows[rows["variant"] == matched_variant].assign(reached=lambda d: d["reached_target"].fillna(False))
+matched = matched_rows(rows)
 fixed = results.finished(rows[rows["variant"] == fixed_variant]) if fixed_variant else pd.DataFrame()
 target = float(matched["target_loss"].iloc[0])
 fixed_words = (f"fixed {fixed['budget_amount'].iloc[0] / fixed['n_train'].iloc[0]:g} epochs" if len(fixed) else "")
@@ -80,9 +93,13 @@ if test.extend_seeds:
     print("a deciding interval contains its threshold with fewer than 8 seeds: by statistics item 3 the sweep is "
           "extended once, to seeds 35-37")
 edges = test.peaks[test.peaks["at_grid_edge"].astype(bool)]
-if len(edges):
+if len(edges) and not edge_sweep:
     print(f"best included cell on the grid's edge at lr {', '.join(f'{v:g}' for v in edges['lr'])}: the protocol "
           "extends that lr's grid one factor of 2 beyond it, once")
+if edge_sweep:   # the edge rule was applied once: the verdict above includes its runs; without them, beside it
+    grid_only = sl.matched_loss_test(matched_rows(grid_rows), metric, reached="reached", confidence=confidence)
+    print(f"with the edge rule's runs ({edge_sweep}): the verdict above; on the grid alone: "
+          f"{grid_only.verdict.upper()} - {grid_only.why}")
 earlier = project_path(earlier_report) / "test.csv"
 if earlier.is_file():   # version 1, other seeds: beside it, never pooled
     first = pd.read_csv(earlier).iloc[0]

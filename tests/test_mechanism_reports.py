@@ -67,23 +67,43 @@ seeds: [0, 1]
 
 @pytest.mark.slow
 def test_smith_le_mechanism_report_reads_b_opt_among_runs_that_reached_the_target(tmp_path):
-    # notebooks/36_smith_le_mechanism on a tiny grid: matched (to a train loss) and fixed variants; ~40 s
-    out = swept_report(tmp_path, "tiny_sl", f"""
+    # notebooks/36_smith_le_mechanism on a tiny grid: matched (to a train loss) and fixed variants, a step cap
+    # written for the matched variant alone (as the real spec's), and the edge rule's sweep (one more batch size
+    # at one lr, a child spec) read beside the grid; ~50 s
+    from bsresearch.sweep import run_sweep
+    (tmp_path / "tiny_sl_edge.yaml").write_text("""
+extends: tiny_sl.yaml
+name: tiny_sl_edge
+analysis: null
+analysis_parameters: null
+grid: {batch_size: [2], lr: [0.05]}
+overrides: [{where: {variant: matched}, set: {max_steps: 2500}}]
+""")
+    out = tmp_path / "tiny_sl.yaml"
+    out.write_text(f"""
 name: tiny_sl
 analysis: {ROOT / 'notebooks' / '36_smith_le_mechanism.ipynb'}
-analysis_parameters: {{earlier_report: ""}}
+analysis_parameters: {{earlier_report: "", edge_sweep: tiny_sl_edge, edge_spec_path: {tmp_path / 'tiny_sl_edge.yaml'}}}
 base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, optimizer: sgd, momentum: 0.9,
        lr_scaling: none, eval_schedule: log, eval_per_decade: 20}}
 grid: {{batch_size: [4, 8, 16, 32], lr: [0.05, 0.2]}}
 variants:
-  matched: {{budget: target, target_loss: 0.9, max_steps: 2000}}
+  matched: {{budget: target, target_loss: 0.9}}
   fixed: {{budget: examples, budget_amount: 2560}}
 seeds: [0, 1, 2]
+overrides: [{{where: {{variant: matched}}, set: {{max_steps: 2000}}}}]
 """)
+    assert run_sweep(tmp_path / "tiny_sl_edge.yaml", runs_root=tmp_path / "runs", executor="inline",
+                     progress=False).all_finished
+    out = swept_report(tmp_path, "tiny_sl", out.read_text())
     peaks = pd.read_csv(out / "peaks.csv")
     assert sorted(peaks["lr"]) == [0.05, 0.2]
     cells = pd.read_csv(out / "reached_cells.csv")
-    assert len(cells) == 8 and (cells["included"] == (cells["n_reached"] >= 3)).all()
+    assert len(cells) == 9 and (cells["included"] == (cells["n_reached"] >= 3)).all()
+    assert sorted(cells.loc[cells["lr"] == 0.05, "batch_size"]) == [2, 4, 8, 16, 32]   # the edge run joined
+    nb = nbformat.read(out / "36_smith_le_mechanism.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "with the edge rule's runs (tiny_sl_edge): the verdict above; on the grid alone: " in printed
     assert set(pd.read_csv(out / "argmax_argmin.csv")["budget"]) == {"fixed 10 epochs",
                                                                      "to train loss 0.9 (runs that reached it)"}
     included = cells[cells["included"]].groupby("lr").size()
