@@ -37,7 +37,7 @@ from .optim import FusedOptimizer
 # The parameters' .grad are views of one flat buffer, which is the point; autograd warns that such a grad does
 # not follow its "layout contract" (the performance it means is not lost here: the views are dense rows).
 LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
-CALIBRATION_STEPS = 3     # timed steps of each kind (after one untimed) when calibrating
+CALIBRATION_STEPS = 5     # timed rounds (fused, then each member alone) after one untimed call of each
 PAYS = 1.05               # fuse only when the fused step is at least this much faster per member
 EVAL_MEMBERS = 8          # members per evaluation forward pass
 
@@ -217,25 +217,29 @@ class VmapEngine:
 
 
 def _seconds(step: Callable[[], object], device: torch.device) -> float:
-    """Median seconds of CALIBRATION_STEPS calls after an untimed one."""
+    """Seconds of one call of `step`, the device's queued work included."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
     step()
-    times = []
-    for _ in range(CALIBRATION_STEPS):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def calibrate(fused: Callable[[], object], alone: list[Callable[[], object]], device: torch.device) -> float:
     """How many times faster per member a fused step is than the members' steps one after another (the
-    steps given run on copies of the members, so the group's training is untouched)."""
-    fused_seconds = _seconds(fused, device)
-    alone_seconds = sum(_seconds(step, device) for step in alone)
-    return alone_seconds / max(fused_seconds, 1e-12)
+    steps given run on copies of the members, so the group's training is untouched).
 
-
+    After one untimed call of each, CALIBRATION_STEPS rounds alternate one fused step with one step of every
+    member alone, and each side counts its fastest round: a machine whose load changes during the
+    calibration (another worker's run starting or ending) then slows both sides' slow rounds alike, where
+    timing one side after the other would charge the load to whichever side it fell on."""
+    fused()
+    for step in alone:
+        step()
+    fused_rounds, alone_rounds = [], []
+    for _ in range(CALIBRATION_STEPS):
+        fused_rounds.append(_seconds(fused, device))
+        alone_rounds.append(sum(_seconds(step, device) for step in alone))
+    return min(alone_rounds) / max(min(fused_rounds), 1e-12)

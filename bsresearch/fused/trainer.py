@@ -93,7 +93,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
         ratio = _calibrate([cfgs[i] for i in todo], data, device, parts)
         if ratio < generic.PAYS:
             reason = (f"fusing does not pay here: {ratio:.2f}x per member in a calibration of "
-                      f"{generic.CALIBRATION_STEPS} steps")
+                      f"{generic.CALIBRATION_STEPS} interleaved rounds")
     if reason is not None:  # each member trains alone, as train.run trains it, and its status says why
         for i in todo:
             results[i] = _alone(cfgs[i], dirs[i], progress, reason)
