@@ -31,6 +31,7 @@ from .. import config as C
 from ..data import Dataset, eval_chunk_size
 from ..loop import Member, StepHooks
 from ..losses import Loss, Task
+from ..runtime import synchronize
 from .attention import batched_attention
 from .optim import FusedOptimizer
 
@@ -218,12 +219,10 @@ class VmapEngine:
 
 def _seconds(step: Callable[[], object], device: torch.device) -> float:
     """Seconds of one call of `step`, the device's queued work included."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
