@@ -35,6 +35,8 @@ recipe: str = "lb_sqrt_gbn_ra"                     # the large batch with all th
 ladder: list = ["sb", "sb_x2", "sb_x4", "sb_x8", "sb_x16"]   # the small batch trained 1, 2, 4, 8, 16x longer
 short: str = "sb"                                  # the version-1 small batch (Delta_orig)
 primary_dataset: str = "mnist1d_large"             # the headline data set; the others are reported beside it
+extra_sweeps: dict = {}                            # the rules' sweeps whose runs join these: name -> its spec path
+#                                                    (the ladder rule's extra rung, the seeds rule's seeds)
 earlier_reports: dict = {"mnist1d_large": "reports/hoffer_large", "mnist1d": "reports/hoffer"}   # version 1
 margin: float = 0.01                               # the test's margin, accuracy units (1 point)
 
@@ -52,9 +54,16 @@ from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)
-rows = variants.runs_per_variant(runs, load_spec(project_path(spec_path)))
+
+
+def sweep_rows(name: str, spec: Optional[str]) -> pd.DataFrame:
+    """The runs of sweep `name`, one row per variant that gives each (its spec says which)."""
+    results.sweep_dir(name, runs_dir)
+    return variants.runs_per_variant(results.load(name, runs_root=runs_dir), load_spec(project_path(spec)))
+
+
+rows = pd.concat([sweep_rows(sweep, spec_path)] + [sweep_rows(n, s) for n, s in extra_sweeps.items()],
+                 ignore_index=True)
 print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", results.budget_description(rows))
 datasets = [primary_dataset] + sorted(set(rows["dataset"]) - {primary_dataset})
 points = lambda x: f"{100 * x:+.2f}"   # noqa: E731  (accuracy fraction -> percentage points)
@@ -127,6 +136,8 @@ secondary
 # ## Figure: test accuracy against final train loss
 
 # %%
+multiples = [int(r.rsplit("_x", 1)[1]) if "_x" in r else 1 for r in ladder]   # sb -> 1, sb_x16 -> 16
+rung_multiples = ", ".join(map(str, multiples[:-1])) + f" and {multiples[-1]}"
 fig, axes = figure_grid(len(datasets), width=5.0, height=4.0)
 for ax, d in zip(axes, datasets):
     hoffer.ladder_plot(ax, rows[rows["dataset"] == d], tests[d])
@@ -135,7 +146,7 @@ for ax, d in zip(axes, datasets):
                  fontsize=9)
 save_figure(fig, out / "matched_loss",
             f"Hoffer et al.'s recipe ({hoffer.variant_label(recipe)}, red star) against the small batch 32 trained "
-            "for 1, 2, 4, 8 and 16 times its version-1 epochs (blue line through the rungs' means; faint dots: "
+            f"for {rung_multiples} times its version-1 epochs (blue line through the rungs' means; faint dots: "
             "seeds), each run's final test accuracy against its final full-train loss (log axis; the rungs' "
             "losses are geometric means over seeds). The ringed rung is SB*, the one nearest the recipe in train "
             "loss; the test compares the recipe with it (Welch 95% interval in each title; threshold: lower end "

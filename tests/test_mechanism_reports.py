@@ -38,11 +38,23 @@ seeds: [0, 1]
 @pytest.mark.slow
 def test_hoffer_mechanism_report_matches_the_recipe_to_the_nearest_rung(tmp_path):
     # notebooks/35_hoffer_mechanism on a tiny ladder (two data sets, as the real spec): the verdict per data
-    # set, SB* from the ladder's train losses, the figure; ~40 s
-    out = swept_report(tmp_path, "tiny_hoffer", f"""
+    # set, SB* from the ladder's train losses, the figure; and the ladder rule's extra rung on one data set, a
+    # child spec's sweep read beside the grid (extra_sweeps), as the real spec's sb_x32; ~50 s
+    from bsresearch.sweep import run_sweep
+    (tmp_path / "tiny_hoffer_x8.yaml").write_text("""
+extends: tiny_hoffer.yaml
+name: tiny_hoffer_x8
+analysis: null
+analysis_parameters: null
+grid: {dataset: [synthetic]}
+variants: {sb_x8: {batch_size: 8, budget_amount: 8}}
+""")
+    spec = tmp_path / "tiny_hoffer.yaml"
+    spec.write_text(f"""
 name: tiny_hoffer
 analysis: {ROOT / 'notebooks' / '35_hoffer_mechanism.ipynb'}
-analysis_parameters: {{primary_dataset: synthetic, ladder: [sb, sb_x2, sb_x4], earlier_reports: {{}}}}
+analysis_parameters: {{primary_dataset: synthetic, ladder: [sb, sb_x2, sb_x4, sb_x8], earlier_reports: {{}},
+                      extra_sweeps: {{tiny_hoffer_x8: {tmp_path / 'tiny_hoffer_x8.yaml'}}}}}
 base: {{train_size: 256, model: mlp, width: 16, batchnorm: true, optimizer: sgd, lr: 0.05, momentum: 0.9,
        base_batch_size: 8, lr_scaling: none, budget: epochs, eval_schedule: log}}
 grid: {{dataset: [synthetic, mnist1d]}}
@@ -55,10 +67,15 @@ variants:
   lb_sqrt_gbn_ra: {{batch_size: 64, lr_scaling: sqrt, ghost_batch_size: 8, budget: steps, budget_amount: 32}}
 seeds: [0, 1]
 """)
+    assert run_sweep(tmp_path / "tiny_hoffer_x8.yaml", runs_root=tmp_path / "runs", executor="inline",
+                     progress=False).all_finished
+    out = swept_report(tmp_path, "tiny_hoffer", spec.read_text())
     test = pd.read_csv(out / "test.csv")
     assert list(test["data set"]) == ["synthetic", "mnist1d"]
-    assert set(test["SB*"]) <= {"sb", "sb_x2", "sb_x4"}
+    assert set(test["SB*"]) <= {"sb", "sb_x2", "sb_x4", "sb_x8"}
     ladder = pd.read_csv(out / "ladder.csv")
+    rung = ladder[ladder["variant"] == "sb_x8"].set_index("dataset")["n_ok"]
+    assert rung.to_dict() == {"synthetic": 2, "mnist1d": 0}   # the extra sweep's runs joined, on its data set only
     for d, part in ladder.groupby("dataset"):   # SB* is the rung nearest the recipe in |log2| train loss
         nearest = part.loc[part["log2_distance"].abs().idxmin(), "variant"]
         assert test.set_index("data set").loc[d, "SB*"] == nearest

@@ -490,7 +490,8 @@ def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others:
     part = ok[ok[by].isin(ladder)]
     ax.scatter(part[loss], part[metric], s=10, color="C0", alpha=0.35, linewidths=0)
     if len(means):
-        ax.plot(means["loss"], means["metric"], "o-", color="C0", label="small batch, 1-16x its epochs (mean)")
+        top = ladder[-1].rsplit("_x", 1)[1] if "_x" in ladder[-1] else "1"   # sb_x16 -> 16
+        ax.plot(means["loss"], means["metric"], "o-", color="C0", label=f"small batch, 1-{top}x its epochs (mean)")
     if test.control:
         star = means[means[by] == test.control]
         ax.plot(star["loss"], star["metric"], "o", ms=14, mfc="none", mec="C0", mew=1.5,
