@@ -188,3 +188,24 @@ def test_kill_9_at_many_moments_then_resume_from_checkpoints(tmp_path):
         reference = run(p.config, None, progress=False).metrics
         assert {k: metrics[k] for k in COMPARED} == {k: reference[k] for k in COMPARED}, p.label
     assert resumed >= 1
+
+
+@pytest.mark.slow
+def test_kill_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path):
+    # a sweep started with `&` by a script ignores SIGINT (the shell leaves it so), so `kill PID` (SIGTERM) is how
+    # one stops it: it says "interrupted" (not a silent death), its workers stop with it, and the next run of the
+    # sweep finishes what they held
+    spec = write_spec(tmp_path, "termme")
+    sweep_dir = tmp_path / "runs" / "termme"
+    points = expand(load_spec(spec))
+    proc = start_sweep(spec, tmp_path / "runs", "--workers", "2", "--fuse", "off")
+    try:
+        wait_until(lambda: any(is_locked(sweep_dir / p.run_id) for p in points), 120, "a run in progress")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"bsresearch: interrupted" in out, out[-500:]
+    wait_until(lambda: not any(is_locked(sweep_dir / p.run_id) for p in points), 10, "worker locks released")
+    assert not all(RunDir(sweep_dir / p.run_id).is_finished() for p in points)
+    report = run_sweep(spec, runs_root=tmp_path / "runs", workers=2, progress=False, fuse="off")
+    assert report.all_finished and all(o.state == "ok" for o in report.outcomes)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from typing import Any
 
 import yaml
@@ -18,8 +19,17 @@ EXAMPLES = """examples:
       --cluster-option queue=gpu --cluster-option 'job_extra_directives=["--gres=gpu:1"]'
   bsresearch sweep experiments/demo.yaml --cluster slurm --job-script   # print a worker job script
   bsresearch sweep experiments/demo.yaml --check            # damaged result files, unfinished runs
-Rerunning a sweep skips finished runs and redoes interrupted ones; --retry-failed also redoes
-failed, oom, timeout and died runs."""
+Stop a sweep with Ctrl-C or `kill PID` (SIGTERM): either stops its workers, and the runs they held are redone
+by the next run of the sweep. Rerunning a sweep skips finished runs and redoes interrupted ones; --retry-failed
+also redoes failed, oom, timeout and died runs."""
+
+
+def _stop_on_sigterm() -> None:
+    """`kill PID` stops the sweep as Ctrl-C does (workers stopped, "interrupted" said). A sweep started in the
+    background of a script (`cmd &`) ignores SIGINT, as the shell leaves it, so SIGTERM is how to stop it."""
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
 
 
 def parse_cluster_options(items: list[str] | None) -> dict[str, Any]:
@@ -91,6 +101,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if (args.cluster or args.scheduler) and args.executor == "inline":
         raise ConfigError("--scheduler and --cluster run on Dask: use --executor dask")
     executor = "dask" if (args.cluster or args.scheduler) else args.executor
+    if not args.dry_run:
+        _stop_on_sigterm()
     report = run_sweep(spec, runs_root=args.runs, executor=executor, workers=args.workers,
                        scheduler=args.scheduler, cluster=args.cluster, cluster_options=options, engine=args.engine,
                        retry_failed=args.retry_failed, dry_run=args.dry_run, timeout=args.timeout,
