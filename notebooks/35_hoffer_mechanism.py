@@ -50,20 +50,11 @@ from bsresearch.findings import hoffer
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.sweep import variants
-from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-
-
-def sweep_rows(name: str, spec: Optional[str]) -> pd.DataFrame:
-    """The runs of sweep `name`, one row per variant that gives each (its spec says which)."""
-    results.sweep_dir(name, runs_dir)
-    return variants.runs_per_variant(results.load(name, runs_root=runs_dir), load_spec(project_path(spec)))
-
-
-rows = pd.concat([sweep_rows(sweep, spec_path)] + [sweep_rows(n, s) for n, s in extra_sweeps.items()],
-                 ignore_index=True)
+sweeps = {sweep: spec_path, **extra_sweeps}   # the grid's sweep and the rules' sweeps beside it
+rows = pd.concat([variants.sweep_rows(name, spec, runs_dir) for name, spec in sweeps.items()], ignore_index=True)
 print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", results.budget_description(rows))
 datasets = [primary_dataset] + sorted(set(rows["dataset"]) - {primary_dataset})
 points = lambda x: f"{100 * x:+.2f}"   # noqa: E731  (accuracy fraction -> percentage points)

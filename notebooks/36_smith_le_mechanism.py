@@ -48,24 +48,18 @@ from bsresearch.findings import smith_le as sl
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.sweep import variants
-from bsresearch.sweep.spec import load_spec
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-
-
-def sweep_rows(name: str, spec: Optional[str]) -> pd.DataFrame:
-    """The runs of sweep `name`, one row per variant that gives each (its spec says which)."""
-    results.sweep_dir(name, runs_dir)
-    return variants.runs_per_variant(results.load(name, runs_root=runs_dir), load_spec(project_path(spec)))
 
 
 def matched_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["variant"] == matched_variant].assign(reached=lambda d: d["reached_target"].fillna(False))
 
 
-grid_rows = sweep_rows(sweep, spec_path)
-rows = pd.concat([grid_rows, sweep_rows(edge_sweep, edge_spec_path)], ignore_index=True) if edge_sweep else grid_rows
+grid_rows = variants.sweep_rows(sweep, spec_path, runs_dir)
+rows = (pd.concat([grid_rows, variants.sweep_rows(edge_sweep, edge_spec_path, runs_dir)], ignore_index=True)
+        if edge_sweep else grid_rows)
 print(f"{len(rows)} runs:", dict(rows.groupby(["variant", "state"]).size()))
 matched = matched_rows(rows)
 fixed = results.finished(rows[rows["variant"] == fixed_variant]) if fixed_variant else pd.DataFrame()

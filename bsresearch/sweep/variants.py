@@ -6,9 +6,13 @@ This is the one place analysis meets the spec: findings modules take `rows` and 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from .spec import SweepSpec, expand
+from .. import results
+from ..paths import project_path
+from .spec import SweepSpec, expand, load_spec
 
 
 def runs_per_variant(runs: pd.DataFrame, spec: SweepSpec) -> pd.DataFrame:
@@ -33,3 +37,11 @@ def runs_per_variant(runs: pd.DataFrame, spec: SweepSpec) -> pd.DataFrame:
 def variant_order(spec: SweepSpec) -> list[str]:
     """The variants in the order the spec writes them (for tables and legends)."""
     return list(spec.variants)
+
+
+def sweep_rows(sweep: str, spec_path: str | Path, runs_root: str | Path) -> pd.DataFrame:
+    """The runs of sweep `sweep` under `runs_root`, one row per variant that gives each, as its spec at
+    `spec_path` (relative: to the project) says; a sweep with no runs there is a one-line ConfigError. A report
+    that reads a rule's extra sweep beside its grid concatenates two of these."""
+    results.sweep_dir(sweep, runs_root)
+    return runs_per_variant(results.load(sweep, runs_root=runs_root), load_spec(project_path(spec_path)))
