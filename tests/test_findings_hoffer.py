@@ -302,6 +302,14 @@ def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     star = lines[hoffer.variant_label("lb_sqrt_gbn_ra")]
     assert star.get_marker() == "*" and star.get_ydata()[0] == pytest.approx(0.931)
     assert ax.get_xscale() == "log"
+    # the axis spans the ladder's and the recipe's runs (a one-point difference stays visible); plain LB, far
+    # below, is named off the axis
+    low, high = ax.get_ylim()
+    shown = runs[runs.variant.isin([*hoffer.LADDER, "lb_sqrt_gbn_ra"])].test_acc
+    assert low <= shown.min() and shown.max() <= high and high - low < 2 * (shown.max() - shown.min()) + 0.01
+    texts = [t.get_text() for t in ax.texts]
+    lb = runs[runs.variant == "lb"].test_acc.mean()
+    assert lb < low and texts == [f"off the axis: {hoffer.variant_label('lb')}: mean {lb:.3g}"]
     plt.close(fig)
 
 

@@ -503,9 +503,21 @@ def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others:
             ax.scatter(mine[loss], mine[metric], s=12, color=color, alpha=0.35, linewidths=0)
             ax.plot([_geometric_mean(mine[loss])], [mine[metric].mean()], linestyle="none", marker=marker,
                     color=color, ms=size, label=variant_label(name))
+    # the y axis spans the ladder's and the recipe's runs, so that a difference at the test's margin (a point)
+    # stays visible; `others` far below (plain LB, under-trained) are named off the axis instead
+    shown = ok.loc[ok[by].isin([*ladder, test.recipe]), metric]
+    if len(shown):
+        low, high = float(shown.min()), float(shown.max())
+        pad = max(0.15 * (high - low), 0.002)
+        ax.set_ylim(low - pad, high + pad)
+        off = [f"{variant_label(name)}: mean {ok.loc[ok[by] == name, metric].mean():.3g}" for name in others
+               if (ok[by] == name).any() and not low - pad <= ok.loc[ok[by] == name, metric].mean() <= high + pad]
+        if off:
+            ax.text(0.98, 0.02, "off the axis: " + "; ".join(off), transform=ax.transAxes, ha="right",
+                    va="bottom", fontsize="x-small", color="C7")
     ax.set_xscale("log")
     ax.set(xlabel=f"final {axis_label(loss)} (log)", ylabel=axis_label(metric))
-    ax.legend(fontsize="x-small")
+    ax.legend(fontsize="x-small", loc="upper right")
     return ax
 
 
