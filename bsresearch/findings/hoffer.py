@@ -517,7 +517,7 @@ def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others:
                     va="bottom", fontsize="x-small", color="C7")
     ax.set_xscale("log")
     ax.set(xlabel=f"final {axis_label(loss)} (log)", ylabel=axis_label(metric))
-    ax.legend(fontsize="x-small", loc="upper right")
+    ax.legend(fontsize="x-small")
     return ax
 
 
