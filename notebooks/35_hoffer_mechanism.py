@@ -127,7 +127,7 @@ secondary
 # ## Figure: test accuracy against final train loss
 
 # %%
-multiples = [int(r.rsplit("_x", 1)[1]) if "_x" in r else 1 for r in ladder]   # sb -> 1, sb_x16 -> 16
+multiples = [hoffer.rung_multiple(r) for r in ladder]   # sb -> 1, sb_x16 -> 16
 rung_multiples = ", ".join(map(str, multiples[:-1])) + f" and {multiples[-1]}"
 fig, axes = figure_grid(len(datasets), width=5.0, height=4.0)
 for ax, d in zip(axes, datasets):

@@ -286,6 +286,11 @@ def test_matched_loss_test_partly_when_only_the_shorter_small_batch_is_matched()
     assert test.verdict == "partly" and not test.extend_seeds
 
 
+def test_rung_multiple_reads_the_epochs_multiple_from_the_rung_name():
+    assert [hoffer.rung_multiple(r) for r in (*hoffer.LADDER, "sb_x32")] == [1, 2, 4, 8, 16, 32]
+    assert hoffer.rung_multiple("lb_x_ra") == 1                          # "_x" not followed by a number
+
+
 def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     import matplotlib.pyplot as plt
     runs = _mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.931})

@@ -154,6 +154,12 @@ def ingredient_effects(rows: pd.DataFrame, metric: str, names: Sequence[str], by
 LADDER = ("sb", "sb_x2", "sb_x4", "sb_x8", "sb_x16")   # the small batch at 1, 2, 4, 8, 16 times its epochs
 
 
+def rung_multiple(name: str) -> int:
+    """How many times its version-1 epochs a ladder rung trains, read from its name: sb -> 1, sb_x16 -> 16."""
+    head, sep, tail = name.rpartition("_x")
+    return int(tail) if sep and tail.isdigit() else 1
+
+
 def _geometric_mean(values: pd.Series) -> float:
     """exp(mean(log v)) over the positive finite values (NaN when there are none)."""
     v = pd.to_numeric(values, errors="coerce").to_numpy(float)
@@ -490,8 +496,8 @@ def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others:
     part = ok[ok[by].isin(ladder)]
     ax.scatter(part[loss], part[metric], s=10, color="C0", alpha=0.35, linewidths=0)
     if len(means):
-        top = ladder[-1].rsplit("_x", 1)[1] if "_x" in ladder[-1] else "1"   # sb_x16 -> 16
-        ax.plot(means["loss"], means["metric"], "o-", color="C0", label=f"small batch, 1-{top}x its epochs (mean)")
+        ax.plot(means["loss"], means["metric"], "o-", color="C0",
+                label=f"small batch, 1-{rung_multiple(ladder[-1])}x its epochs (mean)")
     if test.control:
         star = means[means[by] == test.control]
         ax.plot(star["loss"], star["metric"], "o", ms=14, mfc="none", mec="C0", mew=1.5,
@@ -510,8 +516,9 @@ def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others:
         low, high = float(shown.min()), float(shown.max())
         pad = max(0.15 * (high - low), 0.002)
         ax.set_ylim(low - pad, high + pad)
-        off = [f"{variant_label(name)}: mean {ok.loc[ok[by] == name, metric].mean():.3g}" for name in others
-               if (ok[by] == name).any() and not low - pad <= ok.loc[ok[by] == name, metric].mean() <= high + pad]
+        other_means = {name: float(ok.loc[ok[by] == name, metric].mean()) for name in others if (ok[by] == name).any()}
+        off = [f"{variant_label(name)}: mean {m:.3g}" for name, m in other_means.items()
+               if not low - pad <= m <= high + pad]
         if off:
             ax.text(0.98, 0.02, "off the axis: " + "; ".join(off), transform=ax.transAxes, ha="right",
                     va="bottom", fontsize="x-small", color="C7")
