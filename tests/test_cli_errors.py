@@ -529,6 +529,28 @@ def test_a_sweep_counts_the_runs_another_sweep_finished(tmp_path, capsys):
     assert json.loads((first / "status.json").read_text())["state"] == "ok"
 
 
+@pytest.mark.parametrize("executor,fuse", [("inline", "off"), ("local", "off"), ("local", "auto")])
+def test_a_sweep_does_not_count_as_executed_a_run_another_process_finished_after_it_planned(
+        tmp_path, capsys, monkeypatch, executor, fuse):
+    from bsresearch.sweep import runner
+    from bsresearch.train import run
+    spec = tiny_spec(tmp_path)
+    first, _ = run_dirs(tmp_path)
+    cfg = expand(load_spec(spec))[0].config
+    planned_here = runner.plan
+
+    def plan_then_another_process_finishes_the_first(points, sweep_dir, retry_failed=False):
+        planned = planned_here(points, sweep_dir, retry_failed)    # both runs new, to be run here
+        run(cfg, first, progress=False)                           # meanwhile another process trains the first
+        return planned
+    monkeypatch.setattr(runner, "plan", plan_then_another_process_finishes_the_first)
+    code = main(["sweep", str(spec), "--executor", executor, "--engine", "library", "--fuse", fuse,
+                 "--runs", str(tmp_path / "runs"), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "(1 executed with" in out and "1 run by another process" in out and "ok 2" in out, out
+
+
 def test_config_error_is_a_value_error_with_a_one_line_render():
     exc = ConfigError("lr must be a positive number; got -1")
     assert isinstance(exc, ValueError)

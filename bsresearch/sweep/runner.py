@@ -130,11 +130,14 @@ class SweepReport:
 
     def summary(self) -> str:
         counts = Counter(self.final_states().values())
-        ran = sum(o.state != BUSY for o in self.outcomes)  # a busy run was executed by another process
-        fused = f", {len(self.groups)} fused group(s)" if self.groups else ""
+        # a busy run, or one finished since this sweep planned it, was executed by another process
+        ran = sum(o.state != BUSY and not o.elsewhere for o in self.outcomes)
+        others = len(self.waited) + sum(o.elsewhere for o in self.outcomes)
+        how = [f"{ran} executed with {self.executor}/{self.engine}", f"{self.workers} worker(s)"]
+        how += [f"{len(self.groups)} fused group(s)"] * bool(self.groups)
+        how += [f"{others} run by another process"] * bool(others)
         lines = [f"sweep {self.spec.name}: {len(self.planned)} runs in {self.sweep_dir} "
-                 f"({ran} executed with {self.executor}/{self.engine}, {self.workers} worker(s){fused}, "
-                 f"{self.seconds:.1f} s)",
+                 f"({', '.join(how)}, {self.seconds:.1f} s)",
                  "  " + ", ".join(f"{state} {n}" for state, n in sorted(counts.items()))]
         for p in self.planned:
             if p.found == "damaged":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -98,7 +99,7 @@ def run_task(task: RunTask) -> RunOutcome:
     unwritten = _judge(task, code, timed_out, pid, task.timeout)
     if unwritten:
         return RunOutcome(task.run_id, task.label, "died", unwritten, seconds)
-    return outcome_from_status(task, seconds)
+    return outcome_from_status(task, seconds, (socket.gethostname(), pid))
 
 
 def run_group_task(task: GroupTask) -> list[RunOutcome]:
@@ -116,7 +117,7 @@ def run_group_task(task: GroupTask) -> list[RunOutcome]:
             continue
         unwritten = _judge(member, code, timed_out, pid, task.timeout, f"of its fused group {task.group_id}")
         outcomes.append(RunOutcome(member.run_id, member.label, "died", unwritten, seconds) if unwritten
-                        else outcome_from_status(member, seconds))
+                        else outcome_from_status(member, seconds, (socket.gethostname(), pid)))
     return outcomes
 
 

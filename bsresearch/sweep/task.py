@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..rundir import RunDir
+from ..rundir import FINISHED_STATES, RunDir
 
 try:
     import fcntl
@@ -119,6 +119,7 @@ class RunOutcome:
     error: str | None = None
     seconds: float = 0.0              # wall time of this attempt, as seen by whoever reports it
     notebook_error: str | None = None  # a notebook cell failed after (or without) affecting the run
+    elsewhere: bool = False           # finished by another process after this sweep planned it: not executed here
 
 
 def is_complete(run_dir: str | Path) -> bool:
@@ -130,13 +131,25 @@ def is_complete(run_dir: str | Path) -> bool:
     return RunDir(run_dir).is_finished() and not (Path(run_dir) / PARTIAL_NOTEBOOK).exists()
 
 
-def outcome_from_status(task: RunTask, seconds: float) -> RunOutcome:
-    """The outcome as recorded in the run's status.json (the single source of truth)."""
+def outcome_from_status(task: RunTask, seconds: float, executor: tuple[str, int] | None = None) -> RunOutcome:
+    """The outcome as recorded in the run's status.json (the single source of truth).
+
+    `executor`: (host, pid) of the worker process that was to execute the run. A finished run whose status
+    names another runner was finished by another process (another sweep of the same spec) after this sweep
+    planned it: its outcome says so (`elsewhere`), and the sweep does not count it as executed."""
     status = RunDir(task.run_dir).status() or {}
     error = status.get("error")
-    return RunOutcome(task.run_id, task.label, status.get("state") or "failed",
-                      error=None if error is None else str(error), seconds=seconds,
-                      notebook_error=status.get("notebook_error"))
+    runner = status.get("runner") or {}
+    state = status.get("state") or "failed"
+    elsewhere = (executor is not None and state in FINISHED_STATES
+                 and (runner.get("host"), runner.get("pid")) != tuple(executor))
+    return RunOutcome(task.run_id, task.label, state, error=None if error is None else str(error), seconds=seconds,
+                      notebook_error=status.get("notebook_error"), elsewhere=elsewhere)
+
+
+def this_process() -> tuple[str, int]:
+    """(host, pid) of this process, as a worker records itself in a run's status ("runner")."""
+    return socket.gethostname(), os.getpid()
 
 
 # ----------------------------------------------------------------------------- the run lock

@@ -46,6 +46,7 @@ from .task import (
     recorded_pid,
     run_lock,
     task_from_json,
+    this_process,
     wait_for_exit,
 )
 
@@ -61,7 +62,7 @@ def execute_task(task: RunTask) -> RunOutcome:
         if not held:
             return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it")
         if is_complete(rd.path):  # completed by someone else since the sweep was planned
-            return outcome_from_status(task, 0.0)
+            return outcome_from_status(task, 0.0, this_process())
         leftover = recorded_pid(rd.path)
         if leftover and not wait_for_exit(leftover, PREVIOUS_OWNER_WAIT):
             return RunOutcome(task.run_id, task.label, BUSY,
@@ -101,7 +102,7 @@ def execute_group(task: GroupTask) -> list[RunOutcome]:
                 outcomes[member.run_id] = RunOutcome(member.run_id, member.label, BUSY,
                                                      "another live process is running it")
             elif rd.is_finished():  # finished by someone else since the sweep was planned
-                outcomes[member.run_id] = outcome_from_status(member, 0.0)
+                outcomes[member.run_id] = outcome_from_status(member, 0.0, this_process())
             else:
                 leftover = recorded_pid(rd.path)
                 if leftover and not wait_for_exit(leftover, PREVIOUS_OWNER_WAIT):
