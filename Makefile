@@ -145,7 +145,7 @@ reproduce: install data
 CONFIRM_SWEEPS := keskar keskar_fashion hoffer goyal smith_le_edge smith_le_n smith_le steps_to_target steps_to_target_fashion
 CONFIRM_REPORTS := keskar dinh keskar_fashion hoffer goyal smith_le steps_to_target steps_to_target_fashion
 MECHANISM_SPECS := masters_luschi_mechanism hoffer_mechanism smith_le_mechanism goyal_mechanism steps_to_target_large_mechanism
-MECHANISM_SWEEPS := $(MECHANISM_SPECS) smith_le_mechanism_edge
+MECHANISM_SWEEPS := $(MECHANISM_SPECS) smith_le_mechanism_edge hoffer_mechanism_x32 hoffer_mechanism_seeds
 reproduce-confirm: install data
 	@for s in $(CONFIRM_SWEEPS); do \
 	  $(BIN)/bsresearch sweep experiments/confirm/$${s}_confirm.yaml --engine library --quiet || echo "note: sweep $${s}_confirm has runs that did not finish"; done; \
