@@ -26,13 +26,22 @@ from bsresearch import results
 MAKEFILE = Path(__file__).resolve().parent.parent / "Makefile"
 
 
-def reproduce_sweeps(makefile: Path = MAKEFILE) -> list[str]:
-    """The sweep names of the Makefile's REPRODUCE_SWEEPS (continuation lines included)."""
+def makefile_list(name: str, makefile: Path = MAKEFILE) -> list[str]:
+    """The words of the Makefile's `NAME := ...` (continuation lines joined, $(OTHER) lists expanded)."""
     text = makefile.read_text().replace("\\\n", " ")
-    match = re.search(r"^REPRODUCE_SWEEPS\s*:=\s*(.*)$", text, flags=re.MULTILINE)
+    match = re.search(rf"^{name}\s*:=\s*(.*)$", text, flags=re.MULTILINE)
     if match is None:
-        raise SystemExit(f"error: no REPRODUCE_SWEEPS in {makefile}")
-    return match.group(1).split()
+        raise SystemExit(f"error: no {name} in {makefile}")
+    out: list[str] = []
+    for word in match.group(1).split():
+        inner = re.fullmatch(r"\$\((\w+)\)", word)
+        out += makefile_list(inner.group(1), makefile) if inner else [word]
+    return out
+
+
+def reproduce_sweeps(makefile: Path = MAKEFILE) -> list[str]:
+    """The sweep names of the Makefile's REPRODUCE_SWEEPS."""
+    return makefile_list("REPRODUCE_SWEEPS", makefile)
 
 
 def sweep_cost(name: str, runs_root: Path) -> dict[str, object]:

@@ -4,6 +4,7 @@ none; `*_sweeps`: names separated by commas, or a mapping name -> spec path)."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,18 +12,11 @@ import pytest
 from bsresearch.sweep import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def make_list(name: str, text: str | None = None) -> list[str]:
-    """A `NAME := ...` list of the Makefile, continuation lines joined and $(OTHER) lists expanded."""
-    text = text if text is not None else (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    match = re.search(rf"^{name}\s*:=\s*(.*)$", text, flags=re.MULTILINE)
-    assert match, f"no {name} in the Makefile"
-    out: list[str] = []
-    for word in match.group(1).split():
-        inner = re.fullmatch(r"\$\((\w+)\)", word)
-        out += make_list(inner.group(1), text) if inner else [word]
-    return out
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:
+    from reproduce_cost import makefile_list  # the Makefile's lists, as the reproduce cost benchmark reads them
+finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def sweeps_read(spec_path: Path) -> set[str]:
@@ -49,12 +43,12 @@ TARGETS = {
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_reproduce_target_runs_every_sweep_its_reports_read(target):
     sweeps_var, reports_var, spec, sweep = TARGETS[target]
-    run = {sweep.format(s) for s in make_list(sweeps_var)}
-    missing = {f"{report}: {name}" for report in make_list(reports_var)
+    run = {sweep.format(s) for s in makefile_list(sweeps_var)}
+    missing = {f"{report}: {name}" for report in makefile_list(reports_var)
                for name in sweeps_read(ROOT / spec.format(report)) - run}
     assert not missing, f"make {target} does not run sweeps its reports read: {sorted(missing)}"
 
 
-def test_make_list_expands_other_lists():
-    text = "A := x y\nB := $(A) z\n"
-    assert make_list("B", text) == ["x", "y", "z"]
+def test_makefile_list_expands_other_lists(tmp_path):
+    (tmp_path / "Makefile").write_text("A := x \\\n  y\nB := $(A) z\n")
+    assert makefile_list("B", tmp_path / "Makefile") == ["x", "y", "z"]
