@@ -156,7 +156,7 @@ LADDER = ("sb", "sb_x2", "sb_x4", "sb_x8", "sb_x16")   # the small batch at 1, 2
 
 def rung_multiple(name: str) -> int:
     """How many times its version-1 epochs a ladder rung trains, read from its name: sb -> 1, sb_x16 -> 16."""
-    head, sep, tail = name.rpartition("_x")
+    _, sep, tail = name.rpartition("_x")
     return int(tail) if sep and tail.isdigit() else 1
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from .task import (
     recorded_pid,
     run_lock,
     wait_for_exit,
+    worker_identity,
 )
 from .worker import EXIT_BUSY, PREVIOUS_OWNER_WAIT
 
@@ -99,7 +99,7 @@ def run_task(task: RunTask) -> RunOutcome:
     unwritten = _judge(task, code, timed_out, pid, task.timeout)
     if unwritten:
         return RunOutcome(task.run_id, task.label, "died", unwritten, seconds)
-    return outcome_from_status(task, seconds, (socket.gethostname(), pid))
+    return outcome_from_status(task, seconds, worker_identity(pid))
 
 
 def run_group_task(task: GroupTask) -> list[RunOutcome]:
@@ -117,7 +117,7 @@ def run_group_task(task: GroupTask) -> list[RunOutcome]:
             continue
         unwritten = _judge(member, code, timed_out, pid, task.timeout, f"of its fused group {task.group_id}")
         outcomes.append(RunOutcome(member.run_id, member.label, "died", unwritten, seconds) if unwritten
-                        else outcome_from_status(member, seconds, (socket.gethostname(), pid)))
+                        else outcome_from_status(member, seconds, worker_identity(pid)))
     return outcomes
 
 

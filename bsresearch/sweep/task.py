@@ -142,14 +142,15 @@ def outcome_from_status(task: RunTask, seconds: float, executor: tuple[str, int]
     runner = status.get("runner") or {}
     state = status.get("state") or "failed"
     elsewhere = (executor is not None and state in FINISHED_STATES
-                 and (runner.get("host"), runner.get("pid")) != tuple(executor))
+                 and (runner.get("host"), runner.get("pid")) != executor)
     return RunOutcome(task.run_id, task.label, state, error=None if error is None else str(error), seconds=seconds,
                       notebook_error=status.get("notebook_error"), elsewhere=elsewhere)
 
 
-def this_process() -> tuple[str, int]:
-    """(host, pid) of this process, as a worker records itself in a run's status ("runner")."""
-    return socket.gethostname(), os.getpid()
+def worker_identity(pid: int | None = None) -> tuple[str, int]:
+    """(host, pid) of a worker process on this host (this process by default): what a worker records of
+    itself in a run's status ("runner") and what outcome_from_status compares it with."""
+    return socket.gethostname(), os.getpid() if pid is None else pid
 
 
 # ----------------------------------------------------------------------------- the run lock

@@ -46,8 +46,8 @@ from .task import (
     recorded_pid,
     run_lock,
     task_from_json,
-    this_process,
     wait_for_exit,
+    worker_identity,
 )
 
 PREVIOUS_OWNER_WAIT = 15.0  # seconds to wait for a process left over from a killed attempt to exit
@@ -62,7 +62,7 @@ def execute_task(task: RunTask) -> RunOutcome:
         if not held:
             return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it")
         if is_complete(rd.path):  # completed by someone else since the sweep was planned
-            return outcome_from_status(task, 0.0, this_process())
+            return outcome_from_status(task, 0.0, worker_identity())
         leftover = recorded_pid(rd.path)
         if leftover and not wait_for_exit(leftover, PREVIOUS_OWNER_WAIT):
             return RunOutcome(task.run_id, task.label, BUSY,
@@ -70,7 +70,8 @@ def execute_task(task: RunTask) -> RunOutcome:
         trained = rd.is_finished()  # only the notebook's last cells were cut short: the training stands
         clear_partial_files(rd.path)
         previous = (rd.status() or {}).get("runner") or {}
-        runner = {"engine": task.engine, "host": socket.gethostname(), "pid": os.getpid(),
+        host, pid = worker_identity()
+        runner = {"engine": task.engine, "host": host, "pid": pid,
                   "attempt": int(previous.get("attempt", 0)) + 1, "timeout_s": task.timeout}
         if trained:
             rd.write_status(str(rd.state()), notebook_error=None, runner=runner)
@@ -95,6 +96,7 @@ def execute_group(task: GroupTask) -> list[RunOutcome]:
     start = time.monotonic()
     outcomes: dict[str, RunOutcome] = {}
     todo: list[RunTask] = []
+    host, pid = worker_identity()
     with contextlib.ExitStack() as locks:
         for member in task.members:
             rd = RunDir(member.run_dir)
@@ -102,7 +104,7 @@ def execute_group(task: GroupTask) -> list[RunOutcome]:
                 outcomes[member.run_id] = RunOutcome(member.run_id, member.label, BUSY,
                                                      "another live process is running it")
             elif rd.is_finished():  # finished by someone else since the sweep was planned
-                outcomes[member.run_id] = outcome_from_status(member, 0.0, this_process())
+                outcomes[member.run_id] = outcome_from_status(member, 0.0, (host, pid))
             else:
                 leftover = recorded_pid(rd.path)
                 if leftover and not wait_for_exit(leftover, PREVIOUS_OWNER_WAIT):
@@ -113,7 +115,7 @@ def execute_group(task: GroupTask) -> list[RunOutcome]:
                 previous = (rd.status() or {}).get("runner") or {}
                 rd.write_status("running", error=None, traceback=None, notebook_error=None, provenance=None,
                                 group=task.group_id, group_dir=task.group_dir,
-                                runner={"engine": task.engine, "host": socket.gethostname(), "pid": os.getpid(),
+                                runner={"engine": task.engine, "host": host, "pid": pid,
                                         "attempt": int(previous.get("attempt", 0)) + 1, "timeout_s": task.timeout})
                 todo.append(member)
         if todo:
