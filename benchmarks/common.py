@@ -82,7 +82,8 @@ def benchmark_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def start(args: argparse.Namespace) -> torch.device:
-    """The device the benchmark runs on, with the thread count set."""
-    from bsresearch.runtime import resolve_device, set_threads
+    """The device the benchmark runs on, with the thread count and the allocator set as a run sets them."""
+    from bsresearch.runtime import resolve_device, retain_freed_memory, set_threads
     set_threads(args.threads)
+    retain_freed_memory()
     return resolve_device(args.device)

@@ -40,6 +40,7 @@ from .runtime import (
     oom_message,
     provenance,
     resolve_device,
+    retain_freed_memory,
     set_threads,
 )
 from .state import TrainState, batch_schedule, load_checkpoint, new_state, save_checkpoint
@@ -141,6 +142,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     set_threads(cfg.threads)
+    retain_freed_memory()
     try:  # moving the data and the model to the device can run out of memory: a result ("oom"), not a bug
         data = dataset_for(cfg, device)
         C.check_data_size(cfg, data.n_train)
