@@ -1,19 +1,20 @@
-"""cnn1d's training step (forward, backward) with its 1-D convolutions written four ways, as ratios against
-the form the library uses, in one process, interleaved, warmed up.
+"""cnn1d's training step (forward, backward) with its 1-D convolutions written five ways, as ratios against
+torch's conv1d, in one process, interleaved, warmed up.
 
 The forms, each the same network (the MNIST-1D convnet: 3 convolutions of 25 channels, stride 2, kernel 5
 then 3, ReLU, a linear head) on the same batch and weights:
-- `conv1d`: torch's conv1d on (N, C, L), which on a CPU runs oneDNN (what bsresearch.models.cnn1d does);
+- `conv1d`: torch's conv1d on (N, C, L), which on a CPU runs oneDNN (the baseline; nn.Conv1d);
 - `no onednn`: the same call with oneDNN turned off (torch's own im2col convolution);
 - `channels-last 2-D`: conv2d over (N, C, 1, L) in channels-last memory;
 - `unfold + matmul`: (N, L, C) activations, the windows by Tensor.unfold, one matrix product per layer;
-- `slices + matmul`: (N, L, C) activations, the windows as k strided slices concatenated, one product per
-  layer (its backward is slices and adds, no unfold_backward).
+- `slices + matmul`: bsresearch.models.conv1d_as_matmul, what cnn1d's layers (models.MatmulConv1d) run on a
+  CPU: the windows as k strided slices of the (N, L, C) view concatenated, one product per layer (its
+  backward is slices and adds, no unfold_backward).
 The loss is cross-entropy; the time is per step, the table gives each form's median over the rounds and
 its speed as a ratio to `conv1d` in the same round. Every form's logits agree with conv1d's to float32
 rounding (the largest difference is printed).
 
-    python benchmarks/conv1d_forms.py [--batch-sizes 256,4000] [--repeats 5] [--seconds 0.5]
+    python benchmarks/conv1d_forms.py [--batch-sizes 32,256,1000,4000] [--repeats 7] [--seconds 0.5]
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 from cpu_step import cpu_name  # noqa: E402
+
+from bsresearch.models import conv1d_as_matmul  # noqa: E402
 
 WIDTH, LENGTH, CLASSES = 25, 40, 10
 LAYERS = [(1, 5), (WIDTH, 3), (WIDTH, 3)]   # (input channels, kernel); stride 2, padding 1
@@ -63,27 +66,23 @@ def forms(weights: list[torch.Tensor], biases: list[torch.Tensor],
             h = F.relu(F.conv2d(h, w.unsqueeze(2), b, stride=(1, 2), padding=(0, 1)))
         return h.flatten(1) @ head.T
 
-    def as_matmul(windows: Callable[[torch.Tensor, int], torch.Tensor], order: str) -> Callable:
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            h = x.unsqueeze(2)                                   # (N, L, C)
-            for w, b in zip(weights, biases):
-                n, _, c = h.shape
-                k = w.shape[2]
-                win = windows(F.pad(h, (0, 0, 1, 1)), k)         # (N, L_out, C*k) in `order`
-                flat = w.reshape(WIDTH, c * k) if order == "ck" else w.permute(0, 2, 1).reshape(WIDTH, k * c)
-                h = F.relu(torch.addmm(b, win.reshape(-1, c * k), flat.T).view(n, -1, WIDTH))
-            return h.transpose(1, 2).flatten(1) @ head.T
-        return forward
+    def unfold_matmul(x: torch.Tensor) -> torch.Tensor:
+        h = x.unsqueeze(2)                                       # (N, L, C)
+        for w, b in zip(weights, biases):
+            n, _, c = h.shape
+            k = w.shape[2]
+            windows = F.pad(h, (0, 0, 1, 1)).unfold(1, k, 2)     # (N, L_out, C, k)
+            h = F.relu(torch.addmm(b, windows.reshape(-1, c * k), w.reshape(WIDTH, c * k).T).view(n, -1, WIDTH))
+        return h.transpose(1, 2).flatten(1) @ head.T
 
-    def unfold(h: torch.Tensor, k: int) -> torch.Tensor:
-        return h.unfold(1, k, 2)                                 # (N, L_out, C, k)
-
-    def slices(h: torch.Tensor, k: int) -> torch.Tensor:
-        n_out = (h.shape[1] - k) // 2 + 1
-        return torch.cat([h[:, j:j + 2 * n_out - 1:2] for j in range(k)], dim=2)   # (N, L_out, k*C)
+    def slices_matmul(x: torch.Tensor) -> torch.Tensor:
+        h = x.unsqueeze(1)
+        for w, b in zip(weights, biases):
+            h = F.relu(conv1d_as_matmul(h, w, b, stride=2, padding=1))
+        return h.flatten(1) @ head.T
 
     return {"conv1d": conv1d, "no onednn": no_onednn, "channels-last 2-D": channels_last,
-            "unfold + matmul": as_matmul(unfold, "ck"), "slices + matmul": as_matmul(slices, "kc")}
+            "unfold + matmul": unfold_matmul, "slices + matmul": slices_matmul}
 
 
 def measure(batch_size: int, device: torch.device, seconds: float, repeats: int) -> list[dict]:
@@ -120,9 +119,9 @@ def measure(batch_size: int, device: torch.device, seconds: float, repeats: int)
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--batch-sizes", default="256,4000")
+    parser.add_argument("--batch-sizes", default="32,256,1000,4000")
     parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     device = start(args)
     rows = [row for b in map(int, args.batch_sizes.split(",")) for row in measure(b, device, args.seconds,

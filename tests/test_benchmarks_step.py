@@ -43,8 +43,10 @@ def test_products_of_a_cnn1d_step_count_the_flops_torch_counts(batch):
         _step(model, x, y)
     assert sum(2 * m * k * n for m, k, n in recorder.shapes) == counter.get_total_flops()
     b = batch   # lengths 40 -> 19 -> 10 -> 5, 25 channels, kernels 5, 3, 3, a head of 125 -> 10
+    # cnn1d's convolutions are matrix products on the CPU (models.conv1d_as_matmul); the weight gradient
+    # comes out as (output channels x rows) @ (rows x kernel*channels), the transpose of im2col's
     convolutions = [(b * 19, 5, 25), (b * 10, 75, 25), (b * 5, 75, 25),     # forward
-                    (5, b * 19, 25), (75, b * 10, 25), (75, b * 5, 25),     # weight gradients
+                    (25, b * 19, 5), (25, b * 10, 75), (25, b * 5, 75),     # weight gradients
                     (b * 10, 25, 75), (b * 5, 25, 75)]                      # input gradients (not the first's)
     head = [(b, 125, 10), (10, b, 125), (b, 10, 125)]
     assert sorted(recorder.shapes) == sorted(convolutions + head)

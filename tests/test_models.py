@@ -1,10 +1,11 @@
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from bsresearch import config as C
 from bsresearch.config import RunConfig
-from bsresearch.models import MODELS, GhostBatchNorm, build_model, count_parameters
+from bsresearch.models import MODELS, GhostBatchNorm, MatmulConv1d, build_model, count_parameters
 from bsresearch.runtime import make_generator
 
 
@@ -64,3 +65,39 @@ def test_ghost_batchnorm_small_batch_is_plain_batchnorm():
     x = torch.randn(8, 3)
     ghost, plain = GhostBatchNorm(3, 16), torch.nn.BatchNorm1d(3)
     assert torch.allclose(ghost(x), plain(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("channels_in, channels_out, kernel, stride, padding, bias", [
+    (1, 25, 5, 2, 1, True),    # cnn1d's first layer
+    (25, 25, 3, 2, 1, True),   # and the next ones
+    (3, 7, 4, 1, 0, False),
+    (4, 6, 3, 3, 2, True),
+])
+def test_matmul_conv1d_is_conv1d(channels_in, channels_out, kernel, stride, padding, bias):
+    """Output, gradients of input, weight and bias, and a Hessian-vector product (double backward) agree
+    with torch's Conv1d on the same parameters, to float32 rounding."""
+    torch.manual_seed(0)
+    ours = MatmulConv1d(channels_in, channels_out, kernel, stride=stride, padding=padding, bias=bias)
+    reference = nn.Conv1d(channels_in, channels_out, kernel, stride=stride, padding=padding, bias=bias)
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(9, channels_in, 30)
+    direction = [torch.randn_like(p) for p in ours.parameters()]
+
+    def derivatives(module: nn.Module) -> list[torch.Tensor]:
+        xi = x.clone().requires_grad_()
+        out = module(xi)
+        loss = (out.relu() ** 2).sum()
+        grads = torch.autograd.grad(loss, [xi, *module.parameters()], create_graph=True)
+        hvp = torch.autograd.grad(grads[1:], list(module.parameters()), direction)
+        return [out, *grads, *hvp]
+
+    for a, b in zip(derivatives(ours), derivatives(reference)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_cnn1d_uses_matmul_convolutions_and_keeps_conv1d_parameters():
+    model = build_model(RunConfig(model="cnn1d"), (40,), 10, make_generator(0, "init"))
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv1d)]
+    assert len(convs) == 3 and all(isinstance(m, MatmulConv1d) for m in convs)
+    assert [tuple(m.weight.shape) for m in convs] == [(25, 1, 5), (25, 25, 3), (25, 25, 3)]
