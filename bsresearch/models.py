@@ -20,6 +20,29 @@ from .config import ConfigError, RunConfig
 from .loading import call_factory, check_model, load_factory
 
 
+def batch_norm_by_rows(module: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> torch.Tensor:
+    """`module`'s BatchNorm of an (N, C, L) input on the CPU, computed on its (N x L, C) rows.
+
+    The statistics are the same (per channel, over examples and positions; the running variance's
+    correction counts N x L values) and torch's 2-D kernel is 2-4x faster than its 3-D one here, most of
+    all on the (N, C, L) views of (N, L, C) tensors that MatmulConv1d returns, which the rows read without a
+    copy. The result is again such a view. Other inputs go to torch's BatchNorm unchanged.
+    """
+    forward = nn.modules.batchnorm._BatchNorm.forward
+    if x.dim() != 3 or x.device.type != "cpu":
+        return forward(module, x)
+    n, channels, length = x.shape
+    rows = forward(module, x.transpose(1, 2).reshape(n * length, channels))
+    return rows.view(n, length, channels).transpose(1, 2)
+
+
+class BatchNorm1dByRows(nn.BatchNorm1d):
+    """nn.BatchNorm1d (same parameters and buffers) that runs `batch_norm_by_rows`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return batch_norm_by_rows(self, x)
+
+
 class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm whose training statistics come from consecutive chunks of `ghost_batch_size` examples.
 
@@ -37,8 +60,8 @@ class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or len(x) <= self.ghost_batch_size:
-            return super().forward(x)
-        return torch.cat([super(GhostBatchNorm, self).forward(chunk) for chunk in x.split(self.ghost_batch_size)])
+            return batch_norm_by_rows(self, x)
+        return torch.cat([batch_norm_by_rows(self, chunk) for chunk in x.split(self.ghost_batch_size)])
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", ghost_batch_size={self.ghost_batch_size}"
@@ -81,12 +104,12 @@ class MatmulConv1d(nn.Conv1d):
 
 
 def norm_layer(dims: int, channels: int, batchnorm: bool, ghost_batch_size: int | None) -> nn.Module:
-    """BatchNorm{1,2}d, ghost BatchNorm, or Identity."""
+    """BatchNorm{1,2}d (1-D by rows), ghost BatchNorm, or Identity."""
     if not batchnorm:
         return nn.Identity()
     if ghost_batch_size:
         return GhostBatchNorm(channels, ghost_batch_size)
-    return nn.BatchNorm1d(channels) if dims == 1 else nn.BatchNorm2d(channels)
+    return BatchNorm1dByRows(channels) if dims == 1 else nn.BatchNorm2d(channels)
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, width: int = 100, depth: int = 2,

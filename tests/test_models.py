@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from bsresearch import config as C
 from bsresearch.config import RunConfig
-from bsresearch.models import MODELS, GhostBatchNorm, MatmulConv1d, build_model, count_parameters
+from bsresearch.models import MODELS, BatchNorm1dByRows, GhostBatchNorm, MatmulConv1d, build_model, count_parameters
 from bsresearch.runtime import make_generator
 
 
@@ -101,3 +101,32 @@ def test_cnn1d_uses_matmul_convolutions_and_keeps_conv1d_parameters():
     convs = [m for m in model.modules() if isinstance(m, nn.Conv1d)]
     assert len(convs) == 3 and all(isinstance(m, MatmulConv1d) for m in convs)
     assert [tuple(m.weight.shape) for m in convs] == [(25, 1, 5), (25, 25, 3), (25, 25, 3)]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "view of (N, L, C)"])
+def test_batchnorm_by_rows_is_batchnorm1d(layout):
+    """Outputs, input and affine gradients, running statistics after two training steps, and eval-mode
+    outputs agree with torch's BatchNorm1d on (N, C, L) inputs, contiguous or the views MatmulConv1d gives."""
+    torch.manual_seed(0)
+    ours, reference = BatchNorm1dByRows(6), nn.BatchNorm1d(6)
+    with torch.no_grad():
+        for m in (ours, reference):
+            m.weight.copy_(torch.linspace(0.5, 2.0, 6))
+            m.bias.copy_(torch.linspace(-1.0, 1.0, 6))
+    for _ in range(2):
+        base = torch.randn(5, 7, 6) * 3 + 1                     # (N, L, C)
+        x = base.transpose(1, 2) if layout != "contiguous" else base.transpose(1, 2).contiguous()
+        grad = torch.randn(5, 6, 7)
+        outs = []
+        for m in (ours, reference):
+            xi = x.clone().requires_grad_() if layout == "contiguous" else base.clone().requires_grad_()
+            out = m(xi if layout == "contiguous" else xi.transpose(1, 2))
+            out.backward(grad)
+            outs.append((out, xi.grad, m.weight.grad.clone(), m.bias.grad.clone()))
+            m.zero_grad()
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.running_mean, reference.running_mean)
+    torch.testing.assert_close(ours.running_var, reference.running_var)
+    ours.eval(), reference.eval()
+    torch.testing.assert_close(ours(x), reference(x))

@@ -1,0 +1,85 @@
+"""cnn1d's training step with the library's CPU layers against torch's, in one process, interleaved.
+
+The built-in cnn1d runs its convolutions as matrix products (models.MatmulConv1d) and its BatchNorm on the
+(examples x positions, channels) rows (models.BatchNorm1dByRows). This times the step a run executes
+(bsresearch.engine.train_step: batch gather, forward, backward, SGD update; one torch thread) on the same
+state, alternating rounds with the library's forward methods and with torch's nn.Conv1d and nn.BatchNorm1d
+forward methods swapped in (the same parameters, so the same arithmetic to float32 rounding). Per case:
+the median step time of each over the rounds, and the median over rounds of their ratio.
+
+    python benchmarks/cnn1d_layers.py [--batch-sizes 32,256,1000,4000] [--repeats 7] [--seconds 0.5]
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import benchmark_parser, start, time_steps, write_results  # noqa: E402
+from cpu_step import cpu_name  # noqa: E402
+
+from bsresearch import models  # noqa: E402
+from bsresearch.config import RunConfig, scaled_lr  # noqa: E402
+from bsresearch.data import dataset_for  # noqa: E402
+from bsresearch.engine import train_step  # noqa: E402
+from bsresearch.state import new_state  # noqa: E402
+
+LAYERS = {"library": (models.MatmulConv1d.forward, models.BatchNorm1dByRows.forward),
+          "torch": (nn.Conv1d.forward, nn.BatchNorm1d.forward)}
+
+
+def with_layers(kind: str, step: Callable[[], object]) -> Callable[[], object]:
+    """`step` with cnn1d's convolution and BatchNorm running the `kind` forward methods."""
+    def run() -> object:
+        models.MatmulConv1d.forward, models.BatchNorm1dByRows.forward = LAYERS[kind]  # type: ignore[method-assign]
+        try:
+            return step()
+        finally:
+            models.MatmulConv1d.forward, models.BatchNorm1dByRows.forward = LAYERS["library"]  # type: ignore[method-assign]
+    return run
+
+
+def measure(batch_size: int, batchnorm: bool, device: torch.device, seconds: float, repeats: int) -> list[dict]:
+    cfg = RunConfig(model="cnn1d", dataset="mnist1d", batch_size=batch_size, base_batch_size=batch_size,
+                    batchnorm=batchnorm, device=str(device))
+    data = dataset_for(cfg, device)
+    state = new_state(cfg, data, device)
+    step = functools.partial(train_step, state, cfg, data, scaled_lr(cfg))
+    steps = {kind: with_layers(kind, step) for kind in LAYERS}
+    for s in steps.values():
+        time_steps(s, 3, device)
+    n = max(3, int(time_steps(steps["torch"], 3, device) * seconds))
+    times: dict[str, list[float]] = {kind: [] for kind in LAYERS}
+    for _ in range(repeats):
+        for kind, s in steps.items():
+            times[kind].append(1e3 / time_steps(s, n, device))
+    ratio = statistics.median(t / lib for t, lib in zip(times["torch"], times["library"]))
+    print(f"cnn1d batch {batch_size}{' with BatchNorm' if batchnorm else ''}: torch's layers "
+          f"{statistics.median(times['torch']):.2f} ms, the library's {statistics.median(times['library']):.2f} ms "
+          f"per step, x{ratio:.2f}", flush=True)
+    return [{"batch_size": batch_size, "batchnorm": batchnorm, "layers": kind, "step_ms": statistics.median(t),
+             "speedup_vs_torch": ratio if kind == "library" else 1.0, "steps_timed": n, "repeats": repeats,
+             "threads": torch.get_num_threads(), "cpu": cpu_name()} for kind, t in times.items()]
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--batch-sizes", default="32,256,1000,4000")
+    parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    device = start(args)
+    rows = [row for batchnorm in (False, True) for b in map(int, args.batch_sizes.split(","))
+            for row in measure(b, batchnorm, device, args.seconds, args.repeats)]
+    write_results(pd.DataFrame(rows), "cnn1d_layers", device, args.out_dir)
+
+
+if __name__ == "__main__":
+    main()
