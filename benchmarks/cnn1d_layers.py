@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_parser, start, time_steps, write_results  # noqa: E402
+from common import benchmark_parser, interleaved, start, time_steps, write_results  # noqa: E402
 from cpu_step import cpu_name  # noqa: E402
 
 from bsresearch import models  # noqa: E402
@@ -46,6 +46,10 @@ def with_layers(kind: str, step: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+def step_ms(step: Callable[[], object], n: int, device: torch.device) -> float:
+    return 1e3 / time_steps(step, n, device)
+
+
 def measure(batch_size: int, batchnorm: bool, device: torch.device, seconds: float, repeats: int) -> list[dict]:
     cfg = RunConfig(model="cnn1d", dataset="mnist1d", batch_size=batch_size, base_batch_size=batch_size,
                     batchnorm=batchnorm, device=str(device))
@@ -56,10 +60,7 @@ def measure(batch_size: int, batchnorm: bool, device: torch.device, seconds: flo
     for s in steps.values():
         time_steps(s, 3, device)
     n = max(3, int(time_steps(steps["torch"], 3, device) * seconds))
-    times: dict[str, list[float]] = {kind: [] for kind in LAYERS}
-    for _ in range(repeats):
-        for kind, s in steps.items():
-            times[kind].append(1e3 / time_steps(s, n, device))
+    times = interleaved({kind: functools.partial(step_ms, s, n, device) for kind, s in steps.items()}, repeats)
     ratio = statistics.median(t / lib for t, lib in zip(times["torch"], times["library"]))
     print(f"cnn1d batch {batch_size}{' with BatchNorm' if batchnorm else ''}: torch's layers "
           f"{statistics.median(times['torch']):.2f} ms, the library's {statistics.median(times['library']):.2f} ms "
