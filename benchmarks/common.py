@@ -83,7 +83,6 @@ def benchmark_parser(doc: str) -> argparse.ArgumentParser:
 
 def start(args: argparse.Namespace) -> torch.device:
     """The device the benchmark runs on, with the thread count and the allocator set as a run sets them."""
-    from bsresearch.runtime import resolve_device, retain_freed_memory, set_threads
-    set_threads(args.threads)
-    retain_freed_memory()
+    from bsresearch.runtime import prepare_process, resolve_device
+    prepare_process(args.threads)
     return resolve_device(args.device)

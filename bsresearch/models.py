@@ -94,9 +94,10 @@ def conv1d_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 class MatmulConv1d(nn.Conv1d):
     """nn.Conv1d that on the CPU runs `conv1d_as_matmul`: for the narrow layers of cnn1d, a training step
-    1.2-1.3x faster than torch's oneDNN convolution from batch 32 to 256, about 1.15x at 1000 and level at
-    4000 (benchmarks/conv1d_forms.py). Parameters, interface and numbers (to float32 rounding) are
-    nn.Conv1d's; on other devices, and with groups, dilation or other padding modes, it is nn.Conv1d."""
+    (without BatchNorm) 1.3x faster than with torch's oneDNN convolution at batch 32 and 256, 1.2x at 1000
+    and level at 4000 (benchmarks/cnn1d_layers.py, AMD EPYC). Parameters, interface and numbers (to float32
+    rounding) are nn.Conv1d's; on other devices, and with groups, dilation or other padding modes, it is
+    nn.Conv1d."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dim() != 3 or self.groups != 1 or self.dilation != (1,) \

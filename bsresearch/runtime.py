@@ -66,6 +66,13 @@ def oom_message(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def prepare_process(threads: int) -> None:
+    """What every training process sets before it builds anything: torch's threads (set_threads) and an
+    allocator that keeps the memory each step frees (retain_freed_memory)."""
+    set_threads(threads)
+    retain_freed_memory()
+
+
 def set_threads(threads: int) -> None:
     """Torch intra-op threads for this process (0 keeps torch's default).
 
@@ -76,6 +83,7 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"   # where retain_freed_memory applies
 # glibc's mallopt parameters (malloc.h) and the values retain_freed_memory sets
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 RETAIN_SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20))
@@ -92,7 +100,7 @@ def retain_freed_memory() -> bool:
     numbers a run computes do not change; its resident memory stays near its peak. Elsewhere (musl,
     macOS, Windows) it does nothing. benchmarks/allocator.py measures what it gains.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not GLIBC:
         return False
     mallopt = ctypes.CDLL(None).mallopt
     return all(mallopt(parameter, value) == 1 for parameter, value in RETAIN_SETTINGS)

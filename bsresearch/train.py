@@ -38,10 +38,9 @@ from .runtime import (
     is_out_of_memory,
     model_randomness,
     oom_message,
+    prepare_process,
     provenance,
     resolve_device,
-    retain_freed_memory,
-    set_threads,
 )
 from .state import TrainState, batch_schedule, load_checkpoint, new_state, save_checkpoint
 from .trajectory import Trajectory
@@ -141,8 +140,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     # --- setup: everything that can be wrong with the input fails here, before any training
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
-    set_threads(cfg.threads)
-    retain_freed_memory()
+    prepare_process(cfg.threads)
     try:  # moving the data and the model to the device can run out of memory: a result ("oom"), not a bug
         data = dataset_for(cfg, device)
         C.check_data_size(cfg, data.n_train)

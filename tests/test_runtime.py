@@ -2,7 +2,6 @@
 fresh pages in; runs and fused groups set it."""
 from __future__ import annotations
 
-import platform
 import subprocess
 import sys
 import textwrap
@@ -10,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from bsresearch.runtime import GLIBC
+
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="glibc's allocator only")
+pytestmark = pytest.mark.skipif(not GLIBC, reason="glibc's allocator only")
 
 # After SETUP, allocate 32 tensors of 8 MiB and free them, 20 times (a large step's activations and
 # gradients); print the minor page faults this takes. 256 MiB at once is more than glibc's own adaptive

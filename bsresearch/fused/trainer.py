@@ -31,7 +31,7 @@ from ..loop import Loop, Member, RunResult, StepHooks
 from ..losses import Task
 from ..models import model_for
 from ..rundir import RunDir
-from ..runtime import check_precision, resolve_device, retain_freed_memory, set_threads
+from ..runtime import check_precision, prepare_process, resolve_device
 from ..state import new_state
 from ..train import LOSS_CHECK_EVERY, Components, components, run
 from . import generic
@@ -78,8 +78,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     cfg0 = cfgs[todo[0]]
     device = resolve_device(cfg0.device)
     check_precision(cfg0.precision, device)
-    set_threads(cfg0.threads)
-    retain_freed_memory()
+    prepare_process(cfg0.threads)
     data = dataset_for(cfg0, device)
     if not isinstance(data, Dataset):
         raise ConfigError(f"train_group: dataset {cfg0.dataset!r} came as a map-style Dataset, which is streamed; a "
