@@ -7,7 +7,7 @@ and reads the K losses back (the divergence check); the separate side runs train
 members with its lr and reads its loss back. Members differ in seed and lr, as in an lr sweep. The
 built-in mlp and cnn1d fuse through their batched layers (fused.trainer.StackEngine); any other model, a
 user's given as FILE.py:NAME with --dataset and --model-kwargs, through torch.func.vmap
-(fused.generic.VmapEngine), and the row also gives what train_group's calibration decided for that group.
+(fused.generic.VmapEngine); each row also gives what train_group's calibration decides for that group.
 A third mode, where the data allow (K x B <= the training set), is one run at batch K x B: the same
 arithmetic with one step's overhead, the practical limit of fusing (its examples/s divided by B). With
 --compare-attention, a model through the vmap path is also timed fused with scaled_dot_product_attention
@@ -15,6 +15,7 @@ left to vmap's per-member loop (the program before fused/attention.py), in the s
 
     python benchmarks/fused_runs.py [--device cpu|cuda] [--models mlp,cnn1d] [--batch-sizes 32,256]
                                     [--ks 1,4,16,32,64] [--seconds 0.5] [--repeats 3] [--threads 1]
+                                    [--fields '{"batchnorm": true, "ghost_batch_size": 32}']
     python benchmarks/fused_runs.py --models examples/lm.py:make_model --dataset examples/lm.py:make_data \
         --model-kwargs '{"context": 64, "width": 64, "depth": 2}' --dataset-kwargs '{"context": 64}' \
         --optimizer adam --batch-sizes 1,2,4 --ks 8 --stem fused_runs_lm [--compare-attention]
@@ -108,10 +109,11 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
         med, spread = median_and_spread([v * k for v in values])
         rows.append({"model": model, "batch_size": batch_size, "k": k, "mode": mode,
                      "member_steps_per_s": med, "spread": spread, "calls_timed": n, "repeats": repeats})
-    decision = "stacked layers" if model in STACKED_MODELS else None
-    if decision is None and k > 1:  # what train_group would decide for this group, by its calibration
-        ratio = _calibrate(cfgs, data, device, parts)
-        decision = f"calibration {ratio:.2f}x: " + ("fuse" if ratio >= generic.PAYS else "each alone")
+    stacked = model in STACKED_MODELS
+    decision = "stacked layers" if stacked else "vmap"
+    if k > 1:  # what train_group would decide for this group, by its calibration
+        ratio = _calibrate(cfgs, data, device, parts, stacked)
+        decision += f", calibration {ratio:.2f}x: " + ("fuse" if ratio >= generic.PAYS else "each alone")
     for row in rows:
         row["speedup"] = float(row["member_steps_per_s"]) / float(rows[1]["member_steps_per_s"])
         row["train_group_decision"] = decision
@@ -127,6 +129,8 @@ def main() -> None:
     parser.add_argument("--dataset", help="the dataset of every model [mnist1d]")
     parser.add_argument("--model-kwargs", default="{}", help="JSON: keyword arguments of a model factory")
     parser.add_argument("--dataset-kwargs", default="{}", help="JSON: keyword arguments of a dataset factory")
+    parser.add_argument("--fields", default="{}", help="JSON: other RunConfig fields of every run, "
+                                                       "e.g. '{\"batchnorm\": true, \"ghost_batch_size\": 32}'")
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--lr", type=float, default=0.04, help="the members' lrs are this x 1/4, 2/4, ... 8/4")
     parser.add_argument("--stem", default="fused_runs", help="the result file's name")
@@ -140,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     device = start(args)
     rows = []
-    fields: dict[str, Any] = {"optimizer": args.optimizer, "lr": args.lr}
+    fields: dict[str, Any] = {**json.loads(args.fields), "optimizer": args.optimizer, "lr": args.lr}
     if args.dataset:
         fields["dataset"] = args.dataset
     for key in ("model_kwargs", "dataset_kwargs"):

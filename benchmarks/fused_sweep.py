@@ -47,7 +47,8 @@ def compare(spec: str, runs_off: Path, runs_auto: Path, name: str) -> pd.DataFra
 def fused_share(runs_off: Path, name: str) -> float:
     """The fraction of the --fuse off runs' own time (started to ended) spent in runs --fuse auto would fuse
     (the batch sizes fusing allows on this device): the most fusing can save is that fraction."""
-    from bsresearch.fused.grouping import CPU_FUSE_MAX_BATCH
+    from bsresearch.config import RunConfig
+    from bsresearch.fused.grouping import cpu_fuse_max_batch
     fusable = total = 0.0
     for run_dir in (runs_off / name).iterdir():
         if not (run_dir / "metrics.json").exists():
@@ -55,7 +56,7 @@ def fused_share(runs_off: Path, name: str) -> float:
         status, config = RunDir(run_dir).status() or {}, RunDir(run_dir).config()
         seconds = (pd.Timestamp(status["ended"]) - pd.Timestamp(status["started"])).total_seconds()
         total += seconds
-        fusable += seconds if config["batch_size"] <= CPU_FUSE_MAX_BATCH else 0.0
+        fusable += seconds if config["batch_size"] <= cpu_fuse_max_batch(RunConfig.from_dict(config)) else 0.0
     return fusable / total
 
 

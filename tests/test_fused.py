@@ -194,13 +194,14 @@ def test_out_of_memory_alone_is_recorded(monkeypatch, tmp_path):
     assert RunDir(tmp_path / "2").state() == "oom"
 
 
-def test_failure_is_recorded_per_member(monkeypatch, tmp_path):
+@pytest.mark.parametrize("batch_size", [32, 80])   # 80: the calibration's fused step fails first
+def test_failure_is_recorded_per_member(monkeypatch, tmp_path, batch_size):
     def step(self, members, *args):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
-    results = train_group([tiny_config(seed=0), tiny_config(seed=1)], [tmp_path / "a", tmp_path / "b"],
-                          progress=False)
+    results = train_group([tiny_config(seed=0, batch_size=batch_size), tiny_config(seed=1, batch_size=batch_size)],
+                          [tmp_path / "a", tmp_path / "b"], progress=False)
     assert [r.state for r in results] == ["failed", "failed"]
     assert results[0].error == "RuntimeError: boom"
     status = RunDir(tmp_path / "b").status()
@@ -262,6 +263,25 @@ def test_members_in_several_passes(monkeypatch, batchnorm):
     monkeypatch.setattr(fused_trainer, "CPU_PASS_EXAMPLES", 64)  # 4 members of micro-batch 16: slices of 4 and 1
     check_group([tiny_config(seed=s, model="cnn1d", width=6, depth=2, batchnorm=batchnorm, lr=0.02 * (s + 1),
                              micro_batch_size=16, budget_amount=30, eval_every=10) for s in range(5)])
+
+
+@pytest.mark.parametrize("batch_size, pays, fused", [(80, 0.0, True), (80, 1e9, False), (64, 1e9, True)])
+def test_a_stacked_group_above_batch_64_fuses_only_where_its_calibration_says_it_pays(monkeypatch, tmp_path,
+                                                                                       batch_size, pays, fused):
+    """Above batch 64 (grouping.CPU_FUSE_MAX_BATCH_OTHER) a group of the stacked layers is calibrated as a group
+    through vmap is; at 64 and below, where fusing paid 2.5-4x on both CPU kinds, it is not. Either way each
+    member's numbers are its run's alone."""
+    from bsresearch.fused import generic
+    monkeypatch.setattr(generic, "PAYS", pays)
+    cfgs = [tiny_config(seed=s, model="cnn1d", width=6, depth=2, batch_size=batch_size, lr=0.05 * (s + 1),
+                        budget_amount=10, eval_every=5) for s in range(2)]
+    check_group(cfgs, run_dirs=[tmp_path / "0", tmp_path / "1"], group_id="g")
+    status = RunDir(tmp_path / "1").status()
+    assert status is not None
+    if fused:
+        assert status["group"] == "g" and "fusion" not in status
+    else:
+        assert "group" not in status and status["fusion"].startswith("fusing does not pay here: ")
 
 
 def test_the_calibration_is_not_fooled_by_a_load_that_ends_while_it_runs():

@@ -96,6 +96,20 @@ def test_grouping_fuses_what_the_blocker_allows_and_says_why_not(tiny):
     assert group_id(["b", "a"]) == group_id(["a", "b"]) != group_id(["a", "c"])
 
 
+def test_on_a_cpu_a_run_joins_a_group_up_to_the_batch_where_fusing_was_measured_to_pay(tiny):
+    """The bound depends on the model and its normalisation (grouping.CPU_FUSE_MAX_BATCH); a model not
+    measured, a user's included, keeps 64."""
+    cases = [(dict(model="cnn1d"), 512), (dict(model="cnn1d", batchnorm=True, ghost_batch_size=32), 256),
+             (dict(model="cnn1d", batchnorm=True), 160), (dict(model="mlp"), 256),
+             (dict(model="mlp", batchnorm=True), 64), (dict(model="convnet", dataset="fashion_mnist"), 64),
+             (dict(model="my.py:net", width=None, depth=None), 64)]
+    for fields, bound in cases:
+        assert grouping.cpu_batch_too_large(tiny(batch_size=bound, **fields)) is None, fields
+        assert grouping.cpu_batch_too_large(tiny(batch_size=bound + 2, **fields)) == (   # + 2: ghost BN's remainder
+            f"batch_size {bound + 2} > {bound}: on a CPU fusing pays only for small batches "
+            f"(grouping.CPU_FUSE_MAX_BATCH)"), fields
+
+
 def test_without_the_fused_trainer_nothing_is_fused_and_the_plan_says_so(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "bsresearch.fused.compat", None)  # import fails
     g = group_configs([tiny(seed=0), tiny(seed=1)], 32)

@@ -34,11 +34,18 @@ Blocker = Callable[[RunConfig, RunConfig], "str | None"]
 # launches, optimizer bookkeeping), which fusing pays once per group; past a few tens of members the
 # fused step is compute-bound, so a bigger group no longer saves time but makes a killed group lose more.
 CPU_FUSE_MAX = 32
-# On a CPU fusing pays only for small batches: benchmarks/fused_runs.py (one thread, per-member steps/s,
-# fused vs the same runs one after another) measured cnn1d 4.0x at batch 32 and K = 32 but 1.2-1.5x at
-# batch 256, and the MLP 3.6x at 32 vs 0.9-1.2x at 256; at large batches the arithmetic, not the per-step
-# overhead, sets the time. Runs with a larger batch run alone on a CPU (every size fuses on CUDA).
-CPU_FUSE_MAX_BATCH = 64
+# On a CPU fusing pays only up to a batch size, past which the arithmetic, not the per-step overhead, sets the
+# time. The largest batch at which benchmarks/fused_runs.py measured a fused group of K = 8 at least 1.3x
+# faster per member than the same runs one after another (one thread, AMD EPYC; results/fused_runs_batch_*):
+#   cnn1d: 512 without BatchNorm (1.42x; 1.12x at 1000), 256 with ghost BatchNorm (1.59x; 0.84x at 512),
+#          160 with BatchNorm (1.33x; 0.90x at 256);  mlp: 256 (1.48x; 1.00x at 512).
+# Other models, a user's included, keep the bound measured first for every model (64), below which fusing
+# paid 2.5-4x on both CPU kinds. The planner groups runs up to these bounds; above 64 (and through vmap at
+# every size) the worker's calibration (fused/trainer.py) then fuses a group only where it pays on the
+# machine at hand.
+CPU_FUSE_MAX_BATCH: dict[tuple[str, str], int] = {("cnn1d", "plain"): 512, ("cnn1d", "ghost batchnorm"): 256,
+                                                  ("cnn1d", "batchnorm"): 160, ("mlp", "plain"): 256}
+CPU_FUSE_MAX_BATCH_OTHER = 64
 # On CUDA this is only the planning bound: the worker cuts a group to what the memory model says fits.
 GPU_FUSE_MAX = 128
 MEMORY_MARGIN = 0.2   # fraction of the free GPU memory left unplanned (allocator rounding, the dataset, cuDNN)
@@ -123,10 +130,17 @@ def group_id(run_ids: Sequence[str]) -> str:
     return "g-" + hashlib.sha1(",".join(sorted(run_ids)).encode()).hexdigest()[:8]
 
 
+def cpu_fuse_max_batch(cfg: RunConfig) -> int:
+    """The largest batch at which a run of this config joins a fused group on a CPU (CPU_FUSE_MAX_BATCH)."""
+    norm = "plain" if not cfg.batchnorm else "ghost batchnorm" if cfg.ghost_batch_size else "batchnorm"
+    return CPU_FUSE_MAX_BATCH.get((cfg.model, norm), CPU_FUSE_MAX_BATCH_OTHER)
+
+
 def cpu_batch_too_large(cfg: RunConfig) -> str | None:
     """Why a run is left alone on a CPU because fusing would not pay at its batch size, or None."""
-    if cfg.batch_size > CPU_FUSE_MAX_BATCH:
-        return (f"batch_size {cfg.batch_size} > {CPU_FUSE_MAX_BATCH}: on a CPU fusing pays only for small batches "
+    bound = cpu_fuse_max_batch(cfg)
+    if cfg.batch_size > bound:
+        return (f"batch_size {cfg.batch_size} > {bound}: on a CPU fusing pays only for small batches "
                 f"(grouping.CPU_FUSE_MAX_BATCH)")
     return None
 

@@ -36,6 +36,7 @@ from ..state import new_state
 from ..train import LOSS_CHECK_EVERY, Components, components, run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
+from .grouping import CPU_FUSE_MAX_BATCH_OTHER
 from .layers import StackedModel
 from .memory import cuda_group_size
 from .optim import FusedOptimizer
@@ -89,8 +90,11 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     stacked = cfg0.model in STACKED_MODELS and cfg0.loss == "cross_entropy"   # fused/layers.py's own program
     reason = None if stacked else generic.probe(model_for(cfg0, data, torch.Generator().manual_seed(0)).to(device),
                                                 *data.first(min(2, data.n_train)), parts.loss)
-    if reason is None and not stacked and len(todo) > 1:
-        ratio = _calibrate([cfgs[i] for i in todo], data, device, parts)
+    if reason is None and len(todo) > 1 and _calibrated(cfg0, stacked, device):
+        try:
+            ratio = _calibrate([cfgs[i] for i in todo], data, device, parts, stacked)
+        except Exception:  # noqa: BLE001 - the group's own steps meet the same error, and the loop records it per member
+            ratio = generic.PAYS
         if ratio < generic.PAYS:
             reason = (f"fusing does not pay here: {ratio:.2f}x per member in a calibration of "
                       f"{generic.CALIBRATION_STEPS} interleaved rounds")
@@ -134,10 +138,21 @@ def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, re
     return result
 
 
-def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: Components) -> float:
-    """generic.calibrate on fresh copies of the group's members (their training is untouched)."""
+def _calibrated(cfg: RunConfig, stacked: bool, device: torch.device) -> bool:
+    """Whether a group is fused only after a calibration says it pays here: every group through vmap; a group
+    of the stacked layers on a CPU above the batch where fusing was measured to pay 2.5-4x on both CPU kinds
+    (the bounds above it were measured on one; on CUDA the group is sized by its memory model, and copies for
+    a calibration would double it)."""
+    return not stacked or (device.type == "cpu" and cfg.batch_size > CPU_FUSE_MAX_BATCH_OTHER)
+
+
+def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: Components,
+               stacked: bool = False) -> float:
+    """generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
+    engine the group would train with."""
     copies = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
-    engine = generic.VmapEngine(copies, data, parts.loss, parts.task, device)
+    engine: StackEngine | generic.VmapEngine = StackEngine(copies, data, device) if stacked else \
+        generic.VmapEngine(copies, data, parts.loss, parts.task, device)
     lrs = [C.lr_at(m.cfg, 0, data.n_train) for m in copies]
     alone = ModelEngine(data, parts.loss, parts.task)
     loners = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
