@@ -53,10 +53,11 @@ def fused_share(runs_off: Path, name: str) -> float:
     for run_dir in (runs_off / name).iterdir():
         if not (run_dir / "metrics.json").exists():
             continue
-        status, config = RunDir(run_dir).status() or {}, RunDir(run_dir).config()
+        status = RunDir(run_dir).status() or {}
         seconds = (pd.Timestamp(status["ended"]) - pd.Timestamp(status["started"])).total_seconds()
         total += seconds
-        fusable += seconds if config["batch_size"] <= cpu_fuse_max_batch(RunConfig.from_dict(config)) else 0.0
+        cfg = RunConfig.from_json((run_dir / "config.json").read_text())
+        fusable += seconds if cfg.batch_size <= cpu_fuse_max_batch(cfg) else 0.0
     return fusable / total
 
 

@@ -63,10 +63,69 @@ class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or len(x) <= self.ghost_batch_size:
             return batch_norm_by_rows(self, x)
+        full = len(x) // self.ghost_batch_size * self.ghost_batch_size
+        if x.dim() > 3 or x.device.type != "cpu" or self.momentum is None or full < 2 * self.ghost_batch_size:
+            return self.by_chunks(x)
+        out = ghost_batch_norm_at_once(self, x[:full])
+        return out if full == len(x) else torch.cat([out, batch_norm_by_rows(self, x[full:])])
+
+    def by_chunks(self, x: torch.Tensor) -> torch.Tensor:
+        """The training-mode definition: one BatchNorm call per ghost batch, in turn."""
         return torch.cat([batch_norm_by_rows(self, chunk) for chunk in x.split(self.ghost_batch_size)])
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", ghost_batch_size={self.ghost_batch_size}"
+
+
+def ghost_batch_norm_at_once(module: GhostBatchNorm, x: torch.Tensor) -> torch.Tensor:
+    """`module`'s training-mode ghost BatchNorm of an (N, C) or (N, C, L) CPU input whose N is a multiple of
+    the ghost batch size g, as one BatchNorm call over the G = N / g ghost batches (`batch_norm_blocks`);
+    the running statistics take the G updates one chunk after another would give (`update_running`).
+    The same numbers as a loop over the chunks to float32 rounding, and faster (benchmarks/cnn1d_layers.py)."""
+    g = module.ghost_batch_size
+    chunks, channels = len(x) // g, x.shape[1]
+    h = x.transpose(1, 2) if x.dim() == 3 else x.unsqueeze(1)                  # (N, L, C)
+    positions = h.shape[1]
+    blocks = h.reshape(chunks, g * positions, channels)
+    weight = module.weight.expand(chunks, channels) if module.weight is not None else None
+    bias = module.bias.expand(chunks, channels) if module.bias is not None else None
+    out, mean, var = batch_norm_blocks(blocks, weight, bias, module.eps)
+    if module.track_running_stats:
+        assert module.running_mean is not None and module.running_var is not None and module.momentum is not None
+        update_running(module.running_mean, mean, module.momentum)
+        update_running(module.running_var, var, module.momentum)
+        if module.num_batches_tracked is not None:
+            module.num_batches_tracked.add_(chunks)
+    out = out.reshape(len(x), positions, channels)
+    return out.transpose(1, 2) if x.dim() == 3 else out.view(len(x), channels)
+
+
+def batch_norm_blocks(blocks: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training-mode BatchNorm of M blocks of S rows of C channels, (M, S, C), each block with its own
+    statistics and its own (M, C) weight and bias, as one call of torch's 2-D kernel on (S, M x C) rows.
+
+    Returns the normalised (M, S, C) blocks and each block's mean and unbiased variance, (M, C) each, as the
+    kernel computes them (it writes them into buffers given momentum 1): what a BatchNorm call per block
+    would normalise with and add to its running statistics. Ghost batches (models.GhostBatchNorm) and the
+    members of a fused group (fused/layers.py) are such blocks.
+    """
+    m, s, c = blocks.shape
+    rows = blocks.transpose(0, 1).reshape(s, m * c)
+    mean, var = rows.new_zeros(m * c), rows.new_ones(m * c)
+    out = F.batch_norm(rows, mean, var, weight.reshape(-1) if weight is not None else None,
+                       bias.reshape(-1) if bias is not None else None, training=True, momentum=1.0, eps=eps)
+    return out.view(s, m, c).transpose(0, 1), mean.view(m, c), var.view(m, c)
+
+
+@torch.no_grad()
+def update_running(running: torch.Tensor, stats: torch.Tensor, momentum: float) -> None:
+    """running <- (1 - m) running + m s_i for s_1 .. s_G in turn, as G BatchNorm calls would, in one step:
+    (1 - m)^G running + m sum_i (1 - m)^(G - i) s_i. `running` is (..., C), `stats` (..., G, C)."""
+    chunks = stats.shape[-2]
+    decay = (1 - momentum) ** torch.arange(chunks - 1, -1, -1, dtype=stats.dtype, device=stats.device)
+    running.mul_((1 - momentum) ** chunks).add_(torch.einsum("g,...gc->...c", momentum * decay,
+                                                             stats.reshape(*running.shape[:-1], chunks, -1)))
 
 
 def conv1d_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int,

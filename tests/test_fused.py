@@ -71,7 +71,7 @@ def test_cnn1d_without_accumulation():
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn1d"])
-@pytest.mark.parametrize("ghost", [None, 8])
+@pytest.mark.parametrize("ghost", [None, 8, 12])   # 12: two ghost batches of 12 and one of 8
 def test_batchnorm_running_statistics_per_member(model, ghost):
     check_group([tiny_config(seed=s, model=model, width=6, depth=2, batchnorm=True, ghost_batch_size=ghost,
                              lr=0.05 * (s + 1), budget_amount=60, eval_every=20) for s in range(2)])
@@ -269,7 +269,7 @@ def test_members_in_several_passes(monkeypatch, batchnorm):
 def test_a_stacked_group_above_batch_64_fuses_only_where_its_calibration_says_it_pays(monkeypatch, tmp_path,
                                                                                        batch_size, pays, fused):
     """Above batch 64 (grouping.CPU_FUSE_MAX_BATCH_OTHER) a group of the stacked layers is calibrated as a group
-    through vmap is; at 64 and below, where fusing paid 2.5-4x on both CPU kinds, it is not. Either way each
+    through vmap is; at 64 and below, where fusing gains several times over, it is not. Either way each
     member's numbers are its run's alone."""
     from bsresearch.fused import generic
     monkeypatch.setattr(generic, "PAYS", pays)

@@ -130,3 +130,37 @@ def test_batchnorm_by_rows_is_batchnorm1d(layout):
     torch.testing.assert_close(ours.running_var, reference.running_var)
     ours.eval(), reference.eval()
     torch.testing.assert_close(ours(x), reference(x))
+
+
+@pytest.mark.parametrize("shape", [(96, 6), (96, 6, 7), (100, 6, 7)], ids=["mlp", "conv", "conv, 4 over"])
+@pytest.mark.parametrize("layout", ["contiguous", "view of (N, L, C)"])
+def test_ghost_batchnorm_at_once_is_ghost_batchnorm_by_chunks(shape, layout):
+    """Ghost batches of 16 as one BatchNorm call over blocks of channels (and the remainder after them): outputs,
+    input and affine gradients, running statistics and their count after two training steps, and eval-mode
+    outputs agree with one BatchNorm call per ghost batch, in turn."""
+    if layout != "contiguous" and len(shape) == 2:
+        pytest.skip("an (N, C) input has one layout")
+    torch.manual_seed(0)
+    at_once, by_chunks = GhostBatchNorm(6, 16), GhostBatchNorm(6, 16)
+    with torch.no_grad():
+        at_once.weight.uniform_(0.5, 1.5)
+        at_once.bias.uniform_(-0.5, 0.5)
+    by_chunks.load_state_dict(at_once.state_dict())
+    results = []
+    for module, forward in ((at_once, at_once.forward), (by_chunks, by_chunks.by_chunks)):
+        torch.manual_seed(1)
+        grads = []
+        for _ in range(2):
+            x = torch.randn(*shape) * 3 + 1
+            if layout != "contiguous":
+                x = x.transpose(1, 2).contiguous().transpose(1, 2)
+            x.requires_grad_()
+            out = forward(x)
+            (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+            grads += [out.detach(), x.grad, module.weight.grad.clone(), module.bias.grad.clone()]
+            module.zero_grad()
+        module.eval()
+        results.append([*grads, module.running_mean.clone(), module.running_var.clone(), module(x.detach())])
+        assert module.num_batches_tracked.item() == 2 * -(-shape[0] // 16)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

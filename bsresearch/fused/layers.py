@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models import GhostBatchNorm
+from ..models import GhostBatchNorm, batch_norm_blocks, update_running
 
 
 @dataclass
@@ -220,23 +220,25 @@ class StackedModel:
                    x: torch.Tensor) -> torch.Tensor:
         """Training-mode BatchNorm over all but the member and channel (last) dimensions, per member: each
         (ghost) batch is normalised with its own biased variance and updates the running statistics in turn
-        with the unbiased one, as torch's BatchNorm does."""
-        k, channels = x.shape[0], x.shape[-1]
-        view = (k,) + (1,) * (x.dim() - 2) + (channels,)
-        w, b = params[op.params[0]].view(view), params[op.params[1]].view(view)
+        with the unbiased one, as torch's BatchNorm does. Every member's (ghost) batches are blocks of one
+        call of torch's kernel (models.batch_norm_blocks); a smaller last ghost batch, a second call."""
+        k, batch, channels = x.shape[0], x.shape[1], x.shape[-1]
+        size = op.ghost if op.ghost and batch > op.ghost else batch
+        full = batch // size * size
         running_mean, running_var, tracked = stats
-        chunks = x.split(op.ghost, dim=1) if op.ghost and x.shape[1] > op.ghost else (x,)
-        dims = tuple(range(1, x.dim() - 1))
         out = []
-        for chunk in chunks:
-            mean = chunk.mean(dims, keepdim=True)
-            var = chunk.var(dims, keepdim=True, unbiased=False)
-            out.append((chunk - mean) * torch.rsqrt(var + op.eps) * w + b)
-            n = chunk.numel() // (k * channels)
-            with torch.no_grad():
-                running_mean.mul_(1 - op.momentum).add_(mean.view(k, channels), alpha=op.momentum)
-                running_var.mul_(1 - op.momentum).add_(var.view(k, channels) * (n / (n - 1)), alpha=op.momentum)
-                tracked.add_(1)
+        for lo, hi in ((0, full), (full, batch)):
+            if hi == lo:
+                continue
+            chunks = (hi - lo) // min(size, hi - lo)
+            blocks = x[:, lo:hi].reshape(k * chunks, -1, channels)
+            w, b = (params[i].unsqueeze(1).expand(k, chunks, channels).reshape(k * chunks, channels)
+                    for i in op.params[:2])
+            normed, mean, var = batch_norm_blocks(blocks, w, b, op.eps)
+            out.append(normed.reshape(k, hi - lo, *x.shape[2:]))
+            update_running(running_mean, mean.view(k, chunks, channels), op.momentum)
+            update_running(running_var, var.view(k, chunks, channels), op.momentum)
+            tracked.add_(chunks)
         return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 

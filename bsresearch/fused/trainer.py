@@ -140,9 +140,9 @@ def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, re
 
 def _calibrated(cfg: RunConfig, stacked: bool, device: torch.device) -> bool:
     """Whether a group is fused only after a calibration says it pays here: every group through vmap; a group
-    of the stacked layers on a CPU above the batch where fusing was measured to pay 2.5-4x on both CPU kinds
-    (the bounds above it were measured on one; on CUDA the group is sized by its memory model, and copies for
-    a calibration would double it)."""
+    of the stacked layers on a CPU above batch 64, where the gain is smaller and depends on the machine
+    (grouping.CPU_FUSE_MAX_BATCH). Not on CUDA, where the stacked group is sized by its memory model and
+    copies for a calibration would double it."""
     return not stacked or (device.type == "cpu" and cfg.batch_size > CPU_FUSE_MAX_BATCH_OTHER)
 
 
