@@ -37,15 +37,15 @@ CPU_FUSE_MAX = 32
 # On a CPU fusing pays only up to a batch size, past which the arithmetic, not the per-step overhead, sets the
 # time. The largest batch at which benchmarks/fused_runs.py measured a fused group of K = 8 at least 1.3x
 # faster per member than the same runs one after another, in each of two runs (one thread, AMD EPYC;
-# results/fused_runs_batch_*, and an earlier run with the same code), with the next size up:
-#   cnn1d without BatchNorm: 512 (1.42x, 1.30x; at 1024: 1.12x, 1.20x),
-#   cnn1d with ghost BatchNorm: 256 (1.59x, 1.36x; at 512: 0.84x, 0.97x),
-#   cnn1d with BatchNorm: 80 (1.74x, 1.67x; at 160: 1.33x, 1.13x),
-#   mlp: 256 (1.48x, 1.56x; at 512: 1.00x, 1.14x).
-CPU_FUSE_MAX_BATCH: dict[tuple[str, str], int] = {("cnn1d", "plain"): 512, ("cnn1d", "ghost batchnorm"): 256,
-                                                  ("cnn1d", "batchnorm"): 80, ("mlp", "plain"): 256}
+# results/fused_runs_batch_*, and a second run of the same code), with the next size up:
+#   cnn1d without BatchNorm: 512 (1.30x, 1.42x; at 1024: 1.20x, 1.12x),
+#   cnn1d with ghost BatchNorm: 512 (1.31x, 1.45x; at 1024: 1.17x, 1.22x),
+#   cnn1d with BatchNorm: 256 (1.39x, 1.43x; at 512: 1.07x, 1.06x),
+#   mlp: 256 (1.56x, 1.48x; at 512: 1.14x, 1.00x).
+CPU_FUSE_MAX_BATCH: dict[tuple[str, str], int] = {("cnn1d", "plain"): 512, ("cnn1d", "ghost batchnorm"): 512,
+                                                  ("cnn1d", "batchnorm"): 256, ("mlp", "plain"): 256}
 # Other models, a user's included, keep the bound measured first for every model (64). Up to 64 the stacked
-# layers gain several times over (cnn1d 4.0x and the mlp 3.6x at batch 32, K = 32; 1.7-2.5x at 80 above);
+# layers gain several times over (cnn1d 4.0x and the mlp 3.6x at batch 32, K = 32; 2.2-3.6x at 80 above);
 # above it the gain is smaller and depends on the machine, so there the worker's calibration
 # (fused/trainer.py) fuses a group only where it pays on the machine at hand, as it does for every group
 # through vmap.
