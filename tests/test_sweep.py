@@ -28,6 +28,10 @@ def reference_metrics(cfg: RunConfig) -> dict:
     return run(cfg, None, progress=False).metrics
 
 
+def compared(metrics: dict) -> dict:
+    return {k: metrics[k] for k in COMPARED}
+
+
 @pytest.mark.slow
 def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, capsys):
     start = time.monotonic()
@@ -48,7 +52,7 @@ def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, cap
         assert "without encryption" not in (rd.path / "runner.log").read_text()  # the kernel's TCP warning
     # papermill gives exactly what the library gives for the same config
     metrics = RunDir(tmp_path / "smoke" / points[3].run_id).metrics()
-    assert {k: metrics[k] for k in COMPARED} == {k: reference_metrics(points[3].config)[k] for k in COMPARED}
+    assert compared(metrics) == compared(reference_metrics(points[3].config))
     manifest = json.loads((tmp_path / "smoke" / "sweep.json").read_text())
     assert [q["run_id"] for q in manifest["points"]] == [p.run_id for p in points]
     assert elapsed < 60
@@ -77,7 +81,7 @@ def test_inline_sweep_calls_the_library_and_a_failing_run_does_not_stop_it(tmp_p
     assert "simulated crash at setup" in failed.error and not report.all_finished
     point = next(p for p in expand(load_spec(SMOKE)) if p.label == "batch_size=64 lr=0.2 seed=0")
     metrics = RunDir(tmp_path / "smoke" / point.run_id).metrics()
-    assert {k: metrics[k] for k in COMPARED} == {k: reference_metrics(point.config)[k] for k in COMPARED}
+    assert compared(metrics) == compared(reference_metrics(point.config))
 
     again = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, fuse="off")
     assert again.outcomes == ()  # failed runs are kept ...

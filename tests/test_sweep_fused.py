@@ -69,6 +69,12 @@ def metrics_of(sweep_dir: Path, run_id: str) -> dict:
     return {k: m[k] for k in COMPARED}
 
 
+def metrics_alone(cfg) -> dict:
+    """The oracle: the same config trained once in this process, without a run directory."""
+    m = run(cfg, None, progress=False).metrics
+    return {k: m[k] for k in COMPARED}
+
+
 # ----------------------------------------------------------------------------- grouping
 def test_grouping_fuses_what_the_blocker_allows_and_says_why_not(tiny):
     cfgs = [tiny(batch_size=16, seed=0), tiny(batch_size=64, seed=0), tiny(batch_size=16, seed=1, lr=0.3),
@@ -265,8 +271,7 @@ def test_fused_group_through_papermill_on_local_workers(tmp_path, fused):
     for p in expand(load_spec(spec)):
         status = RunDir(tmp_path / "pm" / p.run_id).status()
         assert status["state"] == "ok" and status["runner"]["engine"] == "papermill" and status["group"]
-        assert metrics_of(tmp_path / "pm", p.run_id) == {k: run(p.config, None, progress=False).metrics[k]
-                                                         for k in COMPARED}
+        assert metrics_of(tmp_path / "pm", p.run_id) == metrics_alone(p.config)
 
 
 @pytest.mark.slow
@@ -316,7 +321,7 @@ def test_kill_9_during_a_fused_group_keeps_finished_members_and_redoes_the_rest(
         status = RunDir(sweep_dir / p.run_id).status()
         assert status["state"] == "ok" and status["runner"]["attempt"] == 2
         assert (status["group"] != first_group) or len(redone) == 1  # a new group of the unfinished ones
-        assert metrics_of(sweep_dir, p.run_id) == {k: run(p.config, None, progress=False).metrics[k] for k in COMPARED}
+        assert metrics_of(sweep_dir, p.run_id) == metrics_alone(p.config)
 
 
 @pytest.mark.slow

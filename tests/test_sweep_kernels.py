@@ -29,12 +29,12 @@ def tiny_spec(tmp_path: Path, name: str, points: int) -> Path:
 
 
 @pytest.mark.slow
-def test_12_papermill_runs_on_6_workers_on_2_cores_all_finish(tmp_path):
-    # two waves of 6 kernels starting at once (benchmarks/soak_faults.py starts hundreds, with faults)
-    spec = tiny_spec(tmp_path, "crowd", 12)
+def test_6_papermill_kernels_starting_at_once_on_2_cores_all_finish(tmp_path):
+    # one wave of 6 kernels starting at once (benchmarks/soak_faults.py starts hundreds, with faults)
+    spec = tiny_spec(tmp_path, "crowd", 6)
     report = run_sweep(spec, tmp_path / "runs", executor="local", workers=6, fuse="off", progress=False)
     states = [o.state for o in report.outcomes]
-    assert states == ["ok"] * 12, [(o.state, o.error) for o in report.outcomes if o.state != "ok"]
+    assert states == ["ok"] * 6, [(o.state, o.error) for o in report.outcomes if o.state != "ok"]
     for point in expand(load_spec(spec)):
         status = RunDir(tmp_path / "runs" / "crowd" / point.run_id).status()
         assert status["state"] == "ok"   # a failed kernel start, if any, is an attempt beside an ok run

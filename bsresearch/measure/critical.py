@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
 
 from ..config import ConfigError
 
@@ -65,6 +64,7 @@ def _exp(x: float) -> float:
 def fit_critical_batch(batch_sizes: Sequence[float] | np.ndarray, steps: Sequence[float] | np.ndarray,
                        confidence: float = 0.95) -> CriticalBatchFit:
     """Fit S = S_min (1 + B_crit/B) to steps-to-target `steps` measured at `batch_sizes`."""
+    from scipy import optimize, stats  # not at the top: it would add ~1 s to every run's start
     b, s = _check(batch_sizes, steps, "steps")
     log_s = np.log(s)
 

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from scipy import optimize
 
 from .functional import DEFAULT_CHUNK, LossFn, MeanLoss, batches_of, generator_or_default, measuring, normal_like
 
@@ -56,6 +55,7 @@ def keskar_sharpness(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: fl
     The reported maximum is the largest loss at any point evaluated (y = 0 included), so phi >= 0 and
     the maximiser lies in the box. subspace_dim = p draws A from `generator` (default: seeded 0).
     """
+    from scipy import optimize  # not at the top: it would add ~1 s to every run's start
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0; got {eps!r}")
     with measuring(model, bn_mode):

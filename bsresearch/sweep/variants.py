@@ -7,12 +7,13 @@ This is the one place analysis meets the spec: findings modules take `rows` and 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from .. import results
 from ..paths import project_path
 from .spec import SweepSpec, expand, load_spec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def runs_per_variant(runs: pd.DataFrame, spec: SweepSpec) -> pd.DataFrame:
@@ -23,6 +24,7 @@ def runs_per_variant(runs: pd.DataFrame, spec: SweepSpec) -> pd.DataFrame:
     that gives its config, with that `variant` (and the variant's grid coordinates). Points not in `runs`
     (not loaded, or another spec) are left out. A spec without variants returns `runs` unchanged.
     """
+    import pandas as pd  # not at the top: the sweep's worker processes import this package, not pandas
     if not spec.variants:
         return runs.reset_index(drop=True)
     by_id = runs.drop_duplicates("run_id").set_index("run_id", drop=False)
@@ -43,5 +45,6 @@ def sweep_rows(sweep: str, spec_path: str | Path, runs_root: str | Path) -> pd.D
     """The runs of sweep `sweep` under `runs_root`, one row per variant that gives each, as its spec at
     `spec_path` (relative: to the project) says; a sweep with no runs there is a one-line ConfigError. A report
     that reads a rule's extra sweep beside its grid concatenates two of these."""
+    from .. import results  # (pandas) not at the top, as above
     results.sweep_dir(sweep, runs_root)
     return runs_per_variant(results.load(sweep, runs_root=runs_root), load_spec(project_path(spec_path)))

@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..config import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd  # only a type here; a fused group's process (fused/memory.py) need not load it
 
 
 @dataclass(frozen=True)
