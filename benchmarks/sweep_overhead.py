@@ -6,8 +6,9 @@
    c) papermill: one worker process per run executing notebooks/01_train.ipynb (+ kernel start, the
       notebook's imports and its plot) -- the local executor's default.
    overhead(papermill) = median(c) - median(a); (b) - (a) is the part a plain worker process costs.
-2. Workers. A sweep of `--runs` such runs through papermill with 1 worker and with 2, alternated
-   `--repeats` times, fresh run directories each time: speed-up = median(1 worker) / median(2 workers).
+2. Workers. A sweep of `--runs` such runs through papermill, each alone (`--fuse off`), with 1 worker and
+   with 2, alternated `--repeats` times, fresh run directories each time: speed-up = median(1 worker) /
+   median(2 workers).
 Run it on a quiet machine; nothing else should compete for the cores.
 
     python benchmarks/sweep_overhead.py                     # full: about 5 minutes on 2 cores
@@ -82,7 +83,9 @@ def workers_speedup(steps: int, runs: int, repeats: int, scratch: Path) -> list[
         for workers in (1, 2) if r % 2 == 0 else (2, 1):
             spec = parse_spec(sweep_spec(steps, runs, f"w{workers}r{r}"), base_dir=ROOT)
             start = time.perf_counter()
-            report = run_sweep(spec, runs_root=scratch, executor="local", workers=workers, progress=False)
+            # fuse off: the runs differ only in seed, so the default would train them as one fused group
+            report = run_sweep(spec, runs_root=scratch, executor="local", workers=workers, fuse="off",
+                               progress=False)
             seconds[workers].append(time.perf_counter() - start)
             if not report.all_finished:
                 raise RuntimeError(report.summary())
