@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -192,3 +194,13 @@ def test_the_kernel_is_this_environments_python_even_without_it_on_path(tmp_path
     task = RunTask(run_dir=str(tmp_path / "run"), config=tiny().to_dict(), label="which", notebook=str(nb))
     supervise.run_task(task)
     assert (tmp_path / "run" / "python.txt").read_text() == sys.executable
+
+
+def test_a_worker_process_loads_neither_scipy_nor_pandas():
+    # every task of a sweep is a fresh process: what its modules import at load is paid once per run
+    # (docs/runs.md#overhead); scipy and pandas (~1.6 s) belong to analysis, imported where it uses them
+    code = ("import sys, bsresearch.sweep.worker, bsresearch.train, bsresearch.fused.trainer\n"
+            "loaded = [m for m in ('scipy', 'pandas') if m in sys.modules]\n"
+            "assert not loaded, f'a worker process loaded {loaded}'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
