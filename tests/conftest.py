@@ -45,6 +45,14 @@ def killed_at(step: int) -> Iterator[None]:
         engine.train_step = original
 
 
+COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")  # what "the same run" compares
+
+
+def compared(metrics: dict) -> dict:
+    """The COMPARED entries of a run's metrics."""
+    return {k: metrics[k] for k in COMPARED}
+
+
 def tiny_config(**changes) -> RunConfig:
     """A synthetic-data MLP run that trains in well under a second."""
     base = dict(dataset="synthetic", train_size=256, model="mlp", width=16, depth=1, optimizer="sgd",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import compared
 
 from bsresearch.cli import main
 from bsresearch.config import RunConfig
@@ -22,16 +23,11 @@ from bsresearch.train import run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
-COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
 
 
 def reference_metrics(cfg: RunConfig) -> dict:
     """The oracle: the same config trained in this process, without a run directory."""
     return run(cfg, None, progress=False).metrics
-
-
-def compared(metrics: dict) -> dict:
-    return {k: metrics[k] for k in COMPARED}
 
 
 @pytest.mark.slow

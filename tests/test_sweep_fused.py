@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import requires_cuda
+from conftest import compared, requires_cuda
 
 from bsresearch import results
 from bsresearch.cli import main
@@ -31,7 +31,6 @@ from bsresearch.train import RunResult, run
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 STAND_IN_DIR = Path(__file__).resolve().parent / "fused_stand_in"
-COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
 _spec = importlib.util.spec_from_file_location("fused_stand_in", STAND_IN_DIR / "sitecustomize.py")
 stand_in = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stand_in)
@@ -65,14 +64,12 @@ def write_spec(tmp_path: Path, name: str, grid: dict, seeds=(0,), **base_changes
 
 
 def metrics_of(sweep_dir: Path, run_id: str) -> dict:
-    m = RunDir(sweep_dir / run_id).metrics()
-    return {k: m[k] for k in COMPARED}
+    return compared(RunDir(sweep_dir / run_id).metrics())
 
 
 def metrics_alone(cfg) -> dict:
     """The oracle: the same config trained once in this process, without a run directory."""
-    m = run(cfg, None, progress=False).metrics
-    return {k: m[k] for k in COMPARED}
+    return compared(run(cfg, None, progress=False).metrics)
 
 
 # ----------------------------------------------------------------------------- grouping

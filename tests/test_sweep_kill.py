@@ -14,6 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from conftest import compared
 
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import expand, is_locked, load_spec, run_sweep
@@ -21,7 +22,6 @@ from bsresearch.sweep.task import is_complete, pid_alive
 from bsresearch.train import run
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
 
 
 OWN_MODEL = """
@@ -137,7 +137,7 @@ def test_kill_9_during_a_papermill_sweep_then_resume(tmp_path, own_model):
     redone = next(p for p in points if p.run_id not in kept)  # trained again from the start
     reference = run(redone.config, None, progress=False).metrics
     metrics = RunDir(sweep_dir / redone.run_id).metrics()
-    assert {k: metrics[k] for k in COMPARED} == {k: reference[k] for k in COMPARED}
+    assert compared(metrics) == compared(reference)
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_kill_9_at_many_moments_then_resume_from_checkpoints(tmp_path):
         resumed += status.get("resumed_from") is not None
         metrics = RunDir(sweep_dir / p.run_id).metrics()
         reference = run(p.config, None, progress=False).metrics
-        assert {k: metrics[k] for k in COMPARED} == {k: reference[k] for k in COMPARED}, p.label
+        assert compared(metrics) == compared(reference), p.label
     assert resumed >= 1
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_config
+from conftest import compared, tiny_config
 
 from bsresearch.config import BUILTIN_DATA, RunConfig
 from bsresearch.data import DATASETS, load_dataset
@@ -27,7 +27,6 @@ from bsresearch.sweep.task import GroupTask
 from bsresearch.systems.flops import count_flops
 
 SMOKE = Path(__file__).resolve().parent.parent / "experiments" / "smoke.yaml"
-COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")
 
 
 def seconds(**changes) -> float:
@@ -148,7 +147,7 @@ def test_a_sweep_runs_its_tasks_in_dispatch_order_and_only_the_order_changes(tmp
     assert [o.run_id for o in in_spec_order.outcomes] != dispatched
     for p in ordered.planned:   # the same run ids, directories and results
         a, b = (RunDir(root / "order" / p.point.run_id).metrics() for root in (tmp_path / "ordered", tmp_path / "spec"))
-        assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}
+        assert compared(a) == compared(b)
     # the dry run shows where each run starts
     monkeypatch.undo()
     report = run_sweep(spec, runs_root=tmp_path / "dry", dry_run=True, fuse="off", engine="library")
