@@ -2,7 +2,10 @@
 
 1. Per-run overhead. The same short run (MNIST-1D CNN, `--steps` steps) is executed, in alternation,
    a) inline: `train.run` in this process (torch already imported) -- the inline executor;
-   b) library: one worker process per run calling `train.run` (process start + imports);
+   b) library: one worker process per run calling `train.run`, forked from the sweep's fork server, which has
+      imported torch (bsresearch/sweep/forkserver.py);
+   b') library, fresh process: the same, but the worker started as `python -m bsresearch.sweep` (process start
+      + imports), as every worker was before the fork server and as a GPU sweep's still are;
    c) papermill: one worker process per run executing notebooks/01_train.ipynb (+ kernel start, the
       notebook's imports and its plot) -- the local executor's default.
    overhead(papermill) = median(c) - median(a); (b) - (a) is the part a plain worker process costs.
@@ -30,10 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine_label, median_and_spread  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
-from bsresearch.sweep import RunTask, execute_task, parse_spec, run_sweep, run_task  # noqa: E402
+from bsresearch.sweep import RunTask, execute_task, forkserver, parse_spec, run_sweep, run_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "notebooks" / "01_train.ipynb"
+FRESH = "library, fresh process"
 
 
 def run_config(steps: int, seed: int = 0) -> RunConfig:
@@ -43,22 +47,31 @@ def run_config(steps: int, seed: int = 0) -> RunConfig:
 
 
 def one_run(way: str, cfg: RunConfig, scratch: Path) -> float:
-    """Wall seconds for one run done `way` (inline | library | papermill), in a fresh run directory."""
+    """Wall seconds for one run done `way` (inline | library | library, fresh process | papermill), in a fresh
+    run directory."""
     run_dir = Path(tempfile.mkdtemp(dir=scratch))
     task = RunTask(run_dir=str(run_dir), config=cfg.to_dict(), label=way, notebook=str(TEMPLATE),
                    engine="papermill" if way == "papermill" else "library", timeout=600)
-    start = time.perf_counter()
-    outcome = execute_task(task) if way == "inline" else run_task(task)
-    seconds = time.perf_counter() - start
+    fresh = way == FRESH
+    if fresh:
+        os.environ[forkserver.SWITCH] = "0"
+    try:
+        start = time.perf_counter()
+        outcome = execute_task(task) if way == "inline" else run_task(task)
+        seconds = time.perf_counter() - start
+    finally:
+        if fresh:
+            del os.environ[forkserver.SWITCH]
     if outcome.state != "ok":
         raise RuntimeError(f"{way} run ended {outcome.state}: {outcome.error}")
     return seconds
 
 
 def per_run_overhead(steps: int, repeats: int, scratch: Path) -> list[dict]:
-    ways = ("inline", "library", "papermill")
+    ways = ("inline", "library", FRESH, "papermill")
     seconds: dict[str, list[float]] = {w: [] for w in ways}
     one_run("inline", run_config(steps), scratch)  # warm: dataset cache, imports of this process
+    one_run("library", run_config(steps), scratch)  # warm: the fork server's start and imports, paid once a sweep
     for r in range(repeats):
         for way in ways if r % 2 == 0 else ways[::-1]:  # alternate the order: drifts hit all alike
             seconds[way].append(one_run(way, run_config(steps, seed=r), scratch))

@@ -1,11 +1,14 @@
 """Run one RunTask in its own worker process, with a deadline; what the local and Dask executors call.
 
-`run_task(task)` starts `python -m bsresearch.sweep` (the same interpreter as this process, so
-papermill's kernel "python3" is this environment's Python too), feeds it the task, and waits:
+`run_task(task)` starts a worker process, the equivalent of `python -m bsresearch.sweep` fed the task (the same
+interpreter as this process, so papermill's kernel "python3" is this environment's Python too): on Linux
+forked from this process's fork server, which has already imported torch (forkserver.py), else that command
+itself. Then it waits:
 - past the task's timeout the worker gets SIGTERM (it kills its kernel and exits), then SIGKILL, and the
   run is recorded as "timeout";
 - a worker that dies without recording a verdict (killed, segfault) leaves the run recorded as "died".
-The worker dies with the thread that started it (Linux PDEATHSIG), so killing the sweep stops it.
+The worker dies with its parent (Linux PDEATHSIG): the thread that started it, or the fork server, which
+exits with the sweep's process; so killing the sweep stops it.
 Threads: the worker's environment asks for the run's `threads` (OMP/MKL), and on a machine with GPUs each
 worker slot sees one GPU through CUDA_VISIBLE_DEVICES.
 """
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..rundir import FINISHED_STATES, RunDir, storage_error
+from . import forkserver
 from .task import (
     BUSY,
     RUNNER_LOG,
@@ -40,7 +44,8 @@ STARTUP_GRACE = 30.0  # seconds added to the run's timeout for starting the work
 STOP_GRACE = 10.0     # seconds between SIGTERM and SIGKILL
 
 _slot = threading.local()
-_live: set[subprocess.Popen] = set()
+Worker = subprocess.Popen | forkserver.Forked  # a worker process, started either way (_start)
+_live: set[Worker] = set()
 _live_lock = threading.Lock()
 _stopping = threading.Event()
 
@@ -130,29 +135,40 @@ def _spawn(task: RunTask | GroupTask, folder: Path) -> tuple[int, bool, int]:
     """Start the worker process in `folder` (its log appended to folder/runner.log), feed it the task and
     wait; past the timeout stop it. Returns (exit status, timed out, worker pid)."""
     folder.mkdir(parents=True, exist_ok=True)
+    proc = _start(task, folder, worker_env(task, current_slot()))
+    with _live_lock:
+        _live.add(proc)
+    timed_out = False
+    try:
+        try:
+            code = proc.wait(timeout=task.timeout + STARTUP_GRACE)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            code = stop(proc)
+    finally:
+        with _live_lock:
+            _live.discard(proc)
+    return code, timed_out, proc.pid
+
+
+def _start(task: RunTask | GroupTask, folder: Path, env: dict[str, str]) -> Worker:
+    """The worker process for `task`: forked from the fork server where it can be (forkserver.py: the same
+    process without ~3.5 s of imports), else a fresh `python -m bsresearch.sweep` fed the task on stdin."""
+    if forkserver.available(task.gpus):
+        try:
+            return forkserver.start(task.to_json(), folder, env, folder / RUNNER_LOG)
+        except OSError:  # the server could not start or has died: this worker starts as a fresh process
+            pass
     with open(folder / RUNNER_LOG, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "bsresearch.sweep"], stdin=subprocess.PIPE,
-                                stdout=log, stderr=subprocess.STDOUT, cwd=folder,
-                                env=worker_env(task, current_slot()), start_new_session=True)
-        with _live_lock:
-            _live.add(proc)
-        timed_out = False
-        try:
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(task.to_json().encode())
-                proc.stdin.close()
-            except BrokenPipeError:  # the worker is already gone; its exit status says why
-                pass
-            try:
-                code = proc.wait(timeout=task.timeout + STARTUP_GRACE)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                code = stop(proc)
-        finally:
-            with _live_lock:
-                _live.discard(proc)
-    return code, timed_out, proc.pid
+                                stdout=log, stderr=subprocess.STDOUT, cwd=folder, env=env, start_new_session=True)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(task.to_json().encode())
+        proc.stdin.close()
+    except BrokenPipeError:  # the worker is already gone; its exit status says why
+        pass
+    return proc
 
 
 def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: float,
@@ -182,7 +198,7 @@ def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: 
     return None
 
 
-def stop(proc: subprocess.Popen) -> int:
+def stop(proc: Worker) -> int:
     """SIGTERM, then SIGKILL after a grace period; returns the exit status."""
     with contextlib.suppress(ProcessLookupError):
         proc.terminate()

@@ -264,11 +264,12 @@ def _stop_on_sigterm(run_dir: Path) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def main() -> int:
+def main(text: str | None = None) -> int:
+    """A worker process: execute the task `text` (JSON; read from stdin when None). Returns the exit status."""
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stdout)
-    task = task_from_json(sys.stdin.read())
+    task = task_from_json(sys.stdin.read() if text is None else text)
     _stop_on_sigterm(Path(task.group_dir if isinstance(task, GroupTask) else task.run_dir))
     logging.info("worker pid %d on %s: %s (%s)", os.getpid(), socket.gethostname(), task.label, task.engine)
     outcomes = execute(task)  # every failure of the run itself is recorded in its status.json

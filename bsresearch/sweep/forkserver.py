@@ -1,0 +1,295 @@
+"""Worker processes forked from one server process that has already imported torch and the training code.
+
+A worker started as `python -m bsresearch.sweep` spends about 3.5 s importing before its run starts: torch
+(~2 s), torch._dynamo (~1.2 s, which torch.optim loads with the first optimizer) and bsresearch. A sweep
+starts one worker per task, hundreds in `make reproduce`. So the supervisor starts one server per sweep
+process (`serve`, in the environment a worker would get), the server imports
+all that once, and each worker is a fork of it: the same process a fresh worker would be, minus the imports.
+
+The child does what `python -m bsresearch.sweep` does (worker.main) with what Popen gave that process: its
+own session, the task's folder as working directory, its log as stdout and stderr, the task's environment
+(worker_env). Its parent is the server, and it asks Linux to kill it when the server dies (die_with_parent);
+the server exits when its stdin closes, i.e. when the sweep's process ends or is killed, so `kill -9` of a
+sweep still stops its workers.
+
+Protocol, one JSON object per line: the supervisor writes {"id", "task", "folder", "env", "log"} on the
+server's stdin; the server answers {"id", "pid"} once forked and {"pid", "exit"} when that child ends (its
+exit status as subprocess gives it: the code, or minus the signal that killed it). `start` returns a
+`Forked` handle with Popen's pid, wait, poll, terminate and kill, so supervise.py treats both alike.
+
+Used on Linux (pidfd_open, 5.3 and later) for CPU workers; a sweep that hands out GPUs starts its workers
+as fresh processes (nothing initialises CUDA in the server, but a forked CUDA worker has not been tested),
+and BSRESEARCH_FORK_WORKERS=0 turns it off (`available`).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# What the server imports before it forks: everything a library worker imports to train a run or a group.
+PRELOAD = ("torch", "torch._dynamo", "bsresearch.sweep.worker", "bsresearch.train", "bsresearch.fused.trainer")
+SWITCH = "BSRESEARCH_FORK_WORKERS"  # "0": every worker is a fresh process
+START_TIMEOUT = 120.0  # seconds to wait for a fork (the server's imports on its first); past it, a fresh process
+SERVER = "from bsresearch.sweep.forkserver import serve; serve()"  # the server process's program
+
+
+def available(gpus: Sequence[str] = ()) -> bool:
+    """Whether workers are forked from the server: Linux with pidfd_open, no GPUs handed out, not switched off."""
+    return (sys.platform == "linux" and hasattr(os, "pidfd_open") and not gpus
+            and os.environ.get(SWITCH, "1") != "0")
+
+
+class Forked:
+    """A worker forked by the server: the part of subprocess.Popen's interface that supervise.py uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def _end(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired("forked worker", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # not yet reaped, so the pid is still this worker's
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Client:
+    """The supervisor's side: the server process, a thread reading its answers, the live children."""
+
+    def __init__(self, env: dict[str, str]):
+        # cwd "/": its sys.path[0] must not put another bsresearch before the PYTHONPATH worker_env chose
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env, cwd="/", start_new_session=True)
+        self.lock = threading.Lock()
+        self.ids = itertools.count()
+        self.started: dict[int, tuple[threading.Event, list[Forked]]] = {}
+        self.children: dict[int, Forked] = {}
+        self.alive = True
+        self.stale = False
+        threading.Thread(target=self._read, name="bsresearch-forkserver", daemon=True).start()
+
+    def start(self, task_json: str, folder: Path, env: dict[str, str], log: Path) -> Forked:
+        event, box = threading.Event(), list[Forked]()
+        with self.lock:
+            if not self.alive:
+                raise OSError("the worker fork server has exited")
+            request_id = next(self.ids)
+            self.started[request_id] = (event, box)
+            line = json.dumps({"id": request_id, "task": task_json, "folder": str(folder), "env": env,
+                               "log": str(log)}) + "\n"
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        event.wait(START_TIMEOUT)
+        with self.lock:
+            self.started.pop(request_id, None)
+            if box:
+                return box[0]
+        if self.stale:
+            raise Stale("the library's source changed since the worker fork server started")
+        raise OSError("the worker fork server did not start the worker (it exited, or took over "
+                      f"{START_TIMEOUT:g} s)")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                message = json.loads(raw)
+            except ValueError:  # not an answer (the server prints nothing else there); skip it
+                continue
+            with self.lock:
+                if "id" in message:
+                    if message["id"] not in self.started:  # its start gave up waiting (START_TIMEOUT)
+                        if "pid" in message:  # and started a fresh process instead: this one must not run
+                            os.kill(message["pid"], signal.SIGKILL)
+                        continue
+                    event, box = self.started.pop(message["id"])
+                    if message.get("stale"):  # the server exits next; a new one will load the new code
+                        self.stale = True
+                    if "pid" not in message:  # stale, or the fork failed: start() says so
+                        event.set()
+                        continue
+                    child = Forked(message["pid"])  # the server answers a fork before that child's exit
+                    self.children[child.pid] = child
+                    box.append(child)
+                    event.set()
+                elif (child := self.children.pop(message["pid"], None)) is not None:
+                    child._end(message["exit"])
+        with self.lock:  # the server is gone; Linux killed its children (die_with_parent)
+            self.alive = False
+            for child in self.children.values():
+                child._end(-signal.SIGKILL)
+            self.children.clear()
+            for event, _ in self.started.values():
+                event.set()
+            self.started.clear()
+        self.proc.wait()
+
+
+_client: _Client | None = None
+_client_lock = threading.Lock()
+
+
+class Stale(OSError):
+    """The server's code is not the code on disk any more (the package's files changed since it started)."""
+
+
+def start(task_json: str, folder: Path, env: dict[str, str], log: Path) -> Forked:
+    """Fork a worker for one task from this process's server (started on first use, and again when it exited
+    or the package's source changed since it started). OSError: no worker was started."""
+    global _client
+    for _ in range(2):
+        with _client_lock:
+            if _client is None or not _client.alive:
+                _client = _Client(env)
+            client = _client
+        try:
+            return client.start(task_json, folder, env, log)
+        except Stale:
+            continue
+    raise OSError("the worker fork server kept finding the package's source changed")
+
+
+# ---- the server (python -c SERVER) --------------------------------------------------------------------------
+
+def serve() -> None:
+    """Import PRELOAD, then fork one child per request line on stdin until stdin closes; answers on stdout."""
+    import importlib
+    requests, answers = 0, os.dup(1)
+    os.dup2(2, 1)  # whatever an import prints goes to stderr, never into the answers
+    for name in PRELOAD:
+        importlib.import_module(name)
+    loaded = _source_files()  # the code this server runs; a child of it must not run other code
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the sweep, which stops the workers itself
+    server = os.getpid()
+    selector = selectors.DefaultSelector()
+    selector.register(requests, selectors.EVENT_READ, None)
+    pending = b""
+
+    def answer(message: dict[str, Any]) -> None:
+        os.write(answers, (json.dumps(message) + "\n").encode())
+
+    while True:
+        for key, _ in selector.select():
+            if key.data is None:
+                chunk = os.read(requests, 1 << 16)
+                if not chunk:  # the sweep's process has ended; the children die with this process
+                    return
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    request = json.loads(line)
+                    if _source_files() != loaded:  # edited or checked out since: a fresh server loads it
+                        answer({"id": request["id"], "stale": True})
+                        return
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:  # out of memory or processes: this worker starts as a fresh process
+                        answer({"id": request["id"], "error": str(exc)})
+                        continue
+                    if pid == 0:
+                        _child(request, server)  # never returns
+                    try:
+                        selector.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+                    except OSError as exc:  # no descriptor left to watch it by: it must not run unwatched
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        answer({"id": request["id"], "error": str(exc)})
+                        continue
+                    answer({"id": request["id"], "pid": pid})
+            else:
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(key.data, 0)
+                answer({"pid": key.data, "exit": os.waitstatus_to_exitcode(status)})
+
+
+def _child(request: dict[str, Any], server: int) -> None:
+    """In the forked child: become what Popen made a worker process, run worker.main, exit."""
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, _max_fd())  # the server's pipes and pidfds
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.chdir(request["folder"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ["BSRESEARCH_SUPERVISOR_PID"] = str(server)  # the parent die_with_parent checks
+        _reseed()
+        from .worker import main
+        code = main(request["task"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - printed into the run's log, as an uncaught error in a worker would be
+        import traceback
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _source_files() -> dict[str, tuple[int, int]]:
+    """(modification time, size) of every Python file of the bsresearch package: a fresh worker would import
+    whatever is on disk now (its provenance names the commit checked out now), so the server forks only while
+    that is still the code it imported."""
+    package = Path(__file__).resolve().parents[1]
+    files = {}
+    for path in package.rglob("*.py"):
+        try:
+            stat = path.stat()
+            files[str(path)] = (stat.st_mtime_ns, stat.st_size)
+        except OSError:  # removed while listed (a checkout in progress): counted as a change
+            files[str(path)] = (-1, -1)
+    return files
+
+
+def _reseed() -> None:
+    """Fresh entropy for the generators a fresh process seeds from the OS (random, numpy's global one): forked
+    children would otherwise share the server's state, and, e.g., draw the same back-off (kernels.py).
+    torch's default generator is the same fixed seed in every fresh process, and so it stays."""
+    import random
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _max_fd() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.sysconf("SC_OPEN_MAX"))
+    return 1024
+
