@@ -8,7 +8,10 @@
       + imports), as every worker was before the fork server and as a GPU sweep's still are;
    c) papermill: one worker process per run executing notebooks/01_train.ipynb (+ kernel start, the
       notebook's imports and its plot) -- the local executor's default.
-   overhead(papermill) = median(c) - median(a); (b) - (a) is the part a plain worker process costs.
+   overhead(papermill) = median(c) - median(a); (b) - (a) is the part a plain worker process costs. As the
+   training itself drifts by seconds on a shared machine, each run also gives the time spent outside its own
+   training and evaluation (the wall time around it minus the wall_seconds its metrics record):
+   outside_run_s, the start-up and shut-down cost measured within each run, whatever the drift.
 2. Workers. A sweep of `--runs` such runs through papermill, each alone (`--fuse off`), with 1 worker and
    with 2, alternated `--repeats` times, fresh run directories each time: speed-up = median(1 worker) /
    median(2 workers).
@@ -33,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine_label, median_and_spread  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
+from bsresearch.rundir import RunDir  # noqa: E402
 from bsresearch.sweep import RunTask, execute_task, forkserver, parse_spec, run_sweep, run_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,9 +50,9 @@ def run_config(steps: int, seed: int = 0) -> RunConfig:
                      threads=1, seed=seed, save_checkpoint=False)
 
 
-def one_run(way: str, cfg: RunConfig, scratch: Path) -> float:
+def one_run(way: str, cfg: RunConfig, scratch: Path) -> tuple[float, float]:
     """Wall seconds for one run done `way` (inline | library | library, fresh process | papermill), in a fresh
-    run directory."""
+    run directory, and the part of them outside the run's own wall time (metrics.json's wall_seconds)."""
     run_dir = Path(tempfile.mkdtemp(dir=scratch))
     task = RunTask(run_dir=str(run_dir), config=cfg.to_dict(), label=way, notebook=str(TEMPLATE),
                    engine="papermill" if way == "papermill" else "library", timeout=600)
@@ -64,23 +68,27 @@ def one_run(way: str, cfg: RunConfig, scratch: Path) -> float:
             del os.environ[forkserver.SWITCH]
     if outcome.state != "ok":
         raise RuntimeError(f"{way} run ended {outcome.state}: {outcome.error}")
-    return seconds
+    return seconds, seconds - float(RunDir(run_dir).metrics()["wall_seconds"])
 
 
 def per_run_overhead(steps: int, repeats: int, scratch: Path) -> list[dict]:
     ways = ("inline", "library", FRESH, "papermill")
     seconds: dict[str, list[float]] = {w: [] for w in ways}
+    outside: dict[str, list[float]] = {w: [] for w in ways}
     one_run("inline", run_config(steps), scratch)  # warm: dataset cache, imports of this process
     one_run("library", run_config(steps), scratch)  # warm: the fork server's start and imports, paid once a sweep
     for r in range(repeats):
         for way in ways if r % 2 == 0 else ways[::-1]:  # alternate the order: drifts hit all alike
-            seconds[way].append(one_run(way, run_config(steps, seed=r), scratch))
+            total, beyond = one_run(way, run_config(steps, seed=r), scratch)
+            seconds[way].append(total)
+            outside[way].append(beyond)
     base = statistics.median(seconds["inline"])
     rows = []
     for way in ways:
         med, spread = median_and_spread(seconds[way])
         rows.append({"measure": "per_run_seconds", "variant": way, "median": med, "spread": spread,
-                     "overhead_vs_inline_s": med - base, "ratio_vs_inline": med / base, "n": len(seconds[way]),
+                     "overhead_vs_inline_s": med - base, "ratio_vs_inline": med / base,
+                     "outside_run_s": statistics.median(outside[way]), "n": len(seconds[way]),
                      "steps": steps})
     return rows
 

@@ -3,8 +3,8 @@
 A worker started as `python -m bsresearch.sweep` spends about 3.5 s importing before its run starts: torch
 (~2 s), torch._dynamo (~1.2 s, which torch.optim loads with the first optimizer) and bsresearch. A sweep
 starts one worker per task, hundreds in `make reproduce`. So the supervisor starts one server per sweep
-process (`serve`, in the environment a worker would get), the server imports
-all that once, and each worker is a fork of it: the same process a fresh worker would be, minus the imports.
+process (`serve`, in the environment a worker would get), the server imports all that once, and each worker
+is a fork of it: the same process a fresh worker would be, minus the imports.
 
 The child does what `python -m bsresearch.sweep` does (worker.main) with what Popen gave that process: its
 own session, the task's folder as working directory, its log as stdout and stderr, the task's environment
@@ -17,9 +17,11 @@ server's stdin; the server answers {"id", "pid"} once forked and {"pid", "exit"}
 exit status as subprocess gives it: the code, or minus the signal that killed it). `start` returns a
 `Forked` handle with Popen's pid, wait, poll, terminate and kill, so supervise.py treats both alike.
 
-Used on Linux (pidfd_open, 5.3 and later) for CPU workers; a sweep that hands out GPUs starts its workers
-as fresh processes (nothing initialises CUDA in the server, but a forked CUDA worker has not been tested),
-and BSRESEARCH_FORK_WORKERS=0 turns it off (`available`).
+The server forks only while the package's files on disk are the ones it imported (`_source_files`): after an
+edit or a checkout it exits, and the next worker comes from a new server, so a run's code is the commit its
+provenance names. Used on Linux (pidfd_open, 5.3 and later) for CPU workers; a sweep that hands out GPUs
+starts its workers as fresh processes (nothing initialises CUDA in the server, but a forked CUDA worker has
+not been tested), and BSRESEARCH_FORK_WORKERS=0 turns it off (`available`).
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ class _Client:
         # cwd "/": its sys.path[0] must not put another bsresearch before the PYTHONPATH worker_env chose
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, cwd="/", start_new_session=True)
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()     # started, children, alive, stale
+        self.writing = threading.Lock()  # one request at a time on the server's stdin
         self.ids = itertools.count()
         self.started: dict[int, tuple[threading.Event, list[Forked]]] = {}
         self.children: dict[int, Forked] = {}
@@ -103,8 +106,9 @@ class _Client:
                 raise OSError("the worker fork server has exited")
             request_id = next(self.ids)
             self.started[request_id] = (event, box)
-            line = json.dumps({"id": request_id, "task": task_json, "folder": str(folder), "env": env,
-                               "log": str(log)}) + "\n"
+        line = json.dumps({"id": request_id, "task": task_json, "folder": str(folder), "env": env,
+                           "log": str(log)}) + "\n"
+        with self.writing:  # not under self.lock: the reader must be free to take answers meanwhile
             assert self.proc.stdin is not None
             self.proc.stdin.write(line.encode())
             self.proc.stdin.flush()
