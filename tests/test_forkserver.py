@@ -88,22 +88,33 @@ def test_a_killed_forked_worker_is_recorded_as_died(tmp_path, tiny):
 
 
 def test_the_server_forks_no_worker_once_the_package_source_changed(tmp_path, tiny):
-    # a copy of the package, served by its own server: edit a file of it and the server stops forking (a
-    # worker would run the old code under the new commit's name); the next start gets a new server
+    # a copy of the package, served by its own server: edit a file of it and the server forks no more (a
+    # worker would run the old code under the new commit's name); the worker it is running carries on, and the
+    # server exits once that has ended
     copy = tmp_path / "src"
     shutil.copytree(Path(forkserver.__file__).resolve().parents[1], copy / "bsresearch",
                     ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(copy)}
     client = forkserver._Client(env)
-    task = task_for(tmp_path, "copy", tiny(budget_amount=5))
-    first = client.start(task.to_json(), tmp_path, env, tmp_path / "first.log")
-    assert first.wait(60) == 0
+    long = task_for(tmp_path, "long", tiny(budget_amount=10**6, eval_every=10**5))
+    running = client.start(long.to_json(), Path(long.run_dir), env, Path(long.run_dir) / "runner.log")
+    deadline = time.monotonic() + 60
+    while RunDir(long.run_dir).state() != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     edited = copy / "bsresearch" / "losses.py"
     edited.write_text(edited.read_text() + "\n# edited\n")
     with pytest.raises(forkserver.Stale):
-        client.start(task.to_json(), tmp_path, env, tmp_path / "second.log")
-    assert client.proc.wait(30) == 0 and not client.alive
-    assert not (tmp_path / "second.log").exists()
+        client.start(task_for(tmp_path, "short", tiny(budget_amount=5)).to_json(), tmp_path, env, tmp_path / "x.log")
+    assert not (tmp_path / "x.log").exists()
+    assert running.poll() is None and pid_alive(running.pid) and client.alive   # not stopped by the change
+    running.terminate()
+    assert running.wait(30) == 128 + signal.SIGTERM   # the worker's own SIGTERM exit
+    assert client.proc.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while client.alive:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_a_forked_worker_reseeds_what_a_fresh_process_seeds_from_the_os():

@@ -18,10 +18,12 @@ exit status as subprocess gives it: the code, or minus the signal that killed it
 `Forked` handle with Popen's pid, wait, poll, terminate and kill, so supervise.py treats both alike.
 
 The server forks only while the package's files on disk are the ones it imported (`_source_files`): after an
-edit or a checkout it exits, and the next worker comes from a new server, so a run's code is the commit its
-provenance names. Used on Linux (pidfd_open, 5.3 and later) for CPU workers; a sweep that hands out GPUs
-starts its workers as fresh processes (nothing initialises CUDA in the server, but a forked CUDA worker has
-not been tested), and BSRESEARCH_FORK_WORKERS=0 turns it off (`available`).
+edit or a checkout it forks no more (it exits once its running workers have ended), and the next worker comes
+from a new server, so a run's code is the commit its provenance names.
+
+Used on Linux (pidfd_open, 5.3 and later) for CPU workers; a sweep that hands out GPUs starts its workers as
+fresh processes (nothing initialises CUDA in the server, but a forked CUDA worker has not been tested), and
+BSRESEARCH_FORK_WORKERS=0 turns it off (`available`). In `ps`, a forked worker shows the server's command.
 """
 from __future__ import annotations
 
@@ -172,7 +174,7 @@ def start(task_json: str, folder: Path, env: dict[str, str], log: Path) -> Forke
     global _client
     for _ in range(2):
         with _client_lock:
-            if _client is None or not _client.alive:
+            if _client is None or not _client.alive or _client.stale:  # a stale one still watches its children
                 _client = _Client(env)
             client = _client
         try:
@@ -201,7 +203,9 @@ def serve() -> None:
     def answer(message: dict[str, Any]) -> None:
         os.write(answers, (json.dumps(message) + "\n").encode())
 
-    while True:
+    stale = False  # once the source changed: no more forks; exit when the last child has ended
+    children = 0
+    while not (stale and children == 0):
         for key, _ in selector.select():
             if key.data is None:
                 chunk = os.read(requests, 1 << 16)
@@ -211,9 +215,10 @@ def serve() -> None:
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
                     request = json.loads(line)
-                    if _source_files() != loaded:  # edited or checked out since: a fresh server loads it
+                    stale = stale or _source_files() != loaded  # edited or checked out since: a new server loads it
+                    if stale:
                         answer({"id": request["id"], "stale": True})
-                        return
+                        continue
                     try:
                         pid = os.fork()
                     except OSError as exc:  # out of memory or processes: this worker starts as a fresh process
@@ -228,11 +233,13 @@ def serve() -> None:
                         os.waitpid(pid, 0)
                         answer({"id": request["id"], "error": str(exc)})
                         continue
+                    children += 1
                     answer({"id": request["id"], "pid": pid})
             else:
                 selector.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(key.data, 0)
+                children -= 1
                 answer({"pid": key.data, "exit": os.waitstatus_to_exitcode(status)})
 
 
