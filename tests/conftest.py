@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -43,6 +44,15 @@ def killed_at(step: int) -> Iterator[None]:
             yield
     finally:
         engine.train_step = original
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `condition` every 50 ms; fail naming `what` if it is not true within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
 
 
 COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")  # what "the same run" compares

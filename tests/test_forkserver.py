@@ -8,11 +8,10 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import compared
+from conftest import compared, wait_until
 
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import RunTask, forkserver, supervise
@@ -56,18 +55,12 @@ def test_a_killed_server_ends_its_workers_as_died_and_the_next_worker_gets_a_new
     long = task_for(tmp_path, "long", tiny(budget_amount=10**6, eval_every=10**5))
     started = supervise._start(long, Path(long.run_dir), supervise.worker_env(long, None))
     assert isinstance(started, forkserver.Forked)
-    deadline = time.monotonic() + 60
-    while RunDir(long.run_dir).state() != "running":  # training has begun
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: RunDir(long.run_dir).state() == "running", 60, "training to begin")
     server = forkserver._client
     assert server is not None
     server.proc.kill()
     assert started.wait(30) == -signal.SIGKILL          # Linux killed the worker with its parent
-    deadline = time.monotonic() + 10
-    while pid_alive(started.pid):
-        assert time.monotonic() < deadline, "the worker outlived its server"
-        time.sleep(0.05)
+    wait_until(lambda: not pid_alive(started.pid), 10, "the worker to die with its server")
     after = supervise.run_task(task_for(tmp_path, "after", tiny(budget_amount=5)))
     assert after.state == "ok" and forkserver._client is not server
 
@@ -75,10 +68,7 @@ def test_a_killed_server_ends_its_workers_as_died_and_the_next_worker_gets_a_new
 def test_a_killed_forked_worker_is_recorded_as_died(tmp_path, tiny):
     task = task_for(tmp_path, "killed", tiny(budget_amount=10**6, eval_every=10**5))
     started = supervise._start(task, Path(task.run_dir), supervise.worker_env(task, None))
-    deadline = time.monotonic() + 60
-    while RunDir(task.run_dir).state() != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: RunDir(task.run_dir).state() == "running", 60, "training to begin")
     os.kill(started.pid, signal.SIGKILL)
     code = started.wait(30)
     assert code == -signal.SIGKILL
@@ -98,10 +88,7 @@ def test_the_server_forks_no_worker_once_the_package_source_changed(tmp_path, ti
     client = forkserver._Client(env)
     long = task_for(tmp_path, "long", tiny(budget_amount=10**6, eval_every=10**5))
     running = client.start(long.to_json(), Path(long.run_dir), env, Path(long.run_dir) / "runner.log")
-    deadline = time.monotonic() + 60
-    while RunDir(long.run_dir).state() != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: RunDir(long.run_dir).state() == "running", 60, "training to begin")
     edited = copy / "bsresearch" / "losses.py"
     edited.write_text(edited.read_text() + "\n# edited\n")
     with pytest.raises(forkserver.Stale):
@@ -111,10 +98,7 @@ def test_the_server_forks_no_worker_once_the_package_source_changed(tmp_path, ti
     running.terminate()
     assert running.wait(30) == 128 + signal.SIGTERM   # the worker's own SIGTERM exit
     assert client.proc.wait(30) == 0
-    deadline = time.monotonic() + 10
-    while client.alive:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: not client.alive, 10, "the client to see its server gone")
 
 
 def test_a_forked_worker_reseeds_what_a_fresh_process_seeds_from_the_os():

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
-from conftest import compared
+from conftest import compared, wait_until
 
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import expand, is_locked, load_spec, run_sweep
@@ -57,14 +57,6 @@ def start_sweep(spec: Path, runs: Path, *options: str) -> subprocess.Popen:
     env = {**os.environ, "PATH": "/usr/bin:/bin"}
     return subprocess.Popen([sys.executable, "-m", "bsresearch", "sweep", str(spec), "--runs", str(runs), "--quiet",
                              *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def check_files(run_dir: Path) -> None:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -95,34 +96,33 @@ class _Client:
         self.lock = threading.Lock()     # started, children, alive, stale
         self.writing = threading.Lock()  # one request at a time on the server's stdin
         self.ids = itertools.count()
-        self.started: dict[int, tuple[threading.Event, list[Forked]]] = {}
+        self.started: dict[int, Future[Forked]] = {}  # requests not yet answered
         self.children: dict[int, Forked] = {}
         self.alive = True
         self.stale = False
         threading.Thread(target=self._read, name="bsresearch-forkserver", daemon=True).start()
 
     def start(self, task_json: str, folder: Path, env: dict[str, str], log: Path) -> Forked:
-        event, box = threading.Event(), list[Forked]()
+        started: Future[Forked] = Future()
         with self.lock:
             if not self.alive:
                 raise OSError("the worker fork server has exited")
             request_id = next(self.ids)
-            self.started[request_id] = (event, box)
+            self.started[request_id] = started
         line = json.dumps({"id": request_id, "task": task_json, "folder": str(folder), "env": env,
                            "log": str(log)}) + "\n"
         with self.writing:  # not under self.lock: the reader must be free to take answers meanwhile
             assert self.proc.stdin is not None
             self.proc.stdin.write(line.encode())
             self.proc.stdin.flush()
-        event.wait(START_TIMEOUT)
-        with self.lock:
-            self.started.pop(request_id, None)
-            if box:
-                return box[0]
-        if self.stale:
-            raise Stale("the library's source changed since the worker fork server started")
-        raise OSError("the worker fork server did not start the worker (it exited, or took over "
-                      f"{START_TIMEOUT:g} s)")
+        try:
+            return started.result(START_TIMEOUT)
+        except TimeoutError:
+            with self.lock:
+                self.started.pop(request_id, None)  # an answer after this kills that child (_read)
+            if started.done():  # answered meanwhile after all: that answer stands
+                return started.result()
+            raise OSError(f"the worker fork server did not start the worker within {START_TIMEOUT:g} s") from None
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -132,30 +132,30 @@ class _Client:
             except ValueError:  # not an answer (the server prints nothing else there); skip it
                 continue
             with self.lock:
-                if "id" in message:
-                    if message["id"] not in self.started:  # its start gave up waiting (START_TIMEOUT)
-                        if "pid" in message:  # and started a fresh process instead: this one must not run
-                            os.kill(message["pid"], signal.SIGKILL)
-                        continue
-                    event, box = self.started.pop(message["id"])
-                    if message.get("stale"):  # the server exits next; a new one will load the new code
-                        self.stale = True
-                    if "pid" not in message:  # stale, or the fork failed: start() says so
-                        event.set()
-                        continue
+                if "pid" in message and "id" not in message:  # a child has ended
+                    if (child := self.children.pop(message["pid"], None)) is not None:
+                        child._end(message["exit"])
+                    continue
+                started = self.started.pop(message["id"], None)
+                if started is None:  # its start gave up waiting (START_TIMEOUT) and started a fresh process
+                    if "pid" in message:  # so this one must not run
+                        os.kill(message["pid"], signal.SIGKILL)
+                elif message.get("stale"):  # the server exits once its children have; a new one loads the code
+                    self.stale = True
+                    started.set_exception(Stale("the library's source changed since the worker fork server started"))
+                elif "error" in message:
+                    started.set_exception(OSError(f"the worker fork server could not fork: {message['error']}"))
+                else:
                     child = Forked(message["pid"])  # the server answers a fork before that child's exit
                     self.children[child.pid] = child
-                    box.append(child)
-                    event.set()
-                elif (child := self.children.pop(message["pid"], None)) is not None:
-                    child._end(message["exit"])
+                    started.set_result(child)
         with self.lock:  # the server is gone; Linux killed its children (die_with_parent)
             self.alive = False
             for child in self.children.values():
                 child._end(-signal.SIGKILL)
             self.children.clear()
-            for event, _ in self.started.values():
-                event.set()
+            for started in self.started.values():
+                started.set_exception(OSError("the worker fork server exited before it started the worker"))
             self.started.clear()
         self.proc.wait()
 
