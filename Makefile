@@ -117,9 +117,11 @@ bench: install
 	$(BIN)/python benchmarks/sweep_overhead.py
 	$(BIN)/bsresearch bench --preset cpu --memory-budget 256MiB --out benchmarks/results --quiet
 
-# On a CUDA machine: throughput, memory, largest batch and FLOP/s for cnn1d, convnet, resnet at fp32 and bf16.
-bench-gpu: install
-	$(BIN)/python benchmarks/systems_gpu.py
+# On a CUDA machine (about 8 minutes on an H100): throughput, memory, largest batch and FLOP/s for cnn1d, convnet,
+# resnet and the language-model example at fp32, bf16 and fp16; the loop against a DataLoader loop; fused runs; a real
+# out-of-memory in a sweep and the accumulation plan after it (benchmarks/gpu_check.sh; `make test` runs the tests).
+bench-gpu: install data
+	PYTHON=$(BIN)/python bash benchmarks/gpu_check.sh benchmarks/results 3000 "bench loop fused oom"
 
 # Every reproduction (reports/README.md): the sweeps in order (later ones reuse earlier runs' results),
 # then the reports into reports/<finding>/. The sweeps call the library directly (--engine library: the

@@ -25,6 +25,7 @@ import pandas as pd
 import yaml
 
 from bsresearch.config import RunConfig
+from bsresearch.errors import ConfigError
 from bsresearch.rundir import RunDir
 from bsresearch.runtime import resolve_device
 from bsresearch.sweep.runner import run_sweep
@@ -40,8 +41,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def base_config(args: argparse.Namespace) -> dict:
     return dict(dataset="synthetic", train_size=args.train_size, model="mlp", width=args.width, depth=args.depth,
                 optimizer="sgd", lr=0.01, momentum=0.9, budget="steps", budget_amount=args.steps,
-                eval_schedule="every", eval_every=args.steps, eval_train_size=1024, eval_test_size=1024,
-                device=args.device, save_checkpoint=False)
+                eval_schedule="every", eval_every=args.steps, eval_train_size=min(1024, args.train_size),
+                eval_test_size=64, device=args.device, save_checkpoint=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,4 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ConfigError as exc:  # bad input: one line, no traceback
+        sys.exit(f"error: {exc}")

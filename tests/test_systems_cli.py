@@ -175,6 +175,21 @@ def test_gpu_benchmark_script_runs_end_to_end_on_a_cpu(tmp_path):
     assert (tmp_path / "systems_gpu_cpu.png").exists() and (tmp_path / "systems_gpu_cpu.pdf").exists()
 
 
+def test_gpu_oom_script_records_each_stage_and_fails_where_nothing_ran_out_of_memory(tmp_path):
+    """benchmarks/gpu_oom.py on a CPU, which has no allocator limit: both sweep runs end ok, the search finds
+    no failure, the planned run at the large batch trains with micro-batches that divide it, and the verdict is
+    FAIL (exit 1), since the large batch did not run out of memory."""
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_oom.py", "--device", "cpu", "--width", "16", "--small",
+                           "32", "--large", "256", "--train-size", "256", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "FAIL: small batch ok, large batch ok" in proc.stdout, proc.stdout + proc.stderr
+    table = pd.read_csv(next(tmp_path.glob("gpu_oom_cpu-*.csv")))
+    assert table["stage"].tolist() == ["sweep", "sweep", "search", "planned_run"]
+    assert table["state"].tolist() == ["ok", "ok", "no_failure", "ok"]
+    planned = table.iloc[-1]
+    assert planned["batch_size"] == 256 and 256 % planned["micro_batch_size"] == 0 and planned["micro_batch_size"] < 256
+
+
 @pytest.mark.parametrize("own", [{}, {"model": "examples/tiny_transformer.py:make_model", "optimizer": "adam",
                                      "dataset": "examples/tiny_transformer.py:make_data"}], ids=["cnn1d", "own_lm"])
 def test_notebook_04_runs_under_papermill_at_tiny_settings(tmp_path, own):
