@@ -44,6 +44,11 @@ torch.version.cuda, torch.cuda.get_device_name(0))"; } >"$OUT/logs/environment.l
 cat "$OUT/logs/environment.log"
 
 if wanted tests; then
+  # the notebooks name the kernel "bsresearch", which `make install` registers; register it for $PY in a
+  # folder of this run's own (JUPYTER_PATH), so a Python set up without make runs them too
+  KERNELS="$(cd "$OUT/logs" && pwd)/jupyter"
+  $PY -m ipykernel install --prefix "$KERNELS" --name bsresearch --display-name bsresearch >/dev/null
+  export JUPYTER_PATH="$KERNELS/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
   CUDA_VISIBLE_DEVICES= stage test_suite 300 $PY -m pytest -v -rfE -n 12 --dist loadfile -p no:cacheprovider \
     --junitxml="$OUT/logs/test_suite.xml" &
   stage cuda_tests 120 $PY -m pytest -q -rs -k cuda -p no:cacheprovider --junitxml="$OUT/logs/cuda_tests.xml"
