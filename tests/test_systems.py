@@ -12,7 +12,7 @@ from conftest import requires_cuda, tiny_config
 
 from bsresearch.systems import timing
 from bsresearch.systems.fit import fit_memory, fit_memory_table
-from bsresearch.systems.flops import count_flops, gpu_peak, peak_dtype, peak_flops
+from bsresearch.systems.flops import StepFlops, Tf32, count_flops, count_step_flops, gpu_peak, peak_flops, step_peak
 from bsresearch.systems.memory import measure_memory, step_memory
 from bsresearch.systems.workload import (
     build_parts,
@@ -236,8 +236,27 @@ def test_gpu_peak_table_uses_dense_numbers_and_never_guesses():
         assert peak_flops(unknown, "bf16") is None
     assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None           # no bf16 on a V100
     assert peak_flops("Tesla V100-SXM2-16GB", "tf32") == pytest.approx(15.7e12)  # no TF32: the fp32 peak
-    assert peak_dtype("bf16", True) == "bf16"
-    assert peak_dtype("fp32", True) == "tf32" and peak_dtype("fp32", False) == "fp32"
+
+
+def test_the_peak_of_a_step_follows_the_arithmetic_each_kind_of_product_runs_on():
+    h100, default = "NVIDIA H100 80GB HBM3", Tf32(convolutions=True, matmuls=False)  # torch's defaults
+    assert step_peak(h100, "bf16", StepFlops(10, 4), default) == ("bf16", pytest.approx(989.5e12))
+    assert step_peak(h100, "fp32", StepFlops(10, 10), default) == ("tf32", pytest.approx(494.5e12))  # a convnet
+    assert step_peak(h100, "fp32", StepFlops(10, 0), default) == ("fp32", pytest.approx(67e12))      # a transformer
+    assert step_peak(h100, "fp32", StepFlops(10, 0), Tf32(True, True)) == ("tf32", pytest.approx(494.5e12))
+    # half the FLOPs at each peak: the time they take at their peaks, 5/494.5 + 5/67 (in 1e12 units), for 10
+    dtype, peak = step_peak(h100, "fp32", StepFlops(10, 5), default)
+    assert dtype == "fp32+tf32" and peak == pytest.approx(10e12 / (5 / 494.5 + 5 / 67))
+    assert step_peak("NVIDIA GeForce RTX 4090", "fp32", StepFlops(10, 5), default) == (None, None)
+
+
+def test_step_flops_count_convolutions_apart_from_matrix_products():
+    conv = torch.nn.Sequential(torch.nn.Conv1d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6, 2))
+    flops = count_step_flops(conv, (1, 8), 2, batch_size=5)
+    linear = count_flops(conv[2], (24,), 2, batch_size=5)
+    assert flops.total == count_flops(conv, (1, 8), 2, batch_size=5)
+    # the convolution: forward 2*5*4*6*3 and its weight gradient as much (the input needs no gradient)
+    assert flops.convolution == 2 * (2 * 5 * 4 * 6 * 3) and flops.total == flops.convolution + linear + 2 * 5 * 24 * 2
 
 
 # ----------------------------------------------------------------------------- CUDA

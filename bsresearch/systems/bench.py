@@ -23,7 +23,7 @@ import torch
 from ..runtime import device_name
 from ..source import git_commit
 from .fit import MemoryFit, fit_memory_table
-from .flops import count_flops, peak_dtype, peak_flops, tf32_enabled
+from .flops import Tf32, count_step_flops, step_peak, tf32_settings
 from .memory import measure_memory
 from .presets import Preset
 from .search import BatchSearch, largest_batch_size
@@ -63,7 +63,7 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
     say = log or (lambda message: None)
     sizes = sorted(set(batch_sizes))
     name = device_name(device)
-    tf32 = tf32_enabled() if device.type == "cuda" else False
+    tf32 = tf32_settings()
     tables, summaries, searches, fits = [], [], {}, {}
     with torch_threads(threads if device.type == "cpu" else None):
         for w in workloads:
@@ -125,7 +125,7 @@ def _sweep(measure: Callable[[int], pd.DataFrame], sizes: Sequence[int]) -> pd.D
 
 
 def _merge(memory: pd.DataFrame, speed: pd.DataFrame, w: Workload, device: torch.device, name: str,
-           tf32: bool) -> pd.DataFrame:
+           tf32: Tf32) -> pd.DataFrame:
     """One row per batch size and mode: memory columns, throughput columns, FLOPs and FLOP/s."""
     memory = memory.rename(columns={"status": "memory_status", "method": "memory_method",
                                     "error": "memory_error"}).drop(columns=["traceback"], errors="ignore")
@@ -144,15 +144,14 @@ def _merge(memory: pd.DataFrame, speed: pd.DataFrame, w: Workload, device: torch
     table.insert(3, "optimizer", w.cfg.optimizer)
     parts = build_parts(w.replace(precision="fp32"), "cpu")  # FLOPs depend on shapes only
     table["parameters"] = sum(p.numel() for p in parts.model.parameters())
-    table["flops_per_step"] = [count_flops(parts.model, w.input_shape, w.num_classes, int(b), backward=m == "train",
-                                           example=w.examples, loss_fn=w.loss)
-                               for b, m in zip(table["batch_size"], table["mode"])]
+    flops = [count_step_flops(parts.model, w.input_shape, w.num_classes, int(b), backward=m == "train",
+                              example=w.examples, loss_fn=w.loss) for b, m in zip(table["batch_size"], table["mode"])]
+    table["flops_per_step"] = [f.total for f in flops]
     table["achieved_flops_per_second"] = table["flops_per_step"] / table.get("seconds_per_step", float("nan"))
-    dtype = peak_dtype(w.cfg.precision, tf32)
-    peak = peak_flops(name, dtype) if device.type == "cuda" else None
-    table["peak_dtype"] = dtype if peak else None
-    table["peak_flops_per_second"] = peak
-    table["fraction_of_peak"] = table["achieved_flops_per_second"] / peak if peak else float("nan")
+    peaks = [step_peak(name, w.cfg.precision, f, tf32) if device.type == "cuda" else (None, None) for f in flops]
+    table["peak_dtype"] = [dtype for dtype, _ in peaks]
+    table["peak_flops_per_second"] = [peak for _, peak in peaks]
+    table["fraction_of_peak"] = table["achieved_flops_per_second"] / table["peak_flops_per_second"].astype(float)
     table["device"], table["device_name"] = str(device), name
     return table
 

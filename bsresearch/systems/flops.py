@@ -61,18 +61,45 @@ def gpu_peak(device_name: str) -> GpuPeak | None:
     return next((g for g in GPU_PEAKS if re.search(g.pattern, device_name, re.IGNORECASE)), None)
 
 
-def peak_dtype(precision: str, tf32_enabled: bool) -> str:
-    """Which peak a run at `precision` is compared with: bf16/fp16 tensor cores, or for fp32 the TF32
-    tensor cores when torch may use them (torch.backends.cudnn.allow_tf32, on by default for
-    convolutions, or torch.backends.cuda.matmul.allow_tf32), else the fp32 CUDA cores."""
+@dataclass(frozen=True)
+class Tf32:
+    """Whether torch may run fp32 work on TF32 tensor cores: convolutions (torch.backends.cudnn.allow_tf32, on
+    by default) and matrix products (torch.backends.cuda.matmul.allow_tf32, off by default)."""
+    convolutions: bool
+    matmuls: bool
+
+
+def tf32_settings() -> Tf32:
+    """This process's TF32 settings."""
+    return Tf32(bool(torch.backends.cudnn.allow_tf32), bool(torch.backends.cuda.matmul.allow_tf32))
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one step, and how many of them are convolutions (the rest: matrix products)."""
+    total: int
+    convolution: int = 0
+
+
+def step_peak(device_name: str, precision: str, flops: StepFlops, tf32: Tf32) -> tuple[str | None, float | None]:
+    """(the arithmetic, its dense peak FLOP/s) that a step at `precision` is compared with; (None, None) for a
+    GPU not in the table.
+
+    bf16/fp16: their tensor cores. fp32: convolutions on TF32 tensor cores or the fp32 CUDA cores as `tf32`
+    says, and matrix products likewise; a step with both kinds on different arithmetic gets the peak of its
+    mix, total FLOPs over the time each kind would take at its own peak ("fp32+tf32")."""
     if precision in ("bf16", "fp16"):
-        return precision
-    return "tf32" if tf32_enabled else "fp32"
-
-
-def tf32_enabled() -> bool:
-    """Whether torch may run fp32 convolutions or matmuls on TF32 tensor cores in this process."""
-    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
+        peak = peak_flops(device_name, precision)
+        return (precision, peak) if peak else (None, None)
+    kinds = [(flops.convolution, "tf32" if tf32.convolutions else "fp32"),
+             (flops.total - flops.convolution, "tf32" if tf32.matmuls else "fp32")]
+    kinds = [(n, dtype) for n, dtype in kinds if n > 0] or [(1, kinds[1][1])]
+    peaks = [peak_flops(device_name, dtype) for _, dtype in kinds]
+    known = [p for p in peaks if p is not None]
+    if len(known) < len(peaks):
+        return None, None
+    seconds = sum(n / p for (n, _), p in zip(kinds, known))
+    return "+".join(sorted({dtype for _, dtype in kinds})), sum(n for n, _ in kinds) / seconds
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
@@ -98,6 +125,14 @@ def count_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int
     Counted on a deep copy moved to the meta device: the model itself is untouched and nothing runs.
     The input does not require grad, as in training (the first layer computes no input gradient).
     """
+    return count_step_flops(model, input_shape, num_classes, batch_size, backward, example, loss_fn).total
+
+
+def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
+                     backward: bool = True, example: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> StepFlops:
+    """count_flops, with the convolutions' share (which arithmetic they run on can differ from the matrix
+    products': `step_peak`)."""
     meta = copy.deepcopy(model).to("meta")
     if example is None:
         x = torch.empty((batch_size, *input_shape), device="meta")
@@ -109,4 +144,6 @@ def count_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int
         loss = (loss_fn or F.cross_entropy)(meta(x), y)
         if backward:
             loss.backward()
-    return int(counter.get_total_flops())
+    by_op = counter.get_flop_counts().get("Global", {})
+    convolution = sum(n for op, n in by_op.items() if "convolution" in str(op))
+    return StepFlops(int(counter.get_total_flops()), int(convolution))
