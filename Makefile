@@ -46,14 +46,13 @@ data:
 	    echo "note: could not install$(DEBIAN_DATA); the tests that need them will skip"; \
 	  else echo "note:$(DEBIAN_DATA) not found; as root: apt-get install$(DEBIAN_DATA)"; fi; fi
 
-# The test files spread over the cores (pytest-xdist), each file's tests in one process, in order; the heaviest
-# files first (tests/conftest.py: HEAVIEST_FILES), so the workers end together
+# The test files spread over the cores (pytest-xdist), each file's tests in one process, in order
 test: install data
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # The tests not marked slow (papermill end-to-end runs are): a quick check while editing.
 test-fast: install data
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not slow"
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 # ruff (pyflakes, pycodestyle, bugbear, isort, pyupgrade) and mypy, configured in pyproject.toml.
 LINT_PATHS := bsresearch tests benchmarks notebooks/*.py

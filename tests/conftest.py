@@ -17,20 +17,6 @@ from bsresearch.config import RunConfig
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
-# The test files that take longest, heaviest first (pytest --durations=0, 2 workers, AMD EPYC, 2026-11-28: 104 s
-# down to 50 s each; the other files take 40 s or less). `make test` hands whole files to its workers in the order
-# collected (--dist loadfile --no-loadscope-reorder), so these start first and the workers end together, instead
-# of one idling while the other runs a heavy file that came last in the alphabet. A stale list costs time only.
-HEAVIEST_FILES = ("test_sweep_kill.py", "test_sweep_notebooks.py", "test_mechanism_reports.py", "test_sweep_fused.py",
-                  "test_own_model.py", "test_findings_smith_le.py", "test_systems_cli.py", "test_sweep.py",
-                  "test_notebooks.py", "test_measure_registry.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The heaviest files first (HEAVIEST_FILES); a stable sort, so each file's tests keep their order."""
-    rank = {name: i for i, name in enumerate(HEAVIEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
 
 def load_example(name: str) -> ModuleType:
     """An examples/ module by its path, as a user's file (the repository root need not be on sys.path)."""
