@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--large", type=int, default=2 ** 22, help="the batch that does not [2^22]")
     p.add_argument("--train-size", type=int, default=2 ** 22, help="synthetic training examples [2^22]")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per run [2]")
+    p.add_argument("--executor", default="local", choices=["local", "inline"],
+                   help="where the sweep's runs train: worker processes, or this process [local]")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     device = resolve_device(args.device)
@@ -67,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "timeout": 900, "base": base,
                                         "grid": {"batch_size": [args.small, args.large]}, "seeds": [0]}))
         start = time.perf_counter()
-        report = run_sweep(spec, runs_root=Path(tmp) / "runs", executor="local", engine="library", workers=1,
-                           fuse="off", progress=False)
+        report = run_sweep(spec, runs_root=Path(tmp) / "runs", executor=args.executor, engine="library",
+                           workers=1 if args.executor == "local" else None, fuse="off", progress=False)
         sweep_seconds = time.perf_counter() - start
         for planned in report.planned:
             status = RunDir(Path(tmp) / "runs" / "gpu_oom" / planned.point.run_id).status()

@@ -37,19 +37,26 @@ def test_config_file_and_overrides(tmp_path, capsys):
     assert json.loads((tmp_path / "r" / "config.json").read_text())["batch_size"] == 32
 
 
-def test_bad_input_is_one_clear_line_without_traceback(tmp_path):
+def test_bad_input_is_one_clear_line_without_traceback(tmp_path, capsys):
+    """One case through the shell (exit status 2, no traceback), the others through main in this process (the
+    same code path, without a second interpreter's start)."""
+    proc = subprocess.run([sys.executable, "-m", "bsresearch", "train", "--batch-size", "-4", "--runs", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "batch_size must be a positive" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     cases = [
-        (["train", "--batch-size", "-4"], "batch_size must be a positive"),
         (["train", "--optimizer", "lion"], "optimizer must be one of sgd, adam, adamw"),
         (["train", str(tmp_path / "missing.json")], "does not exist"),
         (["train", "--dataset", "synthetic", "--model", "mlp", "--train-size", "100", "--batch-size", "200"],
          "exceeds the training set size"),
     ]
     for argv, message in cases:
-        proc = subprocess.run([sys.executable, "-m", "bsresearch", *argv, "--runs", str(tmp_path)],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2, proc.stderr
-        assert message in proc.stderr and "Traceback" not in proc.stderr
+        try:
+            code = main([*argv, "--runs", str(tmp_path)])
+        except SystemExit as exc:  # argparse's own errors exit, as they do in the shell
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, err
 
 
 def test_datasets_command(capsys):

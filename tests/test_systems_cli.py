@@ -29,6 +29,7 @@ from bsresearch.systems.cli import parse_bytes  # noqa: E402
 from bsresearch.systems.workload import build_parts, snapshot, synthetic_batch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmark scripts, imported by name
 CPU = torch.device("cpu")
 TINY_BENCH = ["--models", "mlp", "--precisions", "fp32", "--min-batch-size", "2", "--max-batch-size", "8",
               "--search-limit", "64", "--memory-budget", "200KiB", "--repeats", "2", "--warmup", "0",
@@ -166,23 +167,24 @@ def test_parse_bytes():
 
 def test_gpu_benchmark_script_runs_end_to_end_on_a_cpu(tmp_path):
     """benchmarks/systems_gpu.py at tiny settings, one model (the full --tiny run takes about 10 s)."""
-    proc = subprocess.run([sys.executable, "benchmarks/systems_gpu.py", "--tiny", "--device", "cpu", "--out",
-                           str(tmp_path), "--models", "cnn1d", "--precisions", "fp32,bf16", "--quiet",
-                           "--label", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    argv = ["--tiny", "--device", "cpu", "--out", str(tmp_path), "--models", "cnn1d", "--precisions", "fp32,bf16",
+            "--quiet", "--label", "cpu"]
+    import systems_gpu  # benchmarks/, on sys.path above
+    assert systems_gpu.main(argv) == 0
     summary = pd.read_csv(tmp_path / "systems_gpu_summary_cpu.csv")
     assert summary["precision"].tolist() == ["fp32", "bf16"]
     assert (tmp_path / "systems_gpu_cpu.png").exists() and (tmp_path / "systems_gpu_cpu.pdf").exists()
 
 
-def test_gpu_oom_script_records_each_stage_and_fails_where_nothing_ran_out_of_memory(tmp_path):
+def test_gpu_oom_script_records_each_stage_and_fails_where_nothing_ran_out_of_memory(tmp_path, capsys):
     """benchmarks/gpu_oom.py on a CPU, which has no allocator limit: both sweep runs end ok, the search finds
     no failure, the planned run at the large batch trains with micro-batches that divide it, and the verdict is
-    FAIL (exit 1), since the large batch did not run out of memory."""
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_oom.py", "--device", "cpu", "--width", "16", "--small",
-                           "32", "--large", "256", "--train-size", "256", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "FAIL: small batch ok, large batch ok" in proc.stdout, proc.stdout + proc.stderr
+    FAIL (exit 1), since the large batch did not run out of memory. In this process, the sweep inline."""
+    import gpu_oom  # benchmarks/, on sys.path above
+    code = gpu_oom.main(["--device", "cpu", "--width", "16", "--small", "32", "--large", "256",
+                         "--train-size", "256", "--executor", "inline", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAIL: small batch ok, large batch ok" in out, out
     table = pd.read_csv(next(tmp_path.glob("gpu_oom_cpu-*.csv")))
     assert table["stage"].tolist() == ["sweep", "sweep", "search", "planned_run"]
     assert table["state"].tolist() == ["ok", "ok", "no_failure", "ok"]
