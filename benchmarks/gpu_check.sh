@@ -10,7 +10,11 @@
 #           out-of-memory error), FLOP/s as a fraction of the GPU's dense peak;
 #   loop    the training loop against the tutorial DataLoader loop;
 #   fused   fused runs against the same runs one after another, K = 1, 8, 64;
-#   oom     a real out-of-memory in a sweep, then the accumulation plan at that batch (gpu_oom.py).
+#   oom     a real out-of-memory in a sweep, then the accumulation plan at that batch (gpu_oom.py);
+#   reproduce  (not in the default stages) the sweeps of the specs in GPU_SPECS (default: gpu_keskar_fashion_convnet),
+#           2 workers, into OUT/runs; a sweep cut off by its limit is stopped as Ctrl-C stops it, and its runs
+#           resume from their checkpoints when the same command is run again on that folder. Its report is made
+#           from OUT/runs anywhere (`bsresearch report experiments/SPEC.yaml --runs OUT/runs`), no GPU needed.
 # Results go to OUT (default benchmarks/results), logs to OUT/logs. Run from the repository root with the Python
 # that has a CUDA torch and the project's packages:
 #     bash benchmarks/gpu_check.sh [OUT] [DEADLINE_SECONDS] [STAGES]      # STAGES default: "tests bench loop fused oom"
@@ -75,4 +79,10 @@ wanted loop && stage loop_vs_dataloader 90 $PY benchmarks/loop_vs_dataloader.py 
 wanted fused && stage fused_runs 60 $PY benchmarks/fused_runs.py --device cuda --models mlp,cnn1d \
   --batch-sizes 32,256 --ks 1,8,64 --seconds 0.3 --repeats 3 --stem fused_runs_cuda --out-dir "$OUT"
 wanted oom && stage gpu_oom 150 $PY benchmarks/gpu_oom.py --out "$OUT"
+if wanted reproduce; then
+  for spec in ${GPU_SPECS:-gpu_keskar_fashion_convnet}; do
+    stage "sweep_$spec" 100000 timeout --signal=INT --kill-after=30 "$(( $(left) - 45 ))" \
+      $PY -m bsresearch sweep "experiments/$spec.yaml" --engine library --workers 2 --quiet --runs "$OUT/runs"
+  done
+fi
 echo "== done, $(left) s before the deadline"
