@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bsresearch.cli import main
 from bsresearch.config import ConfigError, RunConfig, run_id
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import expand, load_spec, parse_spec, plan, run_lock
@@ -171,11 +172,10 @@ def test_plan_skips_finished_redoes_interrupted_and_leaves_locked_runs_alone(tmp
     assert retry[locked.run_id] == "busy"
 
 
-def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bsresearch", "sweep", str(SMOKE), "--dry-run", "--runs",
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "batch_size=64 lr=0.2 seed=0" in proc.stdout and "4 to run" in proc.stdout
+def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys):
+    assert main(["sweep", str(SMOKE), "--dry-run", "--runs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "batch_size=64 lr=0.2 seed=0" in out and "4 to run" in out
     assert not any(tmp_path.iterdir())
 
 
@@ -393,12 +393,11 @@ def test_extends_errors_are_one_line_and_name_the_files(tmp_path):
     assert "parent.yaml, line 2, column 1: not valid YAML" in error({"extends": "parent.yaml", "name": "c"})
 
 
-def test_dry_run_of_a_child_spec_lists_its_runs_and_writes_nothing(tmp_path):
+def test_dry_run_of_a_child_spec_lists_its_runs_and_writes_nothing(tmp_path, capsys):
     child = _write(tmp_path / "specs" / "smoke_child.yaml",
                    {"extends": _relative(SMOKE, tmp_path / "specs"), "name": "smoke_child", "seeds": [20, 21]})
-    proc = subprocess.run([sys.executable, "-m", "bsresearch", "sweep", str(child), "--dry-run", "--runs",
-                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "batch_size=64 lr=0.2 seed=21" in proc.stdout and "8 to run" in proc.stdout
-    assert "smoke_child" in proc.stdout and "seed=0" not in proc.stdout
+    assert main(["sweep", str(child), "--dry-run", "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "batch_size=64 lr=0.2 seed=21" in out and "8 to run" in out
+    assert "smoke_child" in out and "seed=0" not in out
     assert not (tmp_path / "runs").exists()
