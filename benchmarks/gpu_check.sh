@@ -59,19 +59,19 @@ if wanted tests; then
   wait
 fi
 
-FAST=(--warmup 2 --repeats 3 --min-seconds 0.02 --search-limit 16777216 --quiet)
+BENCH=(--warmup 2 --repeats 3 --min-seconds 0.02 --search-limit 16777216 --quiet)
 if wanted bench; then
   # one call per model, so that a model cut off by its limit loses only its own table
   stage bench_cnn1d 70 $PY -m bsresearch bench --preset gpu --models cnn1d --device cuda \
-    --precisions fp32,bf16,fp16 --max-batch-size 131072 "${FAST[@]}" --out "$OUT" --stem systems_gpu_cnn1d
+    --precisions fp32,bf16,fp16 --max-batch-size 131072 "${BENCH[@]}" --out "$OUT" --stem systems_gpu_cnn1d
   for m in convnet resnet; do
     stage "bench_$m" 80 $PY -m bsresearch bench --preset gpu --models $m --device cuda \
-      --precisions fp32,bf16,fp16 --max-batch-size 8192 "${FAST[@]}" --out "$OUT" --stem "systems_gpu_$m"
+      --precisions fp32,bf16,fp16 --max-batch-size 8192 "${BENCH[@]}" --out "$OUT" --stem "systems_gpu_$m"
   done
   stage bench_lm 100 $PY -m bsresearch bench --device cuda --model examples/lm.py:make_model \
     --dataset examples/lm.py:make_data --optimizer adam \
     --model-kwargs '{"context": 256, "width": 256, "depth": 4, "heads": 8}' --dataset-kwargs '{"context": 256}' \
-    --precisions fp32,bf16,fp16 --min-batch-size 4 --max-batch-size 4096 "${FAST[@]}" --out "$OUT" \
+    --precisions fp32,bf16,fp16 --min-batch-size 4 --max-batch-size 4096 "${BENCH[@]}" --out "$OUT" \
     --stem systems_gpu_lm
 fi
 wanted loop && stage loop_vs_dataloader 90 $PY benchmarks/loop_vs_dataloader.py --device cuda \
@@ -81,7 +81,10 @@ wanted fused && stage fused_runs 60 $PY benchmarks/fused_runs.py --device cuda -
 wanted oom && stage gpu_oom 150 $PY benchmarks/gpu_oom.py --out "$OUT"
 if wanted reproduce; then
   for spec in ${GPU_SPECS:-gpu_keskar_fashion_convnet}; do
-    stage "sweep_$spec" 100000 timeout --signal=INT --kill-after=30 "$(( $(left) - 45 ))" \
+    # Ctrl-C (SIGINT) 45 s before the deadline, so the sweep records its runs as interrupted before it is killed
+    grace=$(( $(left) - 45 ))
+    if (( grace < 10 )); then echo "== sweep_$spec: skipped, $(left) s left"; continue; fi
+    stage "sweep_$spec" "$(left)" timeout --signal=INT --kill-after=30 "$grace" \
       $PY -m bsresearch sweep "experiments/$spec.yaml" --engine library --workers 2 --quiet --runs "$OUT/runs"
   done
 fi

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         found = largest_batch_size(parts, work, start=args.small, limit=args.large, multiple_of=args.small)
         del parts
-        free_memory(device, after_failure=True)
+        free_memory(device)  # the search's model and optimizer, before the planned run
         rows.append(dict(stage="search", batch_size=found.largest_batch_size, micro_batch_size=None,
                          state="first_failure" if found.first_failure else "no_failure",
                          error=f"first failure at {found.first_failure}; safe {found.safe_batch_size}",

@@ -91,9 +91,11 @@ def step_peak(device_name: str, precision: str, flops: StepFlops, tf32: Tf32) ->
     if precision in ("bf16", "fp16"):
         peak = peak_flops(device_name, precision)
         return (precision, peak) if peak else (None, None)
-    kinds = [(flops.convolution, "tf32" if tf32.convolutions else "fp32"),
-             (flops.total - flops.convolution, "tf32" if tf32.matmuls else "fp32")]
-    kinds = [(n, dtype) for n, dtype in kinds if n > 0] or [(1, kinds[1][1])]
+    matmul_dtype = "tf32" if tf32.matmuls else "fp32"
+    kinds = [(n, dtype) for n, dtype in ((flops.convolution, "tf32" if tf32.convolutions else "fp32"),
+                                         (flops.total - flops.convolution, matmul_dtype)) if n > 0]
+    if not kinds:  # nothing counted: the matrix products' peak
+        kinds = [(1, matmul_dtype)]
     peaks = [peak_flops(device_name, dtype) for _, dtype in kinds]
     known = [p for p in peaks if p is not None]
     if len(known) < len(peaks):
