@@ -14,7 +14,14 @@ The loss is cross-entropy; the time is per step, the table gives each form's med
 its speed as a ratio to `conv1d` in the same round. Every form's logits agree with conv1d's to float32
 rounding (the largest difference is printed).
 
+With --evaluate, the forward pass alone under torch.no_grad, as an evaluation runs it (in chunks of
+data.EVAL_CHUNK examples), for conv1d and for the library's matrix-product form with its two ways of
+gathering the window rows: `slices rows` (models.window_rows_by_slices, what a training step uses) and
+`unfold rows` (models.window_rows_by_unfold, what conv1d_as_matmul uses without gradients); those two give
+the same logits bit for bit (their difference is printed too). Results in conv1d_forms_eval_<machine>.csv.
+
     python benchmarks/conv1d_forms.py [--batch-sizes 32,256,1000,4000] [--repeats 7] [--seconds 0.5]
+    python benchmarks/conv1d_forms.py --evaluate [--batch-sizes 256,2048]
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 from cpu_step import cpu_name  # noqa: E402
 
-from bsresearch.models import conv1d_as_matmul  # noqa: E402
+from bsresearch.models import conv1d_as_matmul, window_rows_by_slices, window_rows_by_unfold  # noqa: E402
 
 WIDTH, LENGTH, CLASSES = 25, 40, 10
 LAYERS = [(1, 5), (WIDTH, 3), (WIDTH, 3)]   # (input channels, kernel); stride 2, padding 1
@@ -85,19 +92,45 @@ def forms(weights: list[torch.Tensor], biases: list[torch.Tensor],
             "unfold + matmul": unfold_matmul, "slices + matmul": slices_matmul}
 
 
-def measure(batch_size: int, device: torch.device, seconds: float, repeats: int) -> list[dict]:
+def evaluation_forms(weights: list[torch.Tensor], biases: list[torch.Tensor],
+                     head: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """conv1d, and conv1d_as_matmul's arithmetic with each of the library's two gathers of the window rows."""
+    def matmul_form(gather: Callable[..., torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            h = x.unsqueeze(2)                                   # (N, L, C)
+            for w, b in zip(weights, biases):
+                padded = F.pad(h, (0, 0, 1, 1))
+                positions = (padded.shape[1] - w.shape[2]) // 2 + 1
+                rows = gather(padded, w.shape[2], 2, positions)
+                matrix = w.permute(0, 2, 1).reshape(WIDTH, -1).t()
+                h = F.relu(torch.addmm(b, rows, matrix).view(len(x), positions, WIDTH))
+            return h.transpose(1, 2).flatten(1) @ head.T
+        return forward
+    return {"conv1d": forms(weights, biases, head)["conv1d"], "slices rows": matmul_form(window_rows_by_slices),
+            "unfold rows": matmul_form(window_rows_by_unfold)}
+
+
+def measure(batch_size: int, device: torch.device, seconds: float, repeats: int,
+            evaluate: bool = False) -> list[dict]:
     weights, biases, head = parameters(device)
-    candidates = forms(weights, biases, head)
+    candidates = (evaluation_forms if evaluate else forms)(weights, biases, head)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch_size, LENGTH, generator=g).to(device)
     y = torch.randint(0, CLASSES, (batch_size,), generator=g).to(device)
     with torch.no_grad():
         reference = candidates["conv1d"](x)
         differences = {name: float((f(x) - reference).abs().max()) for name, f in candidates.items()}
+        if evaluate:
+            gathers = float((candidates["slices rows"](x) - candidates["unfold rows"](x)).abs().max())
+            print(f"batch {batch_size}: slices rows against unfold rows, largest logit difference {gathers:g}")
 
     def stepper(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
         def step() -> None:
-            with torch.backends.mkldnn.flags(enabled=forward is not candidates["no onednn"]):
+            if evaluate:
+                with torch.no_grad():
+                    forward(x)
+                return
+            with torch.backends.mkldnn.flags(enabled=forward is not candidates.get("no onednn")):
                 F.cross_entropy(forward(x), y).backward()
         return step
 
@@ -119,14 +152,17 @@ def measure(batch_size: int, device: torch.device, seconds: float, repeats: int)
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--batch-sizes", default="32,256,1000,4000")
+    parser.add_argument("--batch-sizes", help="[32,256,1000,4000; with --evaluate 256,2048]")
     parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--evaluate", action="store_true", help="time the forward pass under no_grad (evaluation)")
     args = parser.parse_args()
     device = start(args)
-    rows = [row for b in map(int, args.batch_sizes.split(",")) for row in measure(b, device, args.seconds,
-                                                                                   args.repeats)]
-    write_results(pd.DataFrame(rows), "conv1d_forms", device, args.out_dir)
+    sizes = args.batch_sizes or ("256,2048" if args.evaluate else "32,256,1000,4000")
+    rows = [row for b in map(int, sizes.split(",")) for row in measure(b, device, args.seconds, args.repeats,
+                                                                       args.evaluate)]
+    write_results(pd.DataFrame(rows), "conv1d_forms_eval" if args.evaluate else "conv1d_forms", device,
+                  args.out_dir)
 
 
 if __name__ == "__main__":

@@ -128,24 +128,41 @@ def update_running(running: torch.Tensor, stats: torch.Tensor, momentum: float) 
                                                              stats.reshape(*running.shape[:-1], chunks, -1)))
 
 
+def window_rows_by_slices(h: torch.Tensor, kernel: int, stride: int, positions: int) -> torch.Tensor:
+    """The (N L', kernel C) window rows of padded (N, L, C) activations, in (tap, channel) order: `kernel`
+    strided slices concatenated. Its backward is slices and adds (no unfold_backward)."""
+    span = stride * (positions - 1) + 1
+    windows = torch.cat([h[:, tap:tap + span:stride] for tap in range(kernel)], dim=2)   # (N, L', k C)
+    return windows.reshape(-1, windows.shape[2])
+
+
+def window_rows_by_unfold(h: torch.Tensor, kernel: int, stride: int, positions: int) -> torch.Tensor:
+    """The same rows as window_rows_by_slices, bit for bit, as one copy of an unfold view: faster forward, slow
+    backward. Copied even where the windows abut and reshape could view them: a product's rounding follows
+    the layout of its operands."""
+    windows = h.unfold(1, kernel, stride)[:, :positions].transpose(2, 3)                 # (N, L', k, C)
+    return windows.reshape(-1, kernel * h.shape[2]).contiguous()
+
+
 def conv1d_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int,
                      padding: int) -> torch.Tensor:
     """F.conv1d(x, weight, bias, stride, padding) as one matrix product over (example, position) rows.
 
-    The windows are gathered from the (N, L, C) view of x by `kernel` strided slices concatenated along the
-    channels, (N, L', kernel x C), and multiplied by the weight in (tap, channel) order. The result is the
-    (N, C', L') view of the product's (N, L', C') rows, so the next such convolution reads it without a
-    copy. Built from slicing, concatenation and addmm only, so double backward, forward-mode derivatives
-    and vmap (the curvature and per-example measurements) work through it.
+    The windows are gathered from the (N, L, C) view of x into (N L', kernel x C) rows and multiplied by
+    the weight in (tap, channel) order. The result is the (N, C', L') view of the product's (N, L', C')
+    rows, so the next such convolution reads it without a copy. Where gradients are recorded, the rows are
+    strided slices concatenated (window_rows_by_slices), built from slicing, concatenation and addmm only,
+    so double backward, forward-mode derivatives and vmap (the curvature and per-example measurements)
+    work through it; where none are (evaluation), one copy of an unfold view (window_rows_by_unfold): the
+    same rows, so the same numbers bit for bit, faster (benchmarks/conv1d_forms.py --evaluate).
     """
     channels_out, _, kernel = weight.shape
     h = x.transpose(1, 2)                                                      # (N, L, C)
     if padding:
         h = F.pad(h, (0, 0, padding, padding))
     positions = (h.shape[1] - kernel) // stride + 1
-    span = stride * (positions - 1) + 1
-    windows = torch.cat([h[:, tap:tap + span:stride] for tap in range(kernel)], dim=2)   # (N, L', k C)
-    rows = windows.reshape(-1, windows.shape[2])
+    gather = window_rows_by_slices if torch.is_grad_enabled() else window_rows_by_unfold
+    rows = gather(h, kernel, stride, positions)
     matrix = weight.permute(0, 2, 1).reshape(channels_out, -1).t()            # (k C, C'), (tap, channel)
     out = torch.addmm(bias, rows, matrix) if bias is not None else rows @ matrix
     return out.view(len(x), positions, channels_out).transpose(1, 2)

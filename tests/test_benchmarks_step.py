@@ -68,3 +68,14 @@ def test_every_convolution_form_gives_conv1d_values_and_gradients():
         torch.testing.assert_close(forward(x), forms["conv1d"](x), rtol=1e-5, atol=1e-5, msg=name)
         for got, want in zip(gradients(forward), expected):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_evaluation_forms_give_conv1d_values_and_the_two_gathers_the_same_bits():
+    weights, biases, head = conv1d_forms.parameters(torch.device("cpu"))
+    forms = conv1d_forms.evaluation_forms(weights, biases, head)
+    x = torch.randn(6, conv1d_forms.LENGTH, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = {name: forward(x) for name, forward in forms.items()}
+    assert set(logits) == {"conv1d", "slices rows", "unfold rows"}
+    assert torch.equal(logits["slices rows"], logits["unfold rows"])
+    torch.testing.assert_close(logits["unfold rows"], logits["conv1d"], rtol=1e-5, atol=1e-5)

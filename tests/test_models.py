@@ -96,6 +96,23 @@ def test_matmul_conv1d_is_conv1d(channels_in, channels_out, kernel, stride, padd
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kernel, stride, padding", [(5, 2, 1), (3, 2, 1), (4, 1, 0), (3, 3, 2), (2, 5, 3)])
+def test_matmul_conv1d_evaluates_without_gradients_bit_for_bit_as_in_training(kernel, stride, padding):
+    """Under no_grad the windows are gathered another way (an unfold view, copied once): the output is the
+    one the training path computes, bit for bit, on contiguous input and on the (N, C, L) view of (N, L, C)
+    rows that the previous layer gives."""
+    torch.manual_seed(0)
+    conv = MatmulConv1d(6, 5, kernel, stride=stride, padding=padding)
+    for x in (torch.randn(11, 6, 29), torch.randn(11, 29, 6).transpose(1, 2)):
+        trained = conv(x)
+        with torch.no_grad():
+            evaluated = conv(x)
+        assert trained.requires_grad and not evaluated.requires_grad
+        assert torch.equal(trained.detach(), evaluated)
+        torch.testing.assert_close(evaluated, F.conv1d(x, conv.weight, conv.bias, stride, padding).detach(),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_cnn1d_uses_matmul_convolutions_and_keeps_conv1d_parameters():
     model = build_model(RunConfig(model="cnn1d"), (40,), 10, make_generator(0, "init"))
     convs = [m for m in model.modules() if isinstance(m, nn.Conv1d)]
