@@ -12,11 +12,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-# pip compiles each package's bytecode file by file (most of torch's install time here); instead packages go in
-# uncompiled and compileall compiles the environment on every core. The tests' processes import from those
-# .pyc files: where PYTHONDONTWRITEBYTECODE is set, nothing writes them later.
-PIP_INSTALL := $(BIN)/pip install -q --no-compile
-COMPILE := $(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 
 .PHONY: install data test test-fast lint typecheck demo lab test-browser docs docs-serve clean-notebooks bench bench-gpu reproduce reproduce-confirm reproduce-mechanism reproduce-gpu clean
 
@@ -27,9 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
 	    echo "reusing the torch installed for $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	  else $(PYTHON) -m venv $(VENV); fi; }
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP_INSTALL) "torch==$(TORCH_VERSION)"
-	$(PIP_INSTALL) -e ".[dev,docs]" 2>&1 | grep -v "^WARNING: Location" || true
-	@$(COMPILE)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q -e ".[dev,docs]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import bsresearch, torch, papermill, mnist1d; print('bsresearch', bsresearch.__version__, '| torch', torch.__version__, '| cuda', torch.cuda.is_available())"
 	@# the kernel the notebooks name, inside the venv: papermill and JupyterLab run them with this Python
 	$(BIN)/python -m ipykernel install --sys-prefix --name bsresearch --display-name "bsresearch (.venv)" >/dev/null
@@ -79,25 +73,19 @@ demo: install
 # jupytext.toml from the server's root: the project)
 LAB_STAMP := $(VENV)/.lab-installed
 $(LAB_STAMP): $(STAMP)
-	$(PIP_INSTALL) -e ".[dev,lab]" 2>&1 | grep -v "^WARNING: Location" || true
-	@$(COMPILE)
+	$(BIN)/pip install -q -e ".[dev,lab]" 2>&1 | grep -v "^WARNING: Location" || true
 	@touch $@
 lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. --FileContentsManager.preferred_dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
-# A real browser runs notebooks/01_train.ipynb in JupyterLab (tests/browser); Debian's chromium, apt where root.
-# Lab's packages and playwright in one pip call (one resolution), which also makes `make lab` ready.
-BROWSER_STAMP := $(VENV)/.browser-installed
-$(BROWSER_STAMP): $(STAMP)
-	$(PIP_INSTALL) -e ".[dev,lab,browser]" 2>&1 | grep -v "^WARNING: Location" || true
-	@$(COMPILE)
-	@touch $(LAB_STAMP) $@
-test-browser: $(BROWSER_STAMP)
+# A real browser runs notebooks/01_train.ipynb in JupyterLab (tests/browser); Debian's chromium, apt where root
+test-browser: $(LAB_STAMP)
 	@if ! command -v chromium >/dev/null 2>&1; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null 2>&1 || \
 	    echo "note: could not install chromium; the browser test will skip"; \
 	  else echo "note: chromium not found and not root; the browser test will skip (as root: apt-get install chromium)"; fi; fi
+	$(BIN)/pip install -q -e ".[dev,lab,browser]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/python -m pytest -q -rs tests/browser
 
 # The documentation site (mkdocs.yml): docs/, the API from the docstrings, and the findings gallery made from
