@@ -20,7 +20,10 @@ sweeps=${2:?usage: sweep_wall.sh OUT "SWEEP[:SEEDS] ..." [COMMIT]}
 here=$(cd "$(dirname "$0")/.." && pwd)
 commit=$(git -C "$here" rev-parse --short "${3:-HEAD}") || exit 1
 python=${PYTHON:-$here/.venv/bin/python}
-deadline=$([ -n "${UNTIL:-}" ] && date -d "$UNTIL" +%s || echo "")
+deadline=""
+if [ -n "${UNTIL:-}" ]; then
+  deadline=$(date -d "$UNTIL" +%s 2>/dev/null) || { echo "error: UNTIL=$UNTIL is not a time date -d reads (e.g. 09:35, '+2 hours')"; exit 2; }
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 tree=$(mktemp -d)/tree
