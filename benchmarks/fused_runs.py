@@ -38,11 +38,12 @@ from common import benchmark_parser, interleaved, median_and_spread, start, time
 
 from bsresearch.config import RunConfig, lr_at  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
+from bsresearch.engine import train_step  # noqa: E402
 from bsresearch.fused import generic  # noqa: E402
 from bsresearch.fused.compat import STACKED_MODELS  # noqa: E402
-from bsresearch.fused.trainer import StackEngine, _calibrate, _new_member  # noqa: E402
-from bsresearch.models import model_for  # noqa: E402
-from bsresearch.train import components, new_state, train_step  # noqa: E402
+from bsresearch.fused.trainer import StackEngine, _calibrate  # noqa: E402
+from bsresearch.runsetup import run_setup  # noqa: E402
+from bsresearch.state import new_state  # noqa: E402
 
 
 def configs(model: str, batch_size: int, k: int, device: torch.device, **fields: Any) -> list[RunConfig]:
@@ -52,7 +53,7 @@ def configs(model: str, batch_size: int, k: int, device: torch.device, **fields:
 
 
 def fused_step(cfgs: list[RunConfig], data, device: torch.device, parts):
-    members = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    members = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     engine = StackEngine(members, data, device) if cfgs[0].model in STACKED_MODELS else \
         generic.VmapEngine(members, data, parts.loss, parts.task, device)
 
@@ -88,7 +89,7 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
             compare_attention: bool = False, **fields: Any) -> list[dict]:
     cfgs = configs(model, batch_size, k, device, **fields)
     data = dataset_for(cfgs[0], device)
-    parts = components(cfgs[0], data, model_for(cfgs[0], data, torch.Generator().manual_seed(0)).to(device))
+    parts = run_setup(cfgs[0], data)
     candidates = {"fused": fused_step(cfgs, data, device, parts), "separate": separate_steps(cfgs, data, device, parts)}
     if 1 < k and k * batch_size <= data.n_train:
         candidates["one run at batch K*B"] = separate_steps(configs(model, k * batch_size, 1, device, **fields), data,

@@ -22,9 +22,10 @@ from common import benchmark_parser, interleaved, median_and_spread, start, time
 
 from bsresearch.config import RunConfig, scaled_lr  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
+from bsresearch.engine import train_step  # noqa: E402
 from bsresearch.models import build_model  # noqa: E402
 from bsresearch.runtime import make_generator  # noqa: E402
-from bsresearch.train import new_state, train_step  # noqa: E402
+from bsresearch.state import new_state  # noqa: E402
 
 
 def ours(cfg: RunConfig, data, device):

@@ -28,8 +28,8 @@ from .config import (  # noqa: E402
 _LAZY = {
     "Dataset": "data", "DatasetUnavailable": "data", "load_dataset": "data", "dataset_for": "data",
     "BatchSampler": "data", "build_model": "models", "GhostBatchNorm": "models",
-    "TrainState": "train", "RunResult": "train", "run": "train", "train_step": "train", "evaluate": "train",
-    "new_state": "train", "load_trained_model": "train",
+    "TrainState": "state", "RunResult": "loop", "run": "train", "train_step": "engine", "evaluate": "engine",
+    "new_state": "state", "load_trained_model": "train",
     "resolve_device": "runtime", "make_generator": "runtime",
     "RunDir": "rundir",
     # measurements (bsresearch.measure.*)

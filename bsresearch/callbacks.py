@@ -12,9 +12,14 @@
 
 A single run uses all of them; a fused group all but Checkpointing and NoiseScale (fused.compat keeps
 those configs out); advise only NoiseScale and its own recorder.
+
+Each keeps its own state: Divergence the first batch loss of every member (the reference) and NoiseScale
+every member's EMA, both given to each checkpoint under their `key` and taken back at a resume; NoiseScale
+owns the history columns of the EMA.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -28,11 +33,13 @@ from .data import Dataset, resident_dataset_for
 from .loop import Callback, Loop, Member, RunResult, StepHooks
 from .measure.registry import take_measurements
 from .models import count_parameters
-from .noise_tracker import NoiseScaleEMA, squared_grad_norm, update_noise_ema
+from .noise_tracker import NoiseScaleEMA, noise_ema_columns, squared_grad_norm, update_noise_ema
 from .rundir import storage_error
 from .runtime import provenance
-from .state import TrainState, save_checkpoint
+from .state import TrainState
 from .trajectory import Trajectory
+
+LOSS_CHECK_EVERY = {"cpu": 1, "cuda": 16}  # steps between divergence checks by device (each one syncs the device)
 
 
 class Evaluation(Callback):
@@ -52,38 +59,52 @@ class Evaluation(Callback):
 
 
 class Divergence(Callback):
-    """Every loop.check_every steps (and at eval steps and the last step), a member whose batch loss is not
-    finite or exceeds divergence_ratio x its first batch loss ends 'diverged', evaluated where it stopped."""
+    """Every `check_every` steps (and at eval steps and the last step), a member whose batch loss is not
+    finite or exceeds divergence_ratio x its first batch loss ends 'diverged', evaluated where it stopped.
+    check_every defaults to LOSS_CHECK_EVERY for the loop's device (a check syncs the device). Its state:
+    each member's first batch loss (checkpointed) and the step up to which its losses were checked."""
+    key = "divergence"
 
-    def __init__(self) -> None:
+    def __init__(self, check_every: int | None = None) -> None:
+        self.check_every = check_every
         self.pending: list[torch.Tensor] = []  # batch losses (K_active,) of recent steps, not yet checked by all
+        self.first_loss: dict[int, float] = {}   # member index -> its first batch loss, the reference
+        self.checked: dict[int, int] = {}       # member index -> the step up to which its losses were checked
+
+    def state_dict(self, member: Member) -> dict[str, Any]:
+        return {"first_loss": self.first_loss.get(member.index)}
+
+    def load_state_dict(self, member: Member, state: dict[str, Any]) -> None:
+        if state.get("first_loss") is not None:
+            self.first_loss[member.index] = float(state["first_loss"])
 
     def on_start(self, loop: Loop) -> None:
+        if self.check_every is None:
+            self.check_every = LOSS_CHECK_EVERY.get(loop.device.type, 1)
         for m in loop.active:
-            m.last_checked = m.state.step
+            self.checked[m.index] = m.state.step
 
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        assert self.check_every is not None
         self.pending.append(losses)
         step = loop.step
         closing = [r for r, m in enumerate(loop.active)
-                   if step - m.last_checked >= loop.check_every or step in m.evals or step >= m.total]
+                   if step - self.checked[m.index] >= self.check_every or step in m.evals or step >= m.total]
         if not closing:
             return
         values = torch.stack(self.pending).tolist()  # (steps, K_active): one device sync
         diverged = []
         for r in closing:
             m = loop.active[r]
-            mine = [row[r] for row in values[len(values) - (step - m.last_checked):]]
-            m.last_checked = step
-            if m.state.first_loss is None:
-                m.state.first_loss = mine[0]
-            bad = next((x for x in mine if not math.isfinite(x) or x > m.cfg.divergence_ratio * m.state.first_loss),
-                       None)
+            mine = [row[r] for row in values[len(values) - (step - self.checked[m.index]):]]
+            self.checked[m.index] = step
+            first = self.first_loss.setdefault(m.index, mine[0])
+            bad = next((x for x in mine if not math.isfinite(x) or x > m.cfg.divergence_ratio * first), None)
             if bad is not None:
                 m.outcome = "diverged"
-                m.error = f"batch loss {bad:.4g} by step {step} (first batch loss {m.state.first_loss:.4g})"
+                m.error = f"batch loss {bad:.4g} by step {step} (first batch loss {first:.4g})"
                 diverged.append(m)
-        oldest = min(m.last_checked for m in loop.active)
+        oldest = min(self.checked[m.index] for m in loop.active)
         self.pending = self.pending[len(self.pending) - (step - oldest):] if step > oldest else []
         if diverged:
             loop.evaluate(diverged)
@@ -95,14 +116,15 @@ class Divergence(Callback):
 
 class Checkpointing(Callback):
     """A resumable checkpoint of each member every cfg.checkpoint_every steps (not at the last step: the
-    final weights are Recording's)."""
+    final weights are Recording's). It goes after the callbacks whose state it saves (their after_step
+    has run when it saves)."""
 
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
         for m in loop.active:
             every = m.cfg.checkpoint_every
             if m.rd and every and m.state.step % every == 0 and m.state.step < m.total:
                 with loop.paused():
-                    save_checkpoint(m.rd.checkpoint_path, m.cfg, m.state, resumable=True)
+                    loop.save(m, m.rd.checkpoint_path, resumable=True)
 
 
 class Snapshots(Callback):
@@ -117,7 +139,7 @@ class Snapshots(Callback):
         for m in loop.active:
             if m.state.step in t.saves and not t.path(m.state.step).exists():
                 with loop.paused():
-                    save_checkpoint(t.path(m.state.step), m.cfg, m.state, resumable=True)
+                    loop.save(m, t.path(m.state.step), resumable=True)
             if m.state.step >= t.end:
                 t.release()
 
@@ -125,9 +147,9 @@ class Snapshots(Callback):
         self.trajectory.release()
 
 
-def noise_hooks(cfg: C.RunConfig, state: TrainState) -> StepHooks | None:
-    """The hooks that feed state.noise_ema at this step (every cfg.noise_scale_every steps; else None):
-    |G_small|^2 of the first micro-batch alone and |G_big|^2 of the whole batch, at the same parameters."""
+def noise_hooks(cfg: C.RunConfig, state: TrainState, ema: dict[int, NoiseScaleEMA], key: int = 0) -> StepHooks | None:
+    """The hooks that feed ema[key] at this step (every cfg.noise_scale_every steps; else None): |G_small|^2
+    of the first micro-batch alone and |G_big|^2 of the whole batch, at the same parameters."""
     if not cfg.noise_scale_every or state.step % cfg.noise_scale_every:
         return None
     b_big = state.indices.size_at(state.step)
@@ -140,18 +162,37 @@ def noise_hooks(cfg: C.RunConfig, state: TrainState) -> StepHooks | None:
 
     def before_update() -> None:
         grad_scale_sq = state.scaler.get_scale() ** 2 if state.scaler else 1.0
-        state.noise_ema = update_noise_ema(state.noise_ema or NoiseScaleEMA(cfg.noise_scale_ema),
-                                           float(small_sq_norm[0]) / grad_scale_sq,
-                                           float(squared_grad_norm(state.model)) / grad_scale_sq, b_small, b_big)
+        ema[key] = update_noise_ema(ema.get(key) or NoiseScaleEMA(cfg.noise_scale_ema),
+                                    float(small_sq_norm[0]) / grad_scale_sq,
+                                    float(squared_grad_norm(state.model)) / grad_scale_sq, b_small, b_big)
     return StepHooks(after_backward, before_update)
 
 
 class NoiseScale(Callback):
     """Every cfg.noise_scale_every steps, the two-batch noise scale of the step's micro-batches feeds the
-    member's EMA (noise_hooks): no extra forward or backward pass, and no drift between the two gradients."""
+    member's EMA (noise_hooks): no extra forward or backward pass, and no drift between the two gradients.
+    Owns the EMA of every member (checkpointed) and its history columns (noise_tracker.noise_ema_columns)."""
+    key = "noise_scale"
+
+    def __init__(self) -> None:
+        self.ema: dict[int, NoiseScaleEMA] = {}   # member index -> its EMA (none before its first sample)
+
+    def of(self, member: Member) -> NoiseScaleEMA | None:
+        """`member`'s EMA now (None before its first sample)."""
+        return self.ema.get(member.index)
 
     def step_hooks(self, loop: Loop, member: Member) -> StepHooks | None:
-        return noise_hooks(member.cfg, member.state)
+        return noise_hooks(member.cfg, member.state, self.ema, member.index)
+
+    def columns(self, loop: Loop, member: Member) -> dict[str, Any]:
+        return noise_ema_columns(self.of(member)) if member.cfg.noise_scale_every else {}
+
+    def state_dict(self, member: Member) -> dict[str, Any] | None:
+        ema = self.of(member)
+        return dataclasses.asdict(ema) if ema else None
+
+    def load_state_dict(self, member: Member, state: dict[str, Any]) -> None:
+        self.ema[member.index] = NoiseScaleEMA(**state)
 
 
 class AtSteps(Callback):
@@ -271,7 +312,7 @@ class Recording(Callback):
                     if loop.device.type == "cuda":
                         torch.cuda.empty_cache()
                 elif cfg.save_checkpoint:
-                    save_checkpoint(rd.checkpoint_path, cfg, state, resumable=False)
+                    loop.save(m, rd.checkpoint_path, resumable=False)
                 elif rd.checkpoint_path.exists():
                     rd.checkpoint_path.unlink()
             except OSError as exc:  # the disk is full or read-only: the run failed for it, and says so

@@ -7,17 +7,23 @@ and calls its callbacks around every step, in the way OLMo-core's trainer takes 
     before_step(loop)              evaluations that are due and the target stop (callbacks.Evaluation)
     step_hooks(loop, member)       hooks inside one member's update (callbacks.NoiseScale)
     after_step(loop, losses)       divergence, checkpoints, progress
+    columns(loop, member)          the columns a callback adds to the history row being written
     on_evaluation(loop, member)    a history row was added (recording rewrites history.csv)
     on_finish(loop, member)        a member stopped: its results and its run directory
     on_remove(loop, keep)          members left; `keep` are the positions still training
     on_end(loop)                   once, after the last step
 
-The engine is what trains: engine.ModelEngine (one nn.Module and its optimizer) or fused.engine.StackEngine
+A callback owns its state: what it keeps per member lives in the callback, and a callback with a `key`
+gives it to every checkpoint (`state_dict(member)`) and takes it back at a resume (`load_state_dict`), so
+a resumed run continues each callback exactly. tests/test_loop.py pins this order and a row's columns.
+
+The engine is what trains: engine.ModelEngine (one nn.Module and its optimizer) or a fused engine
 (K members stacked into one batched program). The loop owns the rest: the step counter, which members
-still train, the budget stop, a history row's contents, the clock (training time, evaluation excluded,
-shared equally by the members of a step), and what a failing step means: out of memory and any other
-exception end the members still training with state oom or failed, recorded, not raised; only an
-out-of-memory error in a group that its caller can split (engine.can_split) is raised, to be split.
+still train, the budget stop, the clock (training time, evaluation excluded, shared equally by the
+members of a step), a history row's core (where training is, the losses, the weights, the time), and
+what a failing step means: out of memory and any other exception end the members still training with
+state oom or failed, recorded, not raised; only an out-of-memory error in a group that its caller can
+split (engine.can_split) is raised, to be split.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn as nn
@@ -36,10 +42,9 @@ from . import config as C
 from .config import RunConfig
 from .data import Data
 from .losses import Task
-from .noise_tracker import noise_ema_columns
 from .rundir import RunDir
 from .runtime import is_out_of_memory, oom_message, synchronize
-from .state import TrainState
+from .state import TrainState, save_checkpoint
 
 
 @dataclass
@@ -88,7 +93,8 @@ class Member:
     evals: set[int]                 # config.eval_steps
     resumed_from: int | None = None  # the step a resumable checkpoint brought it to
     wall_offset: float = 0.0        # wall seconds spent before a resume
-    last_checked: int = 0           # the step up to which batch losses were checked for divergence
+    restored: dict[str, Any] = field(default_factory=dict, repr=False)  # callbacks' states from that checkpoint
+    model_rng: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # and the model's global RNG then
     outcome: str = "ok"
     error: str | None = None
     trace: str | None = None
@@ -121,26 +127,39 @@ class Engine(Protocol):
 
 
 class Callback:
-    """A piece of the loop that differs between paths. Every method does nothing unless overridden."""
+    """A piece of the loop that differs between paths. Every method does nothing unless overridden.
+
+    `key`: the name under which the callback's per-member state goes into a checkpoint (None: it keeps
+    none that must survive a resume); `state_dict(member)` gives that state (plain data or tensors, or None),
+    `load_state_dict(member, state)` takes it back before the first step of a resumed run."""
+    key: str | None = None
 
     def on_start(self, loop: Loop) -> None: ...
     def before_step(self, loop: Loop) -> None: ...
     def step_hooks(self, loop: Loop, member: Member) -> StepHooks | None: return None
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None: ...
+    def columns(self, loop: Loop, member: Member) -> dict[str, Any]: return {}
+    def state_dict(self, member: Member) -> Any: return None
+    def load_state_dict(self, member: Member, state: Any) -> None: ...
     def on_evaluation(self, loop: Loop, member: Member) -> None: ...
     def on_finish(self, loop: Loop, member: Member) -> None: ...
     def on_remove(self, loop: Loop, keep: torch.Tensor) -> None: ...
     def on_end(self, loop: Loop) -> None: ...
 
 
+CallbackT = TypeVar("CallbackT", bound=Callback)
+
+
 class Loop:
-    """Train `members` with `engine` on `data` (whose targets make `task`), calling `callbacks`."""
+    """Train `members` with `engine` on `data` (whose targets make `task`), calling `callbacks` in order."""
 
     def __init__(self, members: Sequence[Member], engine: Engine, callbacks: Sequence[Callback], data: Data,
-                 task: Task, device: torch.device, check_every: int = 1) -> None:
+                 task: Task, device: torch.device) -> None:
         self.members, self.active = list(members), list(members)
         self.engine, self.callbacks, self.data, self.task, self.device = engine, list(callbacks), data, task, device
-        self.check_every = check_every   # steps between divergence checks (each syncs the device)
+        keys = [cb.key for cb in self.callbacks if cb.key is not None]
+        if len(keys) != len(set(keys)):
+            raise ValueError(f"two callbacks keep their state under one key: {sorted(keys)}")
         self.step = self.members[0].state.step if self.members else 0
         self.wall_start = time.perf_counter()
         self._segment_start = 0.0
@@ -195,9 +214,25 @@ class Loop:
             row[f"train_{task.bits_column}"], row[f"test_{task.bits_column}"] = task.bits(train[0]), task.bits(test[0])
         row.update(distance_from_init=weights[0], weight_norm=weights[1], train_seconds=state.train_seconds,
                    wall_seconds=wall)
-        if cfg.noise_scale_every:
-            row.update(noise_ema_columns(state.noise_ema))
+        for cb in self.callbacks:
+            row.update(cb.columns(self, m))
         return row
+
+    def callback(self, kind: type[CallbackT]) -> CallbackT:
+        """The loop's callback of this class (e.g. loop.callback(NoiseScale) to read a member's EMA)."""
+        found = [cb for cb in self.callbacks if isinstance(cb, kind)]
+        if len(found) != 1:
+            raise LookupError(f"the loop has {len(found)} callbacks of class {kind.__name__}, not one")
+        return found[0]
+
+    def callback_states(self, member: Member) -> dict[str, Any]:
+        """The state every callback with a key keeps for `member`, by key: what a checkpoint holds besides
+        the TrainState."""
+        return {cb.key: cb.state_dict(member) for cb in self.callbacks if cb.key is not None}
+
+    def save(self, member: Member, path: Path, resumable: bool) -> None:
+        """`member`'s whole state (its TrainState and its callbacks' states) to a checkpoint file at `path`."""
+        save_checkpoint(path, member.cfg, member.state, resumable, self.callback_states(member))
 
     def stop(self, members: list[Member]) -> None:
         """`members` stop (each with its outcome set): the engine gives back their state, callbacks finish them."""
@@ -226,6 +261,10 @@ class Loop:
     # --- the loop
     def run(self) -> list[Member]:
         """Train until every member has stopped; returns the members (each with its result)."""
+        for m in self.members:   # a resumed member's callbacks continue where they were
+            for cb in self.callbacks:
+                if cb.key is not None and m.restored.get(cb.key) is not None:
+                    cb.load_state_dict(m, m.restored[cb.key])
         for cb in self.callbacks:
             cb.on_start(self)
         synchronize(self.device)

@@ -1,12 +1,12 @@
 """TrainState: everything that changes while one run trains, and its checkpoint file.
 
 A run's model, optimizer (and GradScaler), batch sampler, random generators, the step it has reached and
-its history so far. A resumable checkpoint holds all of it, so a run killed at any step continues exactly
-where it stopped (the same numbers as a run never stopped).
+its history so far. A resumable checkpoint holds all of it, and beside it the state that the loop's
+callbacks keep for the run (loop.Callback.key: the divergence reference, the noise-scale EMA), so a run
+killed at any step continues exactly where it stopped (the same numbers as a run never stopped).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import io
 import re
@@ -22,7 +22,6 @@ from . import config as C
 from .config import ConfigError, RunConfig
 from .data import BatchIndices, BatchSampler, Data
 from .models import model_for
-from .noise_tracker import NoiseScaleEMA
 from .rundir import atomic_write_bytes
 from .runtime import Generators, global_rng_state, is_out_of_memory
 from .step import make_optimizer
@@ -42,10 +41,8 @@ class TrainState:
     indices: BatchIndices               # the sampler's batches, step by step (not saved: rebuilt on resume)
     step: int = 0                       # optimizer updates done
     examples_seen: int = 0
-    first_loss: float | None = None     # the reference for divergence
     train_seconds: float = 0.0          # time spent in training steps (evaluation excluded)
     history: list[dict[str, Any]] = field(default_factory=list)
-    noise_ema: NoiseScaleEMA | None = None  # two-batch noise scale from micro-batches (cfg.noise_scale_every)
     batches: Iterator[Batch] | None = field(default=None, repr=False)  # the data's batches of `indices`
 
     def next_batch(self, data: Data) -> Batch:
@@ -59,8 +56,7 @@ class TrainState:
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "sampler": self.indices.sampler_state(self.step), "generators": self.generators.state_dict(),
                 "initial_params": self.initial_params, "step": self.step, "examples_seen": self.examples_seen,
-                "first_loss": self.first_loss, "train_seconds": self.train_seconds, "history": self.history,
-                "noise_ema": dataclasses.asdict(self.noise_ema) if self.noise_ema else None,
+                "train_seconds": self.train_seconds, "history": self.history,
                 # the global RNG the model draws from (runtime.model_randomness)
                 "model_rng": global_rng_state(next(self.model.parameters()).device)}
 
@@ -74,9 +70,8 @@ class TrainState:
         device = next(self.model.parameters()).device
         self.initial_params = [p.to(device) for p in state["initial_params"]]
         self.step, self.examples_seen = int(state["step"]), int(state["examples_seen"])
-        self.first_loss, self.train_seconds = state["first_loss"], float(state["train_seconds"])
+        self.train_seconds = float(state["train_seconds"])
         self.history = list(state["history"])
-        self.noise_ema = NoiseScaleEMA(**state["noise_ema"]) if state.get("noise_ema") else None
         self.indices = BatchIndices(self.sampler, self.indices.size_at, self.step, self.indices.track)
         self.batches = None
 
@@ -102,12 +97,23 @@ def new_state(cfg: RunConfig, data: Data, device: torch.device, model: nn.Module
                       initial_params=[p.detach().clone() for p in model.parameters()])
 
 
-def save_checkpoint(path: Path, cfg: RunConfig, state: TrainState, resumable: bool) -> None:
-    """Atomically save the whole TrainState (resumable) so a rerun continues exactly where it stopped."""
+def save_checkpoint(path: Path, cfg: RunConfig, state: TrainState, resumable: bool,
+                    callbacks: dict[str, Any] | None = None) -> None:
+    """Atomically save the whole TrainState and the callbacks' states for this run (loop.Loop.save; by
+    callback key), so a rerun continues exactly where it stopped (resumable)."""
     buffer = io.BytesIO()
     torch.save({"config": cfg.to_dict(), "run_id": C.run_id(cfg), "resumable": resumable,
-                "state": state.state_dict()}, buffer)
+                "state": state.state_dict(), "callbacks": dict(callbacks or {})}, buffer)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def callback_states(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The callbacks' states a checkpoint holds, by key. A checkpoint written before callbacks kept their own
+    state held two of them in the TrainState: they are read from there."""
+    if "callbacks" in checkpoint:
+        return dict(checkpoint["callbacks"])
+    state = checkpoint["state"]
+    return {"divergence": {"first_loss": state.get("first_loss")}, "noise_scale": state.get("noise_ema")}
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:

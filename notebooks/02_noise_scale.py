@@ -50,7 +50,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from bsresearch.callbacks import AtSteps
+from bsresearch.callbacks import AtSteps, NoiseScale
 from bsresearch.config import RunConfig
 from bsresearch.data import in_chunks, resident_dataset_for
 from bsresearch.engine import evaluate_batches
@@ -85,7 +85,8 @@ def measure(member, loop):
     two = two_batch_noise_scale(state.model, x, y, b_small, min(b_big, len(x)), n_draws,
                                 generator=state.generators.probe, loss_fn=loss_fn)
     # the EMA has no estimate before its first sample, nor while its |G|^2 estimate is not positive
-    ema = state.noise_ema.b_simple if state.noise_ema else math.nan
+    ema_now = loop.callback(NoiseScale).of(member)
+    ema = ema_now.b_simple if ema_now else math.nan
     train_loss = evaluate_batches(state.model, in_chunks(x, y, 2048), loss_fn, accuracy=False)[0]
     rows.append({"step": state.step, "train_loss": train_loss, "exact": exact.b_simple, "two_batch": two.b_simple,
                  "ema": ema if math.isfinite(ema) and ema > 0 else math.nan})

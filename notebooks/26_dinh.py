@@ -46,13 +46,14 @@ import pandas as pd
 
 from bsresearch import results, stats
 from bsresearch.data import dataset_for
+from bsresearch.engine import evaluate
 from bsresearch.findings import dinh
 from bsresearch.findings.dinh import measure_vs_alpha, relu_rescale
 from bsresearch.measure import curvature, sharpness
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.runtime import make_generator
-from bsresearch.train import evaluate, load_trained_model
+from bsresearch.train import load_trained_model
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ def test_interpolation_refuses_different_architectures(tmp_path, two_runs):
 
 
 def test_measure_runs_applies_a_function_to_every_runs_final_weights(two_runs):
-    from bsresearch.train import evaluate
+    from bsresearch.engine import evaluate
     runs = results.load(two_runs[0].run_dir.parent, all_runs=True)
     table = measure_runs(runs, lambda model, data, cfg: {"remeasured": evaluate(model, data.x_train, data.y_train)[0],
                                                         "batch": cfg.batch_size})

@@ -10,10 +10,12 @@ import torch
 from conftest import requires_cuda, tiny_config
 
 from bsresearch import train
+from bsresearch.callbacks import LOSS_CHECK_EVERY
 from bsresearch.config import ConfigError
 from bsresearch.fused import fusion_blocker, train_group
 from bsresearch.fused import trainer as fused_trainer
 from bsresearch.rundir import RunDir
+from bsresearch.state import load_checkpoint
 
 RTOL, ATOL = 1e-5, 1e-6
 TIMES = ("train_seconds", "wall_seconds")
@@ -110,8 +112,8 @@ def test_run_directory_matches_train_run(tmp_path):
     assert separate.model is not None
     for a, b in zip(model.state_dict().values(), separate.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
-    ckpt = train.load_checkpoint(RunDir(tmp_path / "fused").checkpoint_path)
-    ref = train.load_checkpoint(RunDir(tmp_path / "separate").checkpoint_path)
+    ckpt = load_checkpoint(RunDir(tmp_path / "fused").checkpoint_path)
+    ref = load_checkpoint(RunDir(tmp_path / "separate").checkpoint_path)
     assert ckpt["state"]["optimizer"]["state"].keys() == ref["state"]["optimizer"]["state"].keys()
     assert ckpt["state"]["step"] == ref["state"]["step"]
 
@@ -239,7 +241,7 @@ def test_cuda_group_size_is_positive():
 def test_divergence_checked_in_windows_as_on_cuda(monkeypatch):
     """Losses checked every 4 steps (CUDA's cadence, here on the CPU): a member diverges at the end of
     its own window, as its separate run does; eval steps and budgets close windows early."""
-    monkeypatch.setitem(train.LOSS_CHECK_EVERY, "cpu", 4)
+    monkeypatch.setitem(LOSS_CHECK_EVERY, "cpu", 4)
     results = check_group([tiny_config(seed=0, lr=3.0, budget_amount=40, eval_every=7),
                            tiny_config(seed=1, lr=60.0, budget_amount=40, eval_every=3),
                            tiny_config(seed=2, budget_amount=38, eval_every=3)])

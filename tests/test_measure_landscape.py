@@ -8,9 +8,9 @@ from measure_oracles import Snapshot, tiny_mlp
 
 from bsresearch.config import ConfigError
 from bsresearch.data import Dataset
+from bsresearch.engine import evaluate
 from bsresearch.measure import curvature
 from bsresearch.measure import landscape as ls
-from bsresearch.train import evaluate
 
 
 def gen(seed=0):

@@ -7,17 +7,20 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import requires_cuda, tiny_config
+from conftest import killed_at, requires_cuda, tiny_config
 from measure_oracles import Shift, Snapshot, dense_hessian, per_example_loop, quadratic_loss, tiny_mlp
 
 from bsresearch import noise_tracker
 from bsresearch.callbacks import noise_hooks
 from bsresearch.config import ConfigError, RunConfig
 from bsresearch.data import load_dataset
+from bsresearch.engine import train_step
 from bsresearch.measure import noise
 from bsresearch.measure.critical import fit_critical_batch, fit_critical_batch_examples
 from bsresearch.measure.functional import layer_slices
-from bsresearch.train import new_state, run, train_step
+from bsresearch.rundir import RunDir
+from bsresearch.state import new_state
+from bsresearch.train import run
 
 
 def gen(seed=0):
@@ -152,7 +155,8 @@ def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():
     data = load_dataset("synthetic", train_size=256)
     state = new_state(cfg, data, torch.device("cpu"))
     twin = new_state(cfg, data, torch.device("cpu"))   # same seed: same weights and the same batch
-    train_step(state, cfg, data, lr=0.0, hooks=noise_hooks(cfg, state))
+    ema = {}
+    train_step(state, cfg, data, lr=0.0, hooks=noise_hooks(cfg, state, ema))
     idx = twin.sampler.next()
 
     def sq_norm(index):
@@ -160,9 +164,9 @@ def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():
         torch.nn.functional.cross_entropy(twin.model(data.x_train[index]), data.y_train[index]).backward()
         return float(sum((p.grad ** 2).sum() for p in twin.model.parameters()))
     grad_sq, trace = noise.two_batch_estimate(sq_norm(idx[:8]), sq_norm(idx), 8, 32)
-    assert state.noise_ema.n_samples == 1
-    assert state.noise_ema.grad_sq_norm == pytest.approx(grad_sq, rel=1e-4)
-    assert state.noise_ema.trace_cov == pytest.approx(trace, rel=1e-4)
+    assert ema[0].n_samples == 1
+    assert ema[0].grad_sq_norm == pytest.approx(grad_sq, rel=1e-4)
+    assert ema[0].trace_cov == pytest.approx(trace, rel=1e-4)
 
 
 def test_training_records_the_ema_columns_and_resumes_them(tmp_path):
@@ -171,13 +175,16 @@ def test_training_records_the_ema_columns_and_resumes_them(tmp_path):
     first, last = result.history[0], result.history[-1]
     assert math.isnan(first["noise_b_simple_ema"])          # no sample before the first step
     assert last["noise_b_simple_ema"] > 0 and last["noise_trace_cov_ema"] > 0
-    # a state_dict round trip (the resumable checkpoint) keeps the EMA exactly
-    data = load_dataset("synthetic", train_size=256)
-    state = new_state(cfg, data, torch.device("cpu"))
-    train_step(state, cfg, data, lr=0.1)
-    restored = new_state(cfg, data, torch.device("cpu"))
-    restored.load_state_dict(state.state_dict())
-    assert restored.noise_ema == state.noise_ema
+    # killed after the checkpoint at step 10 and resumed: the EMA (the callback's checkpointed state)
+    # continues exactly, so every later row is the uninterrupted run's
+    with killed_at(15):
+        run(cfg, tmp_path / "killed")
+    resumed = run(cfg, tmp_path / "killed")
+    assert RunDir(tmp_path / "killed").status()["resumed_from"] == 10
+    columns = ["step", "noise_b_simple_ema", "noise_grad_sq_norm_ema", "noise_trace_cov_ema", "train_loss"]
+    def rows(history):   # past step 0, whose EMA is NaN (no sample yet)
+        return [[r[c] for c in columns] for r in history if r["step"] > 0]
+    assert len(rows(result.history)) > 2 and rows(resumed.history) == rows(result.history)
     assert "noise_b_simple_ema" not in run(tiny_config(), tmp_path / "plain").history[-1]
 
 

@@ -285,7 +285,8 @@ def test_cuda_timing_uses_events():
 def test_the_benchmarked_step_is_the_training_runs_step(optimizer):
     """systems' training_step on the batches a run samples gives the run's weights bit for bit."""
     from bsresearch.data import dataset_for
-    from bsresearch.train import new_state, train_step
+    from bsresearch.engine import train_step
+    from bsresearch.state import new_state
     cfg = tiny_config(optimizer=optimizer, lr=0.05)
     data = dataset_for(cfg, CPU)
     state = new_state(cfg, data, CPU)

@@ -7,8 +7,10 @@ from conftest import killed_at, requires_cuda, tiny_config
 from bsresearch import config as C
 from bsresearch.config import RunConfig
 from bsresearch.data import load_dataset
+from bsresearch.engine import evaluate, train_step
 from bsresearch.rundir import RunDir
-from bsresearch.train import evaluate, load_trained_model, new_state, run, train_step
+from bsresearch.state import new_state
+from bsresearch.train import load_trained_model, run
 
 
 def flat_grad(model):

@@ -46,10 +46,11 @@ from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, adam_beta2
 from ..data import Dataset, dataset_for
 from ..engine import ModelEngine
 from ..loading import check_model
-from ..loop import Callback, Loop, Member
+from ..loop import Callback, Loop
 from ..losses import Loss, LossFn, loss_for
 from ..measure.noise import gradient_noise_scale, two_batch_pairs, two_batch_summary
 from ..models import model_for
+from ..runsetup import RunSetup, dry_run
 from ..runtime import make_generator, resolve_device
 from ..state import new_state
 from ..step import optimizer_for
@@ -60,7 +61,6 @@ from ..systems.recommend import time_to_target
 from ..systems.search import BatchSearch, largest_batch_size
 from ..systems.timing import steps_for, summarise, time_steps, torch_threads
 from ..systems.workload import TrainParts, free_memory, training_step
-from ..train import dry_run
 from ..userdata import first_examples
 
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]  # parameters -> optimizer
@@ -329,12 +329,13 @@ def _noise_at_weights(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
 class _EMAHistory(Callback):
     """advise's record of a short training run: the batch loss and B_simple's EMA after every step."""
 
-    def __init__(self) -> None:
+    def __init__(self, noise: NoiseScale) -> None:
+        self.noise = noise
         self.rows: list[dict[str, Any]] = []
 
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
-        state = loop.members[0].state
-        ema = state.noise_ema
+        member = loop.members[0]
+        state, ema = member.state, self.noise.of(member)
         self.rows.append({"step": state.step, "examples_seen": state.examples_seen, "loss": float(losses[0]),
                           "b_simple_ema": ema.b_simple if ema else math.nan})
 
@@ -352,11 +353,11 @@ def _noise_along_training(models: _Models, x: torch.Tensor, y: torch.Tensor, los
                     noise_scale_every=1, noise_scale_ema=0.9, seed=settings.seed, device=str(device))
     data = Dataset("advise", x, y, x[:0], y[:0], None)
     parts = models.parts()
-    state = new_state(cfg, data, device, model=parts.model, optimizer=parts.optimizer)
-    task = dry_run(parts.model, data, loss)
-    member = Member(0, cfg, state, None, settings.train_steps, set())
-    history = _EMAHistory()
-    Loop([member], ModelEngine(data, loss, task), [NoiseScale(), history], data, task, device).run()
+    setup = RunSetup.checked(parts.model, data, loss)
+    member = setup.member(0, cfg, state=new_state(cfg, data, device, model=parts.model, optimizer=parts.optimizer))
+    noise = NoiseScale()
+    history = _EMAHistory(noise)
+    setup.loop([member], ModelEngine(data, loss, setup.task), [noise, history]).run()
     if member.outcome != "ok":
         raise RuntimeError(f"the short training run failed: {member.error}")
     return pd.DataFrame(history.rows)

@@ -25,15 +25,13 @@ import torch.nn.functional as F
 from .. import config as C
 from ..callbacks import Divergence, Evaluation, Progress, Recording
 from ..config import ConfigError, RunConfig
-from ..data import Dataset, dataset_for
+from ..data import Dataset
 from ..engine import CROSS_ENTROPY, ModelEngine, evaluate_batches
-from ..loop import Loop, Member, RunResult, StepHooks
-from ..losses import Task
+from ..loop import Member, RunResult, StepHooks
 from ..models import model_for
 from ..rundir import RunDir
-from ..runtime import check_precision, prepare_process, resolve_device
-from ..state import new_state
-from ..train import LOSS_CHECK_EVERY, Components, components, run
+from ..runsetup import RunSetup, finished_result, run_setup
+from ..train import run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
 from .grouping import CPU_FUSE_MAX_BATCH_OTHER
@@ -64,29 +62,20 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
         if reason:
             raise ConfigError(f"train_group: config {i} cannot join config 0's group: {reason}")
 
-    results: list[RunResult | None] = [None] * len(cfgs)
-    todo = []
-    for i, d in enumerate(dirs):
-        rd = RunDir(d) if d is not None else None
-        if rd and rd.is_finished():
-            results[i] = RunResult(str(rd.state()), rd.metrics(), rd.history_rows(), rd.path)
-        else:
-            todo.append(i)
+    results: list[RunResult | None] = [finished_result(d) for d in dirs]
+    todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
         return [r for r in results if r is not None]
 
     # --- setup: everything that can be wrong with the input fails here, before any training
     cfg0 = cfgs[todo[0]]
-    device = resolve_device(cfg0.device)
-    check_precision(cfg0.precision, device)
-    prepare_process(cfg0.threads)
-    data = dataset_for(cfg0, device)
+    parts = run_setup(cfg0)
+    data, device = parts.data, parts.device
     if not isinstance(data, Dataset):
         raise ConfigError(f"train_group: dataset {cfg0.dataset!r} came as a map-style Dataset, which is streamed; a "
                           f"fused group needs its data resident (data_loading resident, or tensors from the factory)")
     for i in todo:
         C.check_data_size(cfgs[i], data.n_train)
-    parts = components(cfg0, data, model_for(cfg0, data, torch.Generator().manual_seed(0)).to(device))
     stacked = cfg0.model in STACKED_MODELS and cfg0.loss == "cross_entropy"   # fused/layers.py's own program
     reason = None if stacked else generic.probe(model_for(cfg0, data, torch.Generator().manual_seed(0)).to(device),
                                                 *data.first(min(2, data.n_train)), parts.loss)
@@ -107,7 +96,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     queue = [todo[i:i + limit] for i in range(0, len(todo), limit)]
     while queue:
         group = queue.pop(0)
-        members = [_new_member(i, cfgs[i], dirs[i], data, device, parts.task) for i in group]
+        members = [parts.member(i, cfgs[i], dirs[i], resume=False) for i in group]
         try:
             _train_fused(members, data, device, progress, group_id, parts, stacked)
         except torch.OutOfMemoryError:  # more than one member: halve, and start those members again
@@ -120,14 +109,6 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
             if m.result is not None:
                 results[m.index] = m.result
     return [r for r in results if r is not None]
-
-
-def _new_member(index: int, cfg: RunConfig, run_dir: str | Path | None, data: Dataset, device: torch.device,
-                task: Task) -> Member:
-    rd = RunDir(run_dir) if run_dir is not None else None
-    tokens = task.tokens_per_example
-    return Member(index, cfg, new_state(cfg, data, device), rd, C.total_steps(cfg, data.n_train, tokens),
-                  set(C.eval_steps(cfg, data.n_train, tokens)))
 
 
 def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, reason: str) -> RunResult:
@@ -146,16 +127,16 @@ def _calibrated(cfg: RunConfig, stacked: bool, device: torch.device) -> bool:
     return not stacked or (device.type == "cpu" and cfg.batch_size > CPU_FUSE_MAX_BATCH_OTHER)
 
 
-def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: Components,
+def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: RunSetup,
                stacked: bool = False) -> float:
     """generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
     engine the group would train with."""
-    copies = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    copies = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     engine: StackEngine | generic.VmapEngine = StackEngine(copies, data, device) if stacked else \
         generic.VmapEngine(copies, data, parts.loss, parts.task, device)
     lrs = [C.lr_at(m.cfg, 0, data.n_train) for m in copies]
     alone = ModelEngine(data, parts.loss, parts.task)
-    loners = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    loners = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     def fused() -> object:
         return engine.step(copies, lrs, [None] * len(copies))
 
@@ -165,7 +146,7 @@ def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts
 
 
 def _train_fused(members: list[Member], data: Dataset, device: torch.device, progress: bool | None,
-                 group_id: str | None, parts: Components, stacked: bool) -> None:
+                 group_id: str | None, parts: RunSetup, stacked: bool) -> None:
     """Train `members` together with the one training loop, each member's result in m.result. An
     out-of-memory error with more than one member still training is raised, for train_group to split."""
     engine: StackEngine | generic.VmapEngine | _OutOfMemory
@@ -177,7 +158,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
             raise
         engine = _OutOfMemory(exc)  # the stack of one did not fit: the loop records oom, as train.run would
     callbacks = [Evaluation(), Divergence(), Progress(progress), Recording({"group": group_id})]
-    Loop(members, engine, callbacks, data, parts.task, device, LOSS_CHECK_EVERY.get(device.type, 1)).run()
+    parts.loop(members, engine, callbacks).run()
 
 
 class _OutOfMemory:

@@ -232,15 +232,16 @@ def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None 
 
 def check_data(points: list[Point]) -> None:
     """Load each dataset the points use once (on the CPU), check every batch fits, check each model with its
-    data and loss in one dry run (train.components), and that each device asked for exists here: a missing
+    data and loss in one dry run (runsetup.RunSetup.checked), and that each device asked for exists here: a missing
     dataset, a model file that does not import, an output the loss cannot take, a batch larger than the
     training set or `device: cuda` on a machine without one is reported now, not by each worker."""
     import torch
 
     from ..data import dataset_for  # imports torch
+    from ..losses import loss_for
     from ..models import model_for
+    from ..runsetup import RunSetup
     from ..runtime import resolve_device
-    from ..train import components
     datasets: dict[tuple, Any] = {}
     checked: set[tuple] = set()
     for point in points:
@@ -255,7 +256,8 @@ def check_data(points: list[Point]) -> None:
             data = datasets[data_key]
             check_data_size(cfg, data.n_train)
             if model_key not in checked and cfg.precision != "fp16":  # fp16 needs CUDA; the worker checks it there
-                components(cfg, data, model_for(cfg, data, torch.Generator().manual_seed(0)))
+                RunSetup.checked(model_for(cfg, data, torch.Generator().manual_seed(0)), data, loss_for(cfg.loss),
+                                 cfg.precision, cfg.model, f"dataset {cfg.dataset}")
                 checked.add(model_key)
         except ConfigError as exc:
             raise ConfigError(f"grid point {point.label}: {exc}") from None

@@ -1,0 +1,172 @@
+"""One setup for every driver: what a run needs before the training loop, resolved the same way for a single
+run (train.run), a fused group (fused.train_group) and advise's short run.
+
+    setup = run_setup(cfg)                  # device, threads, data, loss, and the task a dry run finds
+    member = setup.member(0, cfg, run_dir)  # its state: fresh, or resumed from run_dir's checkpoint
+    setup.loop([member], engine, callbacks).run()
+
+Everything that can be wrong with the input fails in `run_setup`, before any training, as one ConfigError:
+a model that cannot take the inputs, an output the loss cannot take, a loss that is not a scalar, a
+gradient that cannot be computed (`dry_run`), a training set smaller than the batch.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from . import config as C
+from .config import ConfigError, RunConfig
+from .data import Data, Dataset, dataset_for
+from .loop import Callback, Engine, Loop, Member, RunResult
+from .losses import Loss, Task, class_indices, loss_for, task_of
+from .measure.functional import measuring
+from .models import model_for
+from .rundir import RunDir
+from .runtime import autocast, check_precision, is_out_of_memory, prepare_process, resolve_device
+from .state import TrainState, batch_schedule, callback_states, load_checkpoint, new_state
+from .trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What a config names, resolved on a device: the data, the loss and the task the targets make (its
+    tokens per example, accuracy or not). Shared by the members of a fused group."""
+    device: torch.device
+    data: Data
+    loss: Loss
+    task: Task
+
+    @classmethod
+    def checked(cls, model: nn.Module, data: Data, loss: Loss, precision: str = "fp32", model_name: str = "model",
+                data_name: str = "data") -> RunSetup:
+        """The setup of parts a caller already holds (advise: a user's model, tensors and loss), checked by the
+        same dry run as a config's (run_setup); the device is the data's."""
+        task = dry_run(model, data, loss, precision, model_name, data_name)
+        return cls(data.first(1)[0].device, data, loss, task)
+
+    def member(self, index: int, cfg: RunConfig, run_dir: str | Path | RunDir | None = None,
+               state: TrainState | None = None,
+               resume: bool = True, trajectory: Trajectory | None = None) -> Member:
+        """A member of the loop for `cfg`: a fresh TrainState (or `state`), its budget and evaluation steps.
+        It continues from the run directory's resumable checkpoint of the same run (with resume), else from
+        the latest state saved on `trajectory` (trajectory.py), with the callbacks' states saved there
+        (Member.restored) and the global RNG the model draws from (Member.model_rng)."""
+        rd = RunDir(run_dir) if isinstance(run_dir, (str, Path)) else run_dir
+        n_train, tokens = self.data.n_train, self.task.tokens_per_example
+        state = state or new_state(cfg, self.data, self.device)
+        state.indices.size_at = batch_schedule(cfg, n_train, tokens)   # a schedule in tokens needs the task's
+        member = Member(index, cfg, state, rd, C.total_steps(cfg, n_train, tokens),
+                        set(C.eval_steps(cfg, n_train, tokens)))
+        checkpoint = self._checkpoint_to_resume(cfg, rd if resume else None, trajectory)
+        if checkpoint is not None:
+            state.load_state_dict(checkpoint["state"])
+            member.resumed_from, member.restored = state.step, callback_states(checkpoint)
+            member.model_rng = checkpoint["state"].get("model_rng")
+            member.wall_offset = state.history[-1]["wall_seconds"] if state.history else 0.0
+        return member
+
+    def _checkpoint_to_resume(self, cfg: RunConfig, rd: RunDir | None,
+                              trajectory: Trajectory | None) -> dict[str, Any] | None:
+        if rd and rd.checkpoint_path.exists():
+            checkpoint = load_checkpoint(rd.checkpoint_path, self.device)
+            if checkpoint.get("resumable") and checkpoint.get("run_id") == C.run_id(cfg):
+                return checkpoint
+        start = trajectory.start() if trajectory else None   # continue from a state another run saved
+        if start is None:
+            return None
+        checkpoint = load_checkpoint(start, self.device)
+        if C.trajectory_key(RunConfig.from_dict(checkpoint["config"])) != C.trajectory_key(cfg):
+            raise ConfigError(f"{start} holds the state of another trajectory; delete {start.parent}")
+        return checkpoint
+
+    def trajectory(self, cfg: RunConfig, rd: RunDir | None) -> Trajectory | None:
+        """The trajectory `cfg`'s run shares with others (None without a run directory or snapshots)."""
+        return Trajectory.of(cfg, rd.path, self.data.n_train, self.task.tokens_per_example) if rd else None
+
+    def loop(self, members: Sequence[Member], engine: Engine, callbacks: Sequence[Callback]) -> Loop:
+        """The one training loop over `members`."""
+        return Loop(members, engine, callbacks, self.data, self.task, self.device)
+
+
+def run_setup(cfg: RunConfig, data: Data | None = None, model: nn.Module | None = None) -> RunSetup:
+    """Resolve `cfg` for training: its device (and precision on it), the process's threads, its data (or `data`), its
+    loss, and the task its targets make, checked in a dry run with `model` (default: a model of cfg built from a
+    fixed generator, then dropped: the run's own model is built by RunSetup.member). Raises ConfigError for
+    anything the user must change; an out-of-memory error while the data or the model is moved to the device is
+    raised as it is."""
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
+    prepare_process(cfg.threads)
+    data = data if data is not None else dataset_for(cfg, device)
+    C.check_data_size(cfg, data.n_train)
+    if model is None:
+        model = model_for(cfg, data, torch.Generator().manual_seed(0)).to(device)
+    return RunSetup.checked(model, data, loss_for(cfg.loss), cfg.precision, cfg.model, f"dataset {cfg.dataset}")
+
+
+def finished_result(run_dir: str | Path | None) -> RunResult | None:
+    """The result a run directory already holds when its run has finished (read as it is), else None."""
+    rd = RunDir(run_dir) if run_dir is not None else None
+    if rd and rd.path.is_dir() and rd.is_finished():
+        return RunResult(rd.state() or "ok", rd.metrics(), rd.history_rows(), rd.path)
+    return None
+
+
+def _shape(t: object) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" if isinstance(t, torch.Tensor) else \
+        type(t).__name__
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def dry_run(model: nn.Module, data: Data, loss: Loss, precision: str = "fp32", model_name: str = "model",
+            data_name: str = "data") -> Task:
+    """One batch of two training examples through the model, the loss and the backward pass, in train mode
+    and the run's precision; the model is left exactly as it was (measure.functional.measuring) and the
+    global RNG untouched. Returns the task the targets make (losses.task_of). Whatever does not fit is one
+    ConfigError naming the model, the data and the loss: a model that cannot take the inputs, an output the
+    loss cannot take, a loss that is not a scalar, a gradient that cannot be computed."""
+    x, y = data.first(min(2, data.n_train))
+    device = x.device
+    with measuring(model, "train"), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        stage = f"model {model_name} on a batch of {data_name} (inputs {_shape(x)})"
+        try:
+            with autocast(precision, device):
+                output = model(x)
+            stage = f"loss {loss.name} on the output of model {model_name} ({_shape(output)}) and targets {_shape(y)}"
+            if not isinstance(output, torch.Tensor):
+                raise ConfigError(f"model {model_name} returned a {type(output).__name__}; it must return a tensor "
+                                  f"that the loss takes with the targets")
+            _check_labels(output, y, data, model_name, data_name)
+            value = loss(output, y)
+            if not isinstance(value, torch.Tensor) or value.dim() != 0:
+                raise ConfigError(f"loss {loss.name} must return a scalar (the mean over the batch); it returned "
+                                  f"{_shape(value)} for output {_shape(output)} and targets {_shape(y)}")
+            stage = f"the gradient of loss {loss.name} with respect to model {model_name}'s parameters"
+            value.backward()
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a user's model, data or loss that do not fit is their mistake
+            if is_out_of_memory(exc):
+                raise
+            raise ConfigError(f"{stage} failed: {_message(exc)}") from None
+    return task_of(loss, output.detach(), y, data.attributes)
+
+
+def _check_labels(output: torch.Tensor, y: torch.Tensor, data: Data, model_name: str, data_name: str) -> None:
+    """Class-index targets of resident data (all at hand): each must have a class score in the output."""
+    if not (class_indices(output, y) and isinstance(data, Dataset)):
+        return
+    labels = torch.cat([data.y_train.reshape(-1), data.y_test.reshape(-1)])
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= output.shape[-1]:
+        raise ConfigError(f"model {model_name} gives {output.shape[-1]} class scores, but the targets of "
+                          f"{data_name} run from {low} to {high}: class indices must be 0 to {output.shape[-1] - 1}")
