@@ -40,7 +40,7 @@ from bsresearch.config import RunConfig, lr_at  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.fused import generic  # noqa: E402
 from bsresearch.fused.compat import STACKED_MODELS  # noqa: E402
-from bsresearch.fused.trainer import StackEngine, _calibrate, _new_member  # noqa: E402
+from bsresearch.fused.trainer import StackEngine, calibrate_group, new_member  # noqa: E402
 from bsresearch.models import model_for  # noqa: E402
 from bsresearch.train import components, new_state, train_step  # noqa: E402
 
@@ -52,7 +52,7 @@ def configs(model: str, batch_size: int, k: int, device: torch.device, **fields:
 
 
 def fused_step(cfgs: list[RunConfig], data, device: torch.device, parts):
-    members = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    members = [new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
     engine = StackEngine(members, data, device) if cfgs[0].model in STACKED_MODELS else \
         generic.VmapEngine(members, data, parts.loss, parts.task, device)
 
@@ -112,7 +112,7 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
     stacked = model in STACKED_MODELS
     decision = "stacked layers" if stacked else "vmap"
     if k > 1:  # what train_group would decide for this group, by its calibration
-        ratio = _calibrate(cfgs, data, device, parts, stacked)
+        ratio = calibrate_group(cfgs, data, device, parts, stacked)
         decision += f", calibration {ratio:.2f}x: " + ("fuse" if ratio >= generic.PAYS else "each alone")
     for row in rows:
         row["speedup"] = float(row["member_steps_per_s"]) / float(rows[1]["member_steps_per_s"])

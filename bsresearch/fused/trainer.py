@@ -92,7 +92,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
                                                 *data.first(min(2, data.n_train)), parts.loss)
     if reason is None and len(todo) > 1 and _calibrated(cfg0, stacked, device):
         try:
-            ratio = _calibrate([cfgs[i] for i in todo], data, device, parts, stacked)
+            ratio = calibrate_group([cfgs[i] for i in todo], data, device, parts, stacked)
         except Exception:  # noqa: BLE001 - the group's own steps meet the same error, and the loop records it per member
             ratio = generic.PAYS
         if ratio < generic.PAYS:
@@ -107,7 +107,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     queue = [todo[i:i + limit] for i in range(0, len(todo), limit)]
     while queue:
         group = queue.pop(0)
-        members = [_new_member(i, cfgs[i], dirs[i], data, device, parts.task) for i in group]
+        members = [new_member(i, cfgs[i], dirs[i], data, device, parts.task) for i in group]
         try:
             _train_fused(members, data, device, progress, group_id, parts, stacked)
         except torch.OutOfMemoryError:  # more than one member: halve, and start those members again
@@ -122,8 +122,10 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     return [r for r in results if r is not None]
 
 
-def _new_member(index: int, cfg: RunConfig, run_dir: str | Path | None, data: Dataset, device: torch.device,
-                task: Task) -> Member:
+def new_member(index: int, cfg: RunConfig, run_dir: str | Path | None, data: Dataset, device: torch.device,
+               task: Task) -> Member:
+    """Member `index` of a group at its start: its fresh TrainState, its run directory (None: write nothing),
+    its step budget and evaluation steps."""
     rd = RunDir(run_dir) if run_dir is not None else None
     tokens = task.tokens_per_example
     return Member(index, cfg, new_state(cfg, data, device), rd, C.total_steps(cfg, data.n_train, tokens),
@@ -146,16 +148,17 @@ def _calibrated(cfg: RunConfig, stacked: bool, device: torch.device) -> bool:
     return not stacked or (device.type == "cpu" and cfg.batch_size > CPU_FUSE_MAX_BATCH_OTHER)
 
 
-def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: Components,
-               stacked: bool = False) -> float:
-    """generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
+def calibrate_group(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: Components,
+                    stacked: bool = False) -> float:
+    """The fused step's speed-up per member for this group (train_group fuses it at generic.PAYS or more):
+    generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
     engine the group would train with."""
-    copies = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    copies = [new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
     engine: StackEngine | generic.VmapEngine = StackEngine(copies, data, device) if stacked else \
         generic.VmapEngine(copies, data, parts.loss, parts.task, device)
     lrs = [C.lr_at(m.cfg, 0, data.n_train) for m in copies]
     alone = ModelEngine(data, parts.loss, parts.task)
-    loners = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
+    loners = [new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
     def fused() -> object:
         return engine.step(copies, lrs, [None] * len(copies))
 
