@@ -41,7 +41,7 @@ from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.engine import train_step  # noqa: E402
 from bsresearch.fused import generic  # noqa: E402
 from bsresearch.fused.compat import STACKED_MODELS  # noqa: E402
-from bsresearch.fused.trainer import StackEngine, _calibrate  # noqa: E402
+from bsresearch.fused.trainer import StackEngine, calibrate_group  # noqa: E402
 from bsresearch.runsetup import run_setup  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
@@ -113,7 +113,7 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
     stacked = model in STACKED_MODELS
     decision = "stacked layers" if stacked else "vmap"
     if k > 1:  # what train_group would decide for this group, by its calibration
-        ratio = _calibrate(cfgs, data, device, parts, stacked)
+        ratio = calibrate_group(cfgs, data, device, parts, stacked)
         decision += f", calibration {ratio:.2f}x: " + ("fuse" if ratio >= generic.PAYS else "each alone")
     for row in rows:
         row["speedup"] = float(row["member_steps_per_s"]) / float(rows[1]["member_steps_per_s"])

@@ -1,19 +1,20 @@
 """`bsresearch ...` / `python -m bsresearch ...`.
 
-Subcommands register themselves in COMMANDS: a function that adds its parser (and sets `handler`).
+Subcommands register themselves in COMMANDS: a function that adds its parser (and sets `handler`). This
+module parses and dispatches; the RunConfig options are options.py's, which the other commands use too.
 User mistakes (ConfigError and its subclasses, and argparse's own errors) print one line naming the
 problem and exit 2, no traceback.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .config import FIELD_NAMES, ConfigError, RunConfig, check_name, did_you_mean, field_help, run_id
+from .config import FIELD_NAMES, ConfigError, check_name, did_you_mean, run_id
+from .options import add_config_options, config_from_args
 
 
 class _NegativeNumber:
@@ -70,43 +71,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def config_from_args(config_file: str | None, overrides: dict[str, str | None]) -> RunConfig:
-    """Defaults < the JSON config file < --field options. Raises ConfigError on any bad value."""
-    values: dict[str, object] = {}
-    if config_file:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"config file {config_file!r} " + ("is a folder, not a JSON file" if path.exists()
-                                                                   else "does not exist"))
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {config_file!r}: cannot read it as text ({type(exc).__name__}: "
-                              f"{exc})") from None
-        try:
-            values.update(RunConfig.from_json(text).to_dict())
-        except ConfigError as exc:
-            raise ConfigError(f"{config_file}: {exc}") from None
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return RunConfig.from_dict(values)
-
-
-def add_config_options(parser: argparse.ArgumentParser, fields: tuple[str, ...] = FIELD_NAMES,
-                       title: str = "run configuration (defaults < CONFIG file < these options)") -> None:
-    """One --field option per RunConfig field in `fields` (also spelled --field_name); values are validated by
-    RunConfig."""
-    helps = field_help()
-    group = parser.add_argument_group(title)
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-    for name in fields:
-        flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
-        default = defaults[name]
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else dict(default) \
-            if isinstance(default, dict) else default
-        group.add_argument(*flags, dest=name, default=None, metavar="V",
-                           help=f"{helps.get(name, '')} [default: {shown}]")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -193,7 +193,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         hints = _type_hints()
         for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), hints[f.name]))
+            object.__setattr__(self, f.name, _coerce_to(hints[f.name], f.name, getattr(self, f.name)))
         for name in REFERENCE_FIELDS:  # found from any working directory (a sweep runs in its run folders)
             object.__setattr__(self, name, references.normalize(getattr(self, name)))
         _validate(self)
@@ -730,8 +730,18 @@ def _type_hints() -> dict[str, Any]:
     return typing.get_type_hints(RunConfig)
 
 
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """Turn JSON/YAML/CLI values into the field's type, or raise ConfigError naming the field."""
+def coerce_field(name: str, value: Any) -> Any:
+    """`value` (text from JSON, YAML or the command line) as RunConfig field `name`'s type: lr '1e-3' -> 0.001,
+    save_checkpoint 'false' -> False, measure 'a,b' -> ('a', 'b'); a ConfigError naming the field otherwise.
+    Only the type: the field's own checks run when a RunConfig is made."""
+    hints = _type_hints()
+    if name not in hints:
+        raise ConfigError(_unknown_message(name))
+    return _coerce_to(hints[name], name, value)
+
+
+def _coerce_to(hint: Any, name: str, value: Any) -> Any:
+    """Turn JSON/YAML/CLI values into the type `hint`, or raise ConfigError naming the field."""
     args = typing.get_args(hint)
     if type(None) in args:  # Optional[X]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
@@ -746,7 +756,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name} must be a list; got {value!r}")
         inner = typing.get_args(hint)[0]
-        return tuple(_coerce(name, v, inner) for v in value)
+        return tuple(_coerce_to(inner, name, v) for v in value)
     if hint is bool:
         if isinstance(value, bool):
             return value

@@ -53,6 +53,7 @@ from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.systems import bench_figure, memory_breakdown_plot, precision_plot, recommendation_plots
 from bsresearch.runtime import resolve_device, set_threads
+from bsresearch.sizes import parse_bytes
 from bsresearch.systems import (
     compare_precisions,
     device_label,
@@ -62,7 +63,6 @@ from bsresearch.systems import (
     recommend_batch_size,
     run_bench,
 )
-from bsresearch.systems.cli import parse_bytes
 
 dev = resolve_device(device)
 set_threads(1)

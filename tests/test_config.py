@@ -83,6 +83,15 @@ def test_strings_from_the_command_line_are_coerced():
     assert cfg.lr_decay_at == (0.3, 0.6) and cfg.measure == ()
 
 
+def test_one_field_is_coerced_alone():
+    assert C.coerce_field("lr", "1e-3") == 1e-3 and C.coerce_field("batchnorm", "false") is False
+    assert C.coerce_field("lr_decay_at", "0.3,0.6") == (0.3, 0.6) and C.coerce_field("train_size", "none") is None
+    with pytest.raises(ConfigError, match="batch_size must be an integer; got 'x'"):
+        C.coerce_field("batch_size", "x")
+    with pytest.raises(ConfigError, match="unknown config field 'batchsize' \\(did you mean 'batch_size'\\?\\)"):
+        C.coerce_field("batchsize", "3")
+
+
 def test_json_round_trip_and_stable_run_id():
     cfg = RunConfig(batch_size=128, lr=0.2, lr_decay_at=(0.25, 0.5), schedule="step")
     again = RunConfig.from_json(cfg.to_json())

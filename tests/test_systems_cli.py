@@ -15,6 +15,7 @@ from test_systems import state_equal  # noqa: E402
 
 from bsresearch.cli import main  # noqa: E402
 from bsresearch.config import ConfigError  # noqa: E402
+from bsresearch.sizes import parse_bytes  # noqa: E402
 from bsresearch.systems import (  # noqa: E402
     compare_precisions,
     largest_batch_size,
@@ -25,7 +26,6 @@ from bsresearch.systems import (  # noqa: E402
     recommend_batch_size,
     time_to_target,
 )
-from bsresearch.systems.cli import parse_bytes  # noqa: E402
 from bsresearch.systems.workload import build_parts, snapshot, synthetic_batch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -52,6 +52,7 @@ from ..measure.noise import gradient_noise_scale, two_batch_pairs, two_batch_sum
 from ..models import model_for
 from ..runsetup import RunSetup, dry_run
 from ..runtime import make_generator, resolve_device
+from ..sizes import parse_bytes
 from ..state import new_state
 from ..step import optimizer_for
 from ..systems.fit import MemoryFit, fit_memory
@@ -109,7 +110,6 @@ class AdviseConfig:
     device: str | torch.device = "auto"
 
     def __post_init__(self) -> None:
-        from ..systems.cli import parse_bytes
         sizes = self.batch_sizes
         if isinstance(sizes, str) or not sizes or not all(
                 isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in sizes):

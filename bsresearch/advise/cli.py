@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 
 from ..config import LR_SCALINGS
+from ..options import add_config_options, config_from_args
+from ..sizes import parse_bytes, parse_ints
 
 # The RunConfig fields advise takes: what to build (model, data, loss), the optimizer, where and the seed.
 ADVISE_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_batch_size", "dataset",
@@ -28,8 +30,6 @@ ADVISE_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_
                  "nesterov", "weight_decay", "base_batch_size", "lr_scaling", "device", "seed")
 
 def _cmd_advise(args: argparse.Namespace) -> int:
-    from ..cli import config_from_args
-    from ..systems.cli import parse_bytes, parse_ints
     from .api import AdviseConfig
 
     cfg = config_from_args(args.config, {name: getattr(args, name) for name in ADVISE_FIELDS})
@@ -67,7 +67,6 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from ..cli import add_config_options
     p = sub.add_parser("advise", help="batch-size advice for a model, data and loss (built-in or your own)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", help="a JSON file of RunConfig fields (those below are read from it)")

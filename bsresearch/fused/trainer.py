@@ -81,7 +81,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
                                                 *data.first(min(2, data.n_train)), parts.loss)
     if reason is None and len(todo) > 1 and _calibrated(cfg0, stacked, device):
         try:
-            ratio = _calibrate([cfgs[i] for i in todo], data, device, parts, stacked)
+            ratio = calibrate_group([cfgs[i] for i in todo], data, device, parts, stacked)
         except Exception:  # noqa: BLE001 - the group's own steps meet the same error, and the loop records it per member
             ratio = generic.PAYS
         if ratio < generic.PAYS:
@@ -127,9 +127,10 @@ def _calibrated(cfg: RunConfig, stacked: bool, device: torch.device) -> bool:
     return not stacked or (device.type == "cpu" and cfg.batch_size > CPU_FUSE_MAX_BATCH_OTHER)
 
 
-def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: RunSetup,
-               stacked: bool = False) -> float:
-    """generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
+def calibrate_group(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts: RunSetup,
+                    stacked: bool = False) -> float:
+    """The fused step's speed-up per member for this group (train_group fuses it at generic.PAYS or more):
+    generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
     engine the group would train with."""
     copies = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     engine: StackEngine | generic.VmapEngine = StackEngine(copies, data, device) if stacked else \

@@ -58,7 +58,16 @@ from typing import Any
 import yaml
 
 from .. import config as C
-from ..config import FIELD_NAMES, NAME_PATTERN, ConfigError, RunConfig, check_name, did_you_mean, run_id
+from ..config import (
+    FIELD_NAMES,
+    NAME_PATTERN,
+    ConfigError,
+    RunConfig,
+    check_name,
+    coerce_field,
+    did_you_mean,
+    run_id,
+)
 
 SPEC_KEYS = ("name", "extends", "description", "notebook", "analysis", "analysis_parameters", "timeout", "base",
              "grid", "variants", "seeds", "measurements", "overrides")
@@ -309,10 +318,10 @@ def _check_field(key: str, name: Any) -> str:
     return name
 
 
-def coerce_field(key: str, name: str, value: Any) -> Any:
+def _coerce_at(key: str, name: str, value: Any) -> Any:
     """`value` converted to RunConfig field `name`'s type (YAML reads 1e-3 as a string); errors name `key`."""
     try:
-        return C._coerce(name, value, C._type_hints()[name])
+        return coerce_field(name, value)
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc}") from None
 
@@ -329,7 +338,7 @@ def _parse_base(raw: Any, base_dir: Path, key: str = "base") -> dict[str, Any]:
             raise ConfigError(f"{key}.measure: use the top-level 'measurements' list")
         if name == "seed" and key != "base":
             raise ConfigError(f"{key}.seed: seeds come from the top-level 'seeds' list")
-        out[name] = coerce_field(f"{key}.{name}", name, value)
+        out[name] = _coerce_at(f"{key}.{name}", name, value)
     if out.get("data_dir") and not Path(out["data_dir"]).is_absolute():
         out["data_dir"] = str((base_dir / out["data_dir"]).resolve())  # runs execute with their own cwd
     return out
@@ -350,7 +359,7 @@ def _parse_grid(raw: Any) -> dict[str, tuple[Any, ...]]:
             raise ConfigError(f"{key}: use the top-level 'measurements' list")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{key}: must be a non-empty list of values; got {values!r}")
-        coerced = tuple(coerce_field(f"{key}[{i}]", name, v) for i, v in enumerate(values))
+        coerced = tuple(_coerce_at(f"{key}[{i}]", name, v) for i, v in enumerate(values))
         if len(set(map(repr, coerced))) != len(coerced):
             raise ConfigError(f"{key}: values repeat: {list(values)}")
         grid[name] = coerced
@@ -415,13 +424,13 @@ def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = ()) -> Ove
             where[name] = tuple(values)
             continue
         _check_field(f"{key}.where.{name}", name)
-        where[name] = tuple(coerce_field(f"{key}.where.{name}", name, v) for v in values)
+        where[name] = tuple(_coerce_at(f"{key}.where.{name}", name, v) for v in values)
     new_values = {}
     for name, value in set_raw.items():
         _check_field(f"{key}.set.{name}", name)
         if name == "seed":
             raise ConfigError(f"{key}.set.seed: seeds come from the top-level 'seeds' list")
-        new_values[name] = coerce_field(f"{key}.set.{name}", name, value)
+        new_values[name] = _coerce_at(f"{key}.set.{name}", name, value)
     return Override(where=where, values=new_values)
 
 

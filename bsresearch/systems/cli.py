@@ -7,36 +7,12 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from ..config import MODELS, PRECISIONS, ConfigError, check_name, did_you_mean
-
-UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
-         "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
-
-
-def parse_bytes(text: str, name: str = "memory_budget") -> int:
-    """'2GiB', '512MiB', '500MB', '1.5e9' -> bytes; ConfigError naming `name` otherwise."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in UNITS:
-        raise ConfigError(f"{name} must be a size such as 2GiB, 512MiB, 500MB or a number of bytes; got {text!r}")
-    value = float(m.group(1)) * UNITS[m.group(2).lower()]
-    if value < 1:
-        raise ConfigError(f"{name} must be at least one byte; got {text!r}")
-    return int(value)
-
-
-def parse_ints(text: str, name: str) -> list[int]:
-    """'16,32,64' -> [16, 32, 64]; every value a positive integer."""
-    try:
-        values = [int(v) for v in str(text).replace(" ", "").split(",") if v]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        raise ConfigError(f"{name} must be a comma-separated list of positive integers; got {text!r}")
-    return values
+from ..options import add_config_options, config_from_args
+from ..sizes import parse_bytes, parse_ints
 
 
 def _positive_int(text: str | None, name: str, allow_zero: bool = False) -> int | None:
@@ -78,7 +54,6 @@ def _workloads(models: list[str], precisions: list[str], optimizer: str):
 
 def _config_workloads(args: argparse.Namespace, precisions: list[str], optimizer: str):
     """One workload per precision for the model, dataset and loss the RunConfig options name."""
-    from ..cli import config_from_args
     from .workload import DEFAULT_DATASET, workload_for
     fields = {name: getattr(args, name) for name in BENCH_FIELDS}
     if fields.get("dataset") is None:
@@ -215,7 +190,6 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--label", help="file name label [the device: GPU model or CPU model]")
     p.add_argument("--no-figure", action="store_true", help="write the tables only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    from ..cli import add_config_options
     add_config_options(p, BENCH_FIELDS, "one model of any kind instead of --models: RunConfig fields, as for "
                                         "`bsresearch train` (a built-in name, or FILE.py:NAME with its kwargs)")
     p.set_defaults(handler=_cmd_bench)

@@ -1,0 +1,37 @@
+"""Sizes written as text: a memory size ('2GiB' -> bytes) and a list of sizes ('16,32,64' -> [16, 32, 64]).
+
+For the command line and for library settings alike (advise's AdviseConfig.memory_budget, a notebook's
+parameter). A mistake is a ConfigError naming the setting. No import but errors.py; no torch.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigError
+
+# Suffix (lower case) -> bytes: the decimal (k, kb, m, mb, ...) and the binary (kib, mib, ...) ones.
+BYTE_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9,
+              "gb": 10 ** 9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12,
+              "tib": 2 ** 40}
+
+
+def parse_bytes(text: str, name: str = "memory_budget") -> int:
+    """'2GiB', '512MiB', '500MB', '1.5e9' -> bytes; ConfigError naming `name` otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in BYTE_UNITS:
+        raise ConfigError(f"{name} must be a size such as 2GiB, 512MiB, 500MB or a number of bytes; got {text!r}")
+    value = float(m.group(1)) * BYTE_UNITS[m.group(2).lower()]
+    if value < 1:
+        raise ConfigError(f"{name} must be at least one byte; got {text!r}")
+    return int(value)
+
+
+def parse_ints(text: str, name: str) -> list[int]:
+    """'16,32,64' -> [16, 32, 64]; every value a positive integer."""
+    try:
+        values = [int(v) for v in str(text).replace(" ", "").split(",") if v]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"{name} must be a comma-separated list of positive integers; got {text!r}")
+    return values
