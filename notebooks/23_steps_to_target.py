@@ -68,7 +68,9 @@ from IPython.display import display
 from bsresearch import results, stats
 from bsresearch.config import ConfigError
 from bsresearch.findings import steps_to_target as stt
-from bsresearch.findings.steps_to_target import (
+from bsresearch.paths import project_path
+from bsresearch.plots import figure_grid, learning_curves, save_figure
+from bsresearch.plots.findings.steps_to_target import (
     b_crit_vs_target,
     examples_vs_batch,
     noise_at_target_vs_batch,
@@ -79,8 +81,6 @@ from bsresearch.findings.steps_to_target import (
     tuned_lr_vs_batch,
     two_batch_vs_exact,
 )
-from bsresearch.paths import project_path
-from bsresearch.plots import figure_grid, learning_curves, save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)

@@ -45,12 +45,13 @@ from bsresearch.findings.adam_vs_sgd import (
     fittable,
     optimizer_fit,
     seeds_overrides,
-    steps_by_optimizer,
     tuned_by_optimizer,
 )
-from bsresearch.findings.steps_to_target import critical_batch_fits, local_exponents, steps_vs_lr
+from bsresearch.findings.steps_to_target import critical_batch_fits, local_exponents
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.adam_vs_sgd import steps_by_optimizer
+from bsresearch.plots.findings.steps_to_target import steps_vs_lr
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)

@@ -16,10 +16,10 @@ from bsresearch.findings.adam_vs_sgd import (
     fittable,
     optimizer_fit,
     seeds_overrides,
-    steps_by_optimizer,
     tuned_by_optimizer,
 )
 from bsresearch.measure.critical import CriticalBatchFit
+from bsresearch.plots.findings.adam_vs_sgd import steps_by_optimizer
 
 SIZES = (8, 32, 128, 512, 2048)
 B_CRIT = {"adam": 400.0, "sgd": 100.0}

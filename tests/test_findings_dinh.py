@@ -6,14 +6,9 @@ import pytest
 import torch
 
 from bsresearch.config import ConfigError, RunConfig
-from bsresearch.findings.dinh import (
-    absolute_and_ratios,
-    measure_vs_alpha,
-    per_model_ratios,
-    relu_rescale,
-    rescaling_test,
-)
+from bsresearch.findings.dinh import absolute_and_ratios, per_model_ratios, relu_rescale, rescaling_test
 from bsresearch.models import build_model
+from bsresearch.plots.findings.dinh import measure_vs_alpha
 from bsresearch.runtime import make_generator
 
 

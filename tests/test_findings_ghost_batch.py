@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.ghost_batch import accuracy_vs_ghost, best_ghost, by_ghost_size, compare_ghost, ghost_slope
+from bsresearch.findings.ghost_batch import best_ghost, by_ghost_size, compare_ghost, ghost_slope
+from bsresearch.plots.findings.ghost_batch import accuracy_vs_ghost
 
 GHOSTS = (16, 32, 64, 128, 256)
 

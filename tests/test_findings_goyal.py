@@ -12,7 +12,8 @@ from conftest import variant_rows
 from bsresearch import stats
 from bsresearch.config import ConfigError
 from bsresearch.findings import goyal
-from bsresearch.findings.goyal import rule_vs_batch
+from bsresearch.plots.findings import goyal as goyal_plots
+from bsresearch.plots.findings.goyal import rule_vs_batch
 
 
 def test_breaking_batch_finds_the_first_drop_or_divergence():
@@ -120,7 +121,7 @@ def test_difference_vs_batch_keeps_every_interval_inside_the_axes():
                       _rule_rows({32: 0, 80: 0.002, 400: 0.3}, {400: ["diverged"] + ["ok"] * 4}, rule="none")])
     diffs = goyal.versus_baseline_batch(rows, "test_acc", 32)
     fig, ax = plt.subplots()
-    goyal.difference_vs_batch(ax, rows, diffs, margin=0.01, order=["linear_warmup", "none"])
+    goyal_plots.difference_vs_batch(ax, rows, diffs, margin=0.01, order=["linear_warmup", "none"])
     bottom, top = ax.get_ylim()
     assert bottom < 100 * diffs["low"].min() and top > 100 * diffs["high"].max() and bottom < -1 < top
     threshold = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
@@ -137,9 +138,9 @@ def test_difference_vs_batch_keeps_every_interval_inside_the_axes():
 
 def test_limits_from_intervals_pads_the_range():
     fig, ax = plt.subplots()
-    goyal.limits_from_intervals(ax, [[0.0, np.nan]], [[10.0]], pad=0.1)
+    goyal_plots.limits_from_intervals(ax, [[0.0, np.nan]], [[10.0]], pad=0.1)
     assert ax.get_ylim() == pytest.approx((-1.0, 11.0))
-    goyal.limits_from_intervals(ax, [[1.0]], [[100.0]], log=True, pad=0.5)
+    goyal_plots.limits_from_intervals(ax, [[1.0]], [[100.0]], log=True, pad=0.5)
     assert ax.get_ylim() == pytest.approx((0.1, 1000.0))
     plt.close(fig)
 
@@ -148,7 +149,7 @@ def test_curves_by_batch_band_is_the_t_interval_over_seeds():
     history = pd.DataFrame({"batch_size": [32] * 6 + [80] * 2, "epoch": [1, 1, 1, 2, 2, 2, 1, 2],
                             "train_loss": [1.0, 2.0, 3.0, 0.5, 0.5, 0.5, 1.0, 0.5]})
     fig, ax = plt.subplots()
-    goyal.curves_by_batch(ax, history, "train_loss", log_y=False)
+    goyal_plots.curves_by_batch(ax, history, "train_loss", log_y=False)
     line = ax.get_lines()[0]
     assert list(np.asarray(line.get_ydata())) == [2.0, 0.5] and line.get_label() == "32"
     band = np.asarray(ax.collections[0].get_paths()[0].vertices)[:, 1]

@@ -12,7 +12,8 @@ from conftest import variant_rows
 from bsresearch import stats
 from bsresearch.config import ConfigError
 from bsresearch.findings import hoffer
-from bsresearch.findings.hoffer import distance_panel, variant_points
+from bsresearch.plots.findings import hoffer as hoffer_plots
+from bsresearch.plots.findings.hoffer import distance_panel, variant_points
 
 
 def _history(variant, seed, slope, decay_at=100, last=400, warmup=0):
@@ -127,8 +128,8 @@ def test_distance_panel_draws_the_fits_of_the_mean_curve_it_labels():
 
 
 def test_variant_label_spells_out_the_codes():
-    assert hoffer.variant_label("lb_sqrt_gbn_ra") == "LB + sqrt lr + ghost BN + regime adaptation"
-    assert hoffer.variant_label("sb") == "SB" and hoffer.variant_label("lb_xyz") == "LB + xyz"
+    assert hoffer_plots.variant_label("lb_sqrt_gbn_ra") == "LB + sqrt lr + ghost BN + regime adaptation"
+    assert hoffer_plots.variant_label("sb") == "SB" and hoffer_plots.variant_label("lb_xyz") == "LB + xyz"
 
 
 # ----------------------------------------------------------------------------- AIC: log t against a power law
@@ -296,7 +297,7 @@ def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     runs = _mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.931})
     test = hoffer.matched_loss_test(runs)
     fig, ax = plt.subplots()
-    hoffer.ladder_plot(ax, runs, test)
+    hoffer_plots.ladder_plot(ax, runs, test)
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
     ladder = lines["small batch, 1-16x its epochs (mean)"]
     scale = (0.9 * 1.1) ** 0.2
@@ -304,7 +305,7 @@ def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     assert list(ladder.get_ydata()) == pytest.approx([ACC[v] for v in hoffer.LADDER])
     ring = lines["SB* = sb_x8 (nearest train loss)"]
     assert ring.get_xdata()[0] == pytest.approx(0.001 * scale)
-    star = lines[hoffer.variant_label("lb_sqrt_gbn_ra")]
+    star = lines[hoffer_plots.variant_label("lb_sqrt_gbn_ra")]
     assert star.get_marker() == "*" and star.get_ydata()[0] == pytest.approx(0.931)
     assert ax.get_xscale() == "log"
     # the axis spans the ladder's and the recipe's runs (a one-point difference stays visible); plain LB, far
@@ -314,7 +315,7 @@ def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     assert low <= shown.min() and shown.max() <= high and high - low < 2 * (shown.max() - shown.min()) + 0.01
     texts = [t.get_text() for t in ax.texts]
     lb = runs[runs.variant == "lb"].test_acc.mean()
-    assert lb < low and texts == [f"off the axis: {hoffer.variant_label('lb')}: mean {lb:.3g}"]
+    assert lb < low and texts == [f"off the axis: {hoffer_plots.variant_label('lb')}: mean {lb:.3g}"]
     plt.close(fig)
 
 

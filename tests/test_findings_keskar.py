@@ -7,15 +7,9 @@ from conftest import tiny_config
 
 from bsresearch import results
 from bsresearch.config import ConfigError
-from bsresearch.findings.keskar import (
-    interpolate_runs,
-    keskar_test,
-    paired_differences,
-    paired_test_plot,
-    tenth_of_data,
-    verdict_table,
-)
+from bsresearch.findings.keskar import interpolate_runs, keskar_test, paired_differences, tenth_of_data, verdict_table
 from bsresearch.findings.runs import measure_runs
+from bsresearch.plots.findings.keskar import paired_test_plot
 from bsresearch.train import run
 
 

@@ -8,14 +8,8 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import RunConfig
-from bsresearch.findings.lm_batch_warmup import (
-    loss_curves,
-    loss_vs,
-    schedules,
-    steps_to_reach,
-    warmup_schedule,
-    warmup_test,
-)
+from bsresearch.findings.lm_batch_warmup import loss_curves, schedules, steps_to_reach, warmup_schedule, warmup_test
+from bsresearch.plots.findings.lm_batch_warmup import loss_vs
 
 SEEDS = (0, 1, 2, 3, 4)
 NOISE = (0.0, 0.01, -0.01, 0.02, -0.02)

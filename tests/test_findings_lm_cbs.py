@@ -8,15 +8,8 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.lm_cbs import (
-    branch_losses,
-    cbs_by_checkpoint,
-    cbs_test,
-    cbs_vs_tokens,
-    critical_batch_sizes,
-    loss_ratios,
-    ratio_vs_k,
-)
+from bsresearch.findings.lm_cbs import branch_losses, cbs_by_checkpoint, cbs_test, critical_batch_sizes, loss_ratios
+from bsresearch.plots.findings.lm_cbs import cbs_vs_tokens, ratio_vs_k
 
 CHECKPOINTS = (8192.0, 32768.0, 131072.0)
 KS = (1, 2, 4, 8, 16)

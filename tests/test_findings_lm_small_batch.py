@@ -11,14 +11,13 @@ import yaml
 
 from bsresearch.findings.lm_small_batch import (
     by_batch,
-    loss_vs_batch,
     secondary,
     seeds_overrides,
     select_lr,
     settings,
     small_batch_test,
-    spread_vs_batch,
 )
+from bsresearch.plots.findings.lm_small_batch import loss_vs_batch, spread_vs_batch
 
 BATCHES = (1, 4, 256)
 SEEDS = (3, 4, 5, 6, 7)

@@ -10,14 +10,12 @@ from bsresearch import stats
 from bsresearch.config import ConfigError
 from bsresearch.findings.masters_luschi import (
     Trend,
-    accuracy_vs_lr_plot,
     range_test,
     stable_lr_intervals,
     stable_lr_table,
-    stable_range_plot,
     stable_range_trend,
-    window_width_plot,
 )
+from bsresearch.plots.findings.masters_luschi import accuracy_vs_lr_plot, stable_range_plot, window_width_plot
 
 LRS = [2.0 ** k for k in range(-8, 1)]   # 2^-8 .. 1
 

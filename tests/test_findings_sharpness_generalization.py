@@ -8,13 +8,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.sharpness_generalization import (
-    DECIDING,
-    correlation_plot,
-    finding_test,
-    gap_scatter,
-    rank_correlations,
-)
+from bsresearch.findings.sharpness_generalization import DECIDING, finding_test, rank_correlations
+from bsresearch.plots.findings.sharpness_generalization import correlation_plot, gap_scatter
 
 
 def runs_table(seeds=range(5)):

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.smith_kindermans import compare_schedules, curves_by_schedule
+from bsresearch.findings.smith_kindermans import compare_schedules
+from bsresearch.plots.findings.smith_kindermans import curves_by_schedule
 
 
 def rows(ramp_acc, decay_acc, ramp_steps=560, decay_steps=1000):

@@ -17,18 +17,20 @@ from bsresearch.config import ConfigError
 from bsresearch.findings.smith_le import (
     Peak,
     agreement,
-    agreement_plot,
     breaking_point,
     curve_gaps,
-    metric_vs_batch_optima,
-    metric_vs_noise_scale,
     optimum_by_group,
-    optimum_scaling,
     parabola_peak,
     power_law,
     power_law_by_seed,
     sgd_noise_scale,
     slope_verdict,
+)
+from bsresearch.plots.findings.smith_le import (
+    agreement_plot,
+    metric_vs_batch_optima,
+    metric_vs_noise_scale,
+    optimum_scaling,
 )
 
 GRID = [16, 32, 64, 128, 256, 512, 1024]

@@ -21,34 +21,36 @@ from bsresearch.findings.steps_to_target import (
     add_confirmation_seeds,
     at_best_lr,
     b_crit_by_target,
-    b_crit_vs_target,
     critical_batch_fits,
     critical_batch_test,
-    examples_vs_batch,
     exponent_regime,
     fit_points,
     fit_tuned_lr,
     largest_batch_fraction,
     local_exponents,
     lr_chosen_elsewhere,
-    mark_regimes,
-    noise_at_target_vs_batch,
     noise_checkpoints,
     noise_ratio_test,
-    noise_vs_training,
     regime_boundaries,
-    regime_legend_text,
     regime_of,
     steps_at_targets,
-    steps_vs_batch,
-    steps_vs_lr,
-    tuned_lr_vs_batch,
     tuned_table,
-    two_batch_vs_exact,
     value_at_loss,
 )
 from bsresearch.measure.critical import fit_critical_batch
 from bsresearch.measure.noise import two_batch_pairs, two_batch_summary
+from bsresearch.plots.findings.steps_to_target import (
+    b_crit_vs_target,
+    examples_vs_batch,
+    mark_regimes,
+    noise_at_target_vs_batch,
+    noise_vs_training,
+    regime_legend_text,
+    steps_vs_batch,
+    steps_vs_lr,
+    tuned_lr_vs_batch,
+    two_batch_vs_exact,
+)
 
 S_MIN, B_CRIT = 400.0, 50.0
 SIZES = [4, 16, 64, 256, 1024]
