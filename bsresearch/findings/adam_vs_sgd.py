@@ -26,6 +26,7 @@ from .. import results
 from ..config import ConfigError
 from ..measure.critical import CriticalBatchFit
 from .steps_to_target import at_best_lr, tuned_table
+from .verdict import Verdict
 
 OPTIMIZER = "optimizer"
 STEPS = "steps_to_target"
@@ -103,7 +104,7 @@ class CriticalBatchRatio:
     b_crit_b_interval: tuple[float, float]
     intervals_overlap: bool
     factor: float                             # the ratio the verdict asks for (2)
-    verdict: str                              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     within_factor: bool                       # rho's interval lies within [1/factor, factor] (Nado's reading)
     problems: tuple[str, ...] = ()            # why not testable
 
@@ -126,13 +127,13 @@ def critical_batch_ratio(fit_a: CriticalBatchFit, fit_b: CriticalBatchFit, facto
         dof, low, high = math.nan, math.nan, math.nan
     overlap = not fit_a.b_crit_interval[0] > fit_b.b_crit_interval[1]
     if not math.isfinite(low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif ratio >= factor and not overlap:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif low > 1:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     within = math.isfinite(low) and 1 / factor <= low and high <= factor
     return CriticalBatchRatio(ratio, low, high, dof, fit_a.b_crit, fit_a.b_crit_interval, fit_b.b_crit,
                               fit_b.b_crit_interval, overlap, factor, verdict, within)
@@ -168,7 +169,7 @@ def compare_critical_batches(points: pd.DataFrame, best: pd.DataFrame, a: str = 
     except ConfigError as error:
         nan = (math.nan, math.nan)
         return CriticalBatchRatio(math.nan, math.nan, math.nan, math.nan, math.nan, nan, math.nan, nan, True,
-                                  factor, "not testable", False, tuple(problems) or (str(error),))
+                                  factor, Verdict.NOT_TESTABLE, False, tuple(problems) or (str(error),))
     if problems:
-        return dataclasses.replace(ratio, verdict="not testable", problems=tuple(problems))
+        return dataclasses.replace(ratio, verdict=Verdict.NOT_TESTABLE, problems=tuple(problems))
     return ratio

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError
+from .verdict import Verdict
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
@@ -91,7 +92,7 @@ class RescalingTest:
     tolerance: float              # validity holds when max_relative_change <= tolerance
     reproduced_at: float          # Lambda >= this: reproduced
     partly_at: float              # partly_at <= Lambda < reproduced_at: partly; below: not reproduced
-    verdict: str                  # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str
 
 
@@ -116,23 +117,23 @@ def rescaling_test(table: pd.DataFrame, measure: str = "top_eigenvalue", alpha: 
     where = (int(smallest["batch_size"]), int(smallest["seed"])) if smallest is not None else ()
     largest = float(ratios["ratio"].max()) if len(ratios) else math.nan
 
-    def result(verdict: str, why: str) -> RescalingTest:
+    def result(verdict: Verdict, why: str) -> RescalingTest:
         return RescalingTest(lam, where, largest, len(ratios), relative, tolerance, reproduced_at, partly_at,
                              verdict, why)
 
     if not relative <= tolerance:
-        return result("not testable", f"the function changed: max|output change| / max|logit| = {relative:.2g} "
+        return result(Verdict.NOT_TESTABLE, f"the function changed: max|output change| / max|logit| = {relative:.2g} "
                                       f"> {tolerance:g}")
     if not len(ratios) or (n_models is not None and len(ratios) < n_models):
-        return result("not testable", f"{len(ratios)} models with alpha {reference_alpha:g} and {alpha:g}"
+        return result(Verdict.NOT_TESTABLE, f"{len(ratios)} models with alpha {reference_alpha:g} and {alpha:g}"
                                       + (f", {n_models} expected" if n_models is not None else ""))
     if not (math.isfinite(lam) and np.isfinite(ratios["ratio"]).all()):
-        return result("not testable", f"a ratio of {measure} is not finite")
+        return result(Verdict.NOT_TESTABLE, f"a ratio of {measure} is not finite")
     if lam >= reproduced_at:
-        return result("reproduced", f"Lambda {lam:.3g} >= {reproduced_at:g}")
+        return result(Verdict.REPRODUCED, f"Lambda {lam:.3g} >= {reproduced_at:g}")
     if lam >= partly_at:
-        return result("partly", f"{partly_at:g} <= Lambda {lam:.3g} < {reproduced_at:g}")
-    return result("not reproduced", f"Lambda {lam:.3g} < {partly_at:g}")
+        return result(Verdict.PARTLY, f"{partly_at:g} <= Lambda {lam:.3g} < {reproduced_at:g}")
+    return result(Verdict.NOT_REPRODUCED, f"Lambda {lam:.3g} < {partly_at:g}")
 
 
 def absolute_and_ratios(table: pd.DataFrame, measures: Sequence[str], alpha: float = 10.0,

@@ -23,6 +23,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
+from .verdict import Verdict
 
 GHOST = "ghost_batch_size"
 
@@ -51,7 +52,7 @@ class GhostComparison:
     n_ghost: int
     n_none: int
     margin: float           # the gain that must not be excluded for "partly" (0.005 = half a point)
-    verdict: str            # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -71,13 +72,13 @@ def compare_ghost(rows: pd.DataFrame, ghost: int = 32, metric: str = "test_acc",
     d = stats.welch_interval(rows.loc[ok & (sizes == ghost), metric], rows.loc[ok & (sizes == batch), metric],
                              confidence)
     if problems or d.n_a < 2 or d.n_b < 2 or not math.isfinite(d.low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif d.low > 0:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif d.high > margin:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     return GhostComparison(ghost, batch, d.diff, d.low, d.high, d.n_a, d.n_b, margin, verdict, tuple(problems))
 
 

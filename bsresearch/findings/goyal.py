@@ -25,6 +25,7 @@ import pandas as pd
 from .. import stats
 from ..config import ConfigError
 from ..stats import versus_within, welch_interval
+from .verdict import Verdict
 
 FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
 
@@ -79,7 +80,7 @@ class ScalingTest:
     margin: float          # 0.01 = 1 point
     reproduced_at: int     # B* >= this: reproduced
     partly_at: int         # partly_at <= B* < reproduced_at: partly; B* below: not reproduced
-    verdict: str           # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     extend_seeds: bool     # an interval that decides B* contains -margin with < 8 seeds (protocol item 3)
 
     @property
@@ -97,25 +98,26 @@ def scaling_test(rows: pd.DataFrame, rule_value: str = "linear_warmup", metric: 
     per = holding_batches(rows, rule_value, metric, margin, baseline_batch, rule, batch)
     base = per[per[batch] == baseline_batch]
 
-    def result(b_star: float, first: float, why: str, verdict: str, extend: bool = False) -> ScalingTest:
+    def result(b_star: float, first: float, why: str, verdict: Verdict, extend: bool = False) -> ScalingTest:
         return ScalingTest(rule_value, baseline_batch, b_star, first, why, margin, reproduced_at, partly_at,
                            verdict, extend)
 
     if not len(base) or int(base["n_ok"].iloc[0]) < 2:
         return result(math.nan, math.nan, f"fewer than 2 finished seeds at the baseline batch {baseline_batch}",
-                      "not testable")
+                      Verdict.NOT_TESTABLE)
     if per["n_unfinished"].sum():
         return result(math.nan, math.nan, f"{int(per['n_unfinished'].sum())} runs not finished (rerun them)",
-                      "not testable")
+                      Verdict.NOT_TESTABLE)
     if base["n_diverged"].iloc[0]:
-        return result(math.nan, math.nan, "a seed diverged at the baseline batch", "not testable")
+        return result(math.nan, math.nan, "a seed diverged at the baseline batch", Verdict.NOT_TESTABLE)
     grid = per[per[batch] >= baseline_batch]
     failing = grid[~grid["holds"]]
     first = float(failing[batch].iloc[0]) if len(failing) else math.nan
     deciding = grid if not len(failing) else grid[grid[batch] <= first]
     b_star = float(deciding[deciding["holds"]][batch].max())
     why = str(failing["why"].iloc[0]) if len(failing) else "every batch size holds"
-    verdict = ("reproduced" if b_star >= reproduced_at else "partly" if b_star >= partly_at else "not reproduced")
+    verdict = (Verdict.REPRODUCED if b_star >= reproduced_at else Verdict.PARTLY if b_star >= partly_at
+               else Verdict.NOT_REPRODUCED)
     compared = deciding[deciding[batch] != baseline_batch]     # the baseline holds by definition
     # Seeds count where they decide: a batch beyond the first failure (e.g. one with a diverged seed) does not.
     few = int(deciding["n_ok"].min()) < 8
@@ -188,7 +190,7 @@ class CeilingTest:
     per_batch: pd.DataFrame  # per batch size: linear_lr, best_lr (on all seeds), n_lrs, best_at_bottom,
     #                          held_out_lrs, lr_ceiling, and the linear and held-out best-lr differences from the
     #                          baseline (linear_/best_ diff, low, high, holds)
-    verdict: str             # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str
     extend_seeds: bool
 
@@ -297,29 +299,31 @@ def lr_ceiling_test(rows: pd.DataFrame, n_train: int, metric: str = "test_acc", 
                                                   else per_batch[batch].max())]
     at_bottom = deciding_top.loc[deciding_top["best_at_bottom"].astype(bool), batch].tolist()
     if len(unfinished):
-        verdict, why = "not testable", f"{len(unfinished)} runs not finished (rerun them)"
-    elif lin.verdict == "not testable":
-        verdict, why = "not testable", f"the linear rule's test is not testable ({lin.why})"
+        verdict, why = Verdict.NOT_TESTABLE, f"{len(unfinished)} runs not finished (rerun them)"
+    elif lin.verdict == Verdict.NOT_TESTABLE:
+        verdict, why = Verdict.NOT_TESTABLE, f"the linear rule's test is not testable ({lin.why})"
     elif not math.isfinite(b_fail):
-        verdict, why = "not testable", "the linear rule holds at every batch size of the grid: no break to explain"
+        verdict, why = (Verdict.NOT_TESTABLE,
+                        "the linear rule holds at every batch size of the grid: no break to explain")
     elif at_bottom:
-        verdict, why = "not testable", (f"the best lr is the grid's smallest at B = {', '.join(map(str, at_bottom))} "
-                                        f"(extend the grid one factor of 2 below, once)")
+        verdict, why = Verdict.NOT_TESTABLE, (f"the best lr is the grid's smallest at B = "
+                                              f"{', '.join(map(str, at_bottom))} "
+                                              f"(extend the grid one factor of 2 below, once)")
     elif fail_kind == "batch":
         if fraction_lin >= min_fraction:
-            verdict, why = "reproduced", (f"B = {b_fail:g} fails at every lr of the grid (a batch limit); B*/N = "
-                                          f"{fraction_lin:.3g} >= {min_fraction:.3g}")
+            verdict, why = Verdict.REPRODUCED, (f"B = {b_fail:g} fails at every lr of the grid (a batch limit); B*/N = "
+                                                f"{fraction_lin:.3g} >= {min_fraction:.3g}")
         else:
-            verdict, why = "partly", (f"B = {b_fail:g} fails at every lr of the grid, but B*/N = {fraction_lin:.3g} "
-                                      f"< {min_fraction:.3g}")
+            verdict, why = Verdict.PARTLY, (f"B = {b_fail:g} fails at every lr of the grid, but B*/N = "
+                                            f"{fraction_lin:.3g} < {min_fraction:.3g}")
     elif math.isfinite(top.first_failing):
-        verdict, why = "partly", (f"B = {b_fail:g} holds at lr {best_lr[b_fail]:g} < the linear "
-                                  f"{base_lr * b_fail / baseline_batch:g} (an lr ceiling); the batch limit is at B = "
-                                  f"{top.first_failing:g} (B*_best/N = {fraction_top:.3g})")
+        verdict, why = Verdict.PARTLY, (f"B = {b_fail:g} holds at lr {best_lr[b_fail]:g} < the linear "
+                                        f"{base_lr * b_fail / baseline_batch:g} (an lr ceiling); the batch limit is "
+                                        f"at B = {top.first_failing:g} (B*_best/N = {fraction_top:.3g})")
     else:
-        verdict, why = "not reproduced", (f"B = {b_fail:g} holds at lr {best_lr[b_fail]:g} (an lr ceiling) and every "
-                                          f"batch size holds at its best lr: no batch limit up to B/N = "
-                                          f"{per_batch[batch].max() / n_train:.3g}")
-    extend = verdict != "not testable" and (lin.extend_seeds or top.extend_seeds)
+        verdict, why = Verdict.NOT_REPRODUCED, (f"B = {b_fail:g} holds at lr {best_lr[b_fail]:g} (an lr ceiling) "
+                                                f"and every batch size holds at its best lr: no batch limit up to "
+                                                f"B/N = {per_batch[batch].max() / n_train:.3g}")
+    extend = verdict != Verdict.NOT_TESTABLE and (lin.extend_seeds or top.extend_seeds)
     return CeilingTest(lin, top, b_fail, fail_kind, n_train, fraction_lin, fraction_top, min_fraction, per_batch,
                        verdict, why, extend)

@@ -26,6 +26,7 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..stats import welch_interval
+from .verdict import Verdict
 
 # ----------------------------------------------------------------------------- the pre-registered test
 FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
@@ -53,7 +54,7 @@ class RecipeTest:
     n_recipe_diverged: int   # a diverged seed of the recipe counts against it: never "reproduced"
     n_unfinished: int        # runs of the three variants that failed, timed out, ... (rerun them)
     margin: float            # 0.01 = 1 point
-    verdict: str             # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str                 # the rule that decided, in words
     extend_seeds: bool       # an interval that decides contains its threshold with < 8 seeds (protocol item 3)
 
@@ -84,25 +85,25 @@ def recipe_test(rows: pd.DataFrame, metric: str = "test_acc", margin: float = 0.
     closed = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == large][metric])
     n_large = gap.n_a
     if unfinished:
-        verdict, why = "not testable", f"{unfinished} runs have not finished (rerun them with --retry-failed)"
+        verdict, why = Verdict.NOT_TESTABLE, f"{unfinished} runs have not finished (rerun them with --retry-failed)"
     elif min(d.n_a, d.n_b, n_large) < 2 or not (math.isfinite(d.low) and math.isfinite(gap.high)):
-        verdict, why = "not testable", (f"fewer than 2 finished seeds (recipe {d.n_a}, {small} {d.n_b}, "
-                                        f"{large} {n_large})")
+        verdict, why = Verdict.NOT_TESTABLE, (f"fewer than 2 finished seeds (recipe {d.n_a}, {small} {d.n_b}, "
+                                              f"{large} {n_large})")
     elif not gap.high < -margin:
-        verdict, why = "not testable", (f"no gap to close: {large} - {small} interval's upper end "
-                                        f"{100 * gap.high:+.2f} points is not below {-100 * margin:+.2f}")
+        verdict, why = Verdict.NOT_TESTABLE, (f"no gap to close: {large} - {small} interval's upper end "
+                                              f"{100 * gap.high:+.2f} points is not below {-100 * margin:+.2f}")
     elif d.low > -margin and not diverged:
-        verdict, why = "reproduced", f"Delta's lower end {100 * d.low:+.2f} points > {-100 * margin:+.2f}"
+        verdict, why = Verdict.REPRODUCED, f"Delta's lower end {100 * d.low:+.2f} points > {-100 * margin:+.2f}"
     elif closed.low > 0:
-        verdict, why = "partly", (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
-                                  + (f" or {diverged} recipe seeds diverged" if diverged else "")
-                                  + f"; recipe - {large} lower end {100 * closed.low:+.2f} > 0")
+        verdict, why = Verdict.PARTLY, (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                        + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                        + f"; recipe - {large} lower end {100 * closed.low:+.2f} > 0")
     else:
-        verdict, why = "not reproduced", (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
-                                          + (f" or {diverged} recipe seeds diverged" if diverged else "")
-                                          + f"; recipe - {large} lower end {100 * closed.low:+.2f} <= 0")
+        verdict, why = Verdict.NOT_REPRODUCED, (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                                + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                                + f"; recipe - {large} lower end {100 * closed.low:+.2f} <= 0")
     deciding = [(gap.low, gap.high, -margin), (d.low, d.high, -margin)]
-    if verdict in ("partly", "not reproduced"):
+    if verdict in (Verdict.PARTLY, Verdict.NOT_REPRODUCED):
         deciding.append((closed.low, closed.high, 0.0))
     computed = not unfinished and min(d.n_a, d.n_b, n_large) >= 2
     extend = computed and min(d.n_a, d.n_b, n_large) < 8 and any(_straddles(*x) for x in deciding)
@@ -204,7 +205,7 @@ def matched_control(rows: pd.DataFrame, reference: str = "lb_sqrt_gbn_ra", candi
 
 
 @dataclass(frozen=True)
-class MatchedLossTest:
+class MatchedLossRecipeTest:
     """Hoffer's mechanism test (docs/protocols.md, protocol v4): the recipe against a small batch that had the
     same chance to fit the training set. Differences are mean(first) - mean(second) of the final metric over
     the seeds that ended ok, Welch's 95% interval, in the metric's units (0.01 = 1 point)."""
@@ -227,7 +228,7 @@ class MatchedLossTest:
     n_recipe_diverged: int
     n_unfinished: int        # runs of the recipe and the ladder that failed, timed out, ... (rerun them)
     margin: float
-    verdict: str             # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str
     extend_seeds: bool       # a deciding interval contains its threshold with < 8 seeds (statistics item 3)
     ladder: pd.DataFrame     # matched_control's table
@@ -235,7 +236,7 @@ class MatchedLossTest:
 
 def matched_loss_test(rows: pd.DataFrame, recipe: str = "lb_sqrt_gbn_ra", ladder: Sequence[str] = LADDER,
                       short: str = "sb", metric: str = "test_acc", loss: str = "train_loss", margin: float = 0.01,
-                      by: str = "variant") -> MatchedLossTest:
+                      by: str = "variant") -> MatchedLossRecipeTest:
     """The recipe's test accuracy against SB*, the small-batch rung of `ladder` whose final train loss is
     nearest the recipe's (matched_control), and against `short`, the original small batch.
 
@@ -258,29 +259,29 @@ def matched_loss_test(rows: pd.DataFrame, recipe: str = "lb_sqrt_gbn_ra", ladder
     s = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == short][metric])
     n_control = d.n_b if match.control else 0
     if unfinished:
-        verdict, why = "not testable", f"{unfinished} runs have not finished (rerun them with --retry-failed)"
+        verdict, why = Verdict.NOT_TESTABLE, f"{unfinished} runs have not finished (rerun them with --retry-failed)"
     elif min(d.n_a, n_control, s.n_b) < 2 or not math.isfinite(d.low):
-        verdict, why = "not testable", (f"fewer than 2 finished seeds (recipe {d.n_a}, SB* {match.control or '-'} "
-                                        f"{n_control}, {short} {s.n_b})")
+        verdict, why = Verdict.NOT_TESTABLE, (f"fewer than 2 finished seeds (recipe {d.n_a}, "
+                                              f"SB* {match.control or '-'} {n_control}, {short} {s.n_b})")
     elif not match.reached:
-        verdict, why = "not testable", (f"no rung of the ladder reaches the recipe's train loss "
-                                        f"{match.reference_loss:.3g} (nearest: {match.control} at "
-                                        f"{match.control_loss:.3g}): extend the ladder by one rung, once")
+        verdict, why = Verdict.NOT_TESTABLE, (f"no rung of the ladder reaches the recipe's train loss "
+                                              f"{match.reference_loss:.3g} (nearest: {match.control} at "
+                                              f"{match.control_loss:.3g}): extend the ladder by one rung, once")
     elif d.low > -margin and not diverged:
-        verdict, why = "reproduced", (f"Delta_loss (recipe - {match.control}) lower end {100 * d.low:+.2f} points "
-                                      f"> {-100 * margin:+.2f}")
+        verdict, why = Verdict.REPRODUCED, (f"Delta_loss (recipe - {match.control}) lower end "
+                                            f"{100 * d.low:+.2f} points > {-100 * margin:+.2f}")
     elif s.low > -margin:
-        verdict, why = "partly", (f"Delta_loss lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
-                                  + (f" or {diverged} recipe seeds diverged" if diverged else "")
-                                  + f"; Delta_orig (recipe - {short}) lower end {100 * s.low:+.2f} > "
-                                    f"{-100 * margin:+.2f}")
+        verdict, why = Verdict.PARTLY, (f"Delta_loss lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                        + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                        + f"; Delta_orig (recipe - {short}) lower end {100 * s.low:+.2f} > "
+                                        f"{-100 * margin:+.2f}")
     else:
-        verdict, why = "not reproduced", (f"Delta_loss lower end {100 * d.low:+.2f} and Delta_orig lower end "
-                                          f"{100 * s.low:+.2f} points, both <= {-100 * margin:+.2f}")
-    deciding = [(d.low, d.high, -margin)] + ([(s.low, s.high, -margin)] if verdict != "reproduced" else [])
-    extend = (verdict != "not testable" and min(d.n_a, n_control, s.n_b) < 8
+        verdict, why = Verdict.NOT_REPRODUCED, (f"Delta_loss lower end {100 * d.low:+.2f} and Delta_orig lower end "
+                                                f"{100 * s.low:+.2f} points, both <= {-100 * margin:+.2f}")
+    deciding = [(d.low, d.high, -margin)] + ([(s.low, s.high, -margin)] if verdict != Verdict.REPRODUCED else [])
+    extend = (verdict != Verdict.NOT_TESTABLE and min(d.n_a, n_control, s.n_b) < 8
               and any(_straddles(*x) for x in deciding))
-    return MatchedLossTest(recipe, match.control, d.diff, d.low, d.high, short, s.diff, s.low, s.high,
+    return MatchedLossRecipeTest(recipe, match.control, d.diff, d.low, d.high, short, s.diff, s.low, s.high,
                            match.reference_loss, match.control_loss, match.log2_distance, match.reached, d.n_a,
                            n_control, s.n_b, diverged, unfinished, margin, verdict, why, extend, match.table)
 

@@ -27,6 +27,7 @@ from ..data import resident_dataset_for
 from ..measure.landscape import DEFAULT_ALPHAS, interpolate
 from ..stats import t_interval
 from ..train import load_trained_model
+from .verdict import Verdict
 
 PRIMARY_PHI = "keskar_phi_eps1e-3"    # Keskar's phi, eps 1e-3, full space (docs/protocols.md#keskar)
 
@@ -59,7 +60,7 @@ class KeskarTest:
     drop_low: float
     drop_high: float
     problems: tuple[str, ...]  # failed validity checks (a run not finished or short of its target)
-    verdict: str              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
 
     @property
     def largest_b_over_n(self) -> float:
@@ -96,10 +97,10 @@ def keskar_test(runs: pd.DataFrame, small_batch: int, large_batch: int, phi: str
     if len(seeds) < 2:
         problems.append(f"{len(seeds)} seed(s) with both batch sizes; 2 or more needed")
     if problems:
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     else:
         above = [low > 0, d_low > 0]    # log ratio's interval above log 1 = 0; the drop's above 0
-        verdict = "reproduced" if all(above) else "partly" if any(above) else "not reproduced"
+        verdict = Verdict.REPRODUCED if all(above) else Verdict.PARTLY if any(above) else Verdict.NOT_REPRODUCED
     n_train = int(runs["n_train"].max()) if "n_train" in runs else 0
     return KeskarTest(small_batch, large_batch, n_train, len(seeds), float(np.exp(m)), float(np.exp(low)),
                       float(np.exp(high)), d, d_low, d_high, tuple(problems), verdict)

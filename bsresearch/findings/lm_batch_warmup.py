@@ -23,6 +23,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
+from .verdict import Verdict
 
 MARGIN = 0.01   # warmup may be this fraction worse than the small batch and count as "no worse"
 
@@ -71,7 +72,7 @@ class WarmupTest:
     small_loss: float         # mean L(small): the margin is MARGIN x this
     steps_fraction: float     # mean steps of warmup / mean steps of small
     n_seeds: int
-    verdict: str
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -103,13 +104,13 @@ def warmup_test(runs: pd.DataFrame, metric: str = "test_loss", margin: float = M
     better = l_high < 0
     fewer = fraction < 1
     if problems or not (math.isfinite(s_high) and math.isfinite(l_high)):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif no_worse and better and fewer:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif (no_worse or better) and fewer:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     return WarmupTest(d_small, s_low, s_high, d_large, l_low, l_high, small_loss, fraction, min(n_small, n_large),
                       verdict, tuple(problems))
 

@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
+from .verdict import Verdict
 
 EPS = 0.01          # a branch keeps up when its loss is at most (1 + EPS) x that of the original batch size
 FINISHED = ("ok", "diverged")
@@ -94,7 +95,7 @@ class CBSTest:
     g_low: float
     g_high: float
     n_seeds: int
-    verdict: str              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -132,13 +133,13 @@ def cbs_test(cbs: pd.DataFrame) -> CBSTest:
     if len(wide) < 2:
         problems.append(f"{len(wide)} seed(s) with every checkpoint")
     if problems or not math.isfinite(d_low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif d_low <= 0:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     elif g_high < 1:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     else:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     return CBSTest(first, before_last, last, d, d_low, d_high, g, g_low, g_high, len(wide), verdict, tuple(problems))
 
 

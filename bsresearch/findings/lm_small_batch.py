@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
+from .verdict import Verdict
 
 SETTINGS = ("adam_fixed", "adam_half_life", "sgd")
 MARGIN = 0.01        # batch 1 may be this fraction worse than batch 256 and count as "no worse"
@@ -105,7 +106,7 @@ class SmallBatchTest:
     d_small: Paired           # L(adam_half_life, small) - L(adam_half_life, large)
     reference: float          # mean L(adam_half_life, large): the margin is MARGIN x this
     margin: float
-    verdict: str
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -128,13 +129,13 @@ def small_batch_test(runs: pd.DataFrame, metric: str = "test_loss", margin: floa
     beta2_holds = d_beta2.low > 0
     small_holds = d_small.high <= margin * reference
     if problems or not (math.isfinite(d_beta2.low) and math.isfinite(d_small.high)):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif beta2_holds and small_holds:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif beta2_holds or small_holds:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     return SmallBatchTest(small, large, d_beta2, d_small, reference, margin, verdict, tuple(problems))
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
+from .verdict import Verdict
 
 LEARNS = 0.5   # protocol v4: a run learns when its final test accuracy is at least this (chance on 10 classes: 0.1)
 
@@ -194,7 +195,7 @@ class RangeTest:
     """The pre-registered test (docs/protocols.md#masters-luschi): both slopes' intervals below 0."""
     max_stable_lr: Trend       # slope of log2(largest stable lr) against log2(B)
     window_octaves: Trend      # slope of the good window's width (octaves) against log2(B)
-    verdict: str               # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     reason: str                # why not testable ("" otherwise)
 
 
@@ -213,9 +214,9 @@ def range_test(table: pd.DataFrame, trend: dict[str, Trend], by: str = "batch_si
     if not all(math.isfinite(v) for v in (a.low, a.high, w.low, w.high)):
         problems.append("a slope has no bootstrap interval (fewer than 2 batch sizes with a value)")
     if problems:
-        return RangeTest(a, w, "not testable", "; ".join(problems))
+        return RangeTest(a, w, Verdict.NOT_TESTABLE, "; ".join(problems))
     below = int(below_zero(a)) + int(below_zero(w))
-    return RangeTest(a, w, {2: "reproduced", 1: "partly", 0: "not reproduced"}[below], "")
+    return RangeTest(a, w, {2: Verdict.REPRODUCED, 1: Verdict.PARTLY, 0: Verdict.NOT_REPRODUCED}[below], "")
 
 
 MIN_LEARNING_BATCHES = 4   # protocol v4: batch sizes with an lr at which every seed learns, needed for the test
@@ -248,6 +249,6 @@ def learning_range_test(runs: pd.DataFrame, learns: float = LEARNS, metric: str 
     if n_with < min_batch_sizes:
         reason = (f"{n_with} batch sizes have an lr at which every seed learns (>= {min_batch_sizes} needed; none at "
                   f"B = {', '.join(f'{b:g}' for b in missing)})")
-        test = RangeTest(test.max_stable_lr, test.window_octaves, "not testable",
+        test = RangeTest(test.max_stable_lr, test.window_octaves, Verdict.NOT_TESTABLE,
                          "; ".join(r for r in (test.reason, reason) if r))
     return LearningRangeTest(table, trend, test, learns, missing)

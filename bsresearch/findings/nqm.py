@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..measure.critical import fit_critical_batch
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ class NQMTest:
     momentum_passes: bool
     precondition_passes: bool
     n_lr_at_grid_edge: int    # tuned lrs on the edge of the lr grid (validity: must be 0)
-    verdict: str              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
 
 
 def nqm_test(fits: dict[str, Any], table: pd.DataFrame, sgd: str = "SGD", momentum: str = "heavy-ball momentum",
@@ -238,8 +239,8 @@ def nqm_test(fits: dict[str, Any], table: pd.DataFrame, sgd: str = "SGD", moment
         return b_crit[name][0] / base >= min_ratio and b_crit[name][1] > base_high
     edge = int(table.loc[table["optimizer"].isin(names), "lr_at_grid_edge"].astype(bool).sum())
     mom, pre = passes(momentum), passes(precondition)
-    verdict = ("not testable" if edge else "reproduced" if mom and pre else "partly" if mom or pre
-               else "not reproduced")
+    verdict = (Verdict.NOT_TESTABLE if edge else Verdict.REPRODUCED if mom and pre else Verdict.PARTLY if mom or pre
+               else Verdict.NOT_REPRODUCED)
     return NQMTest(b_crit, b_crit[momentum][0] / base, b_crit[precondition][0] / base, mom, pre, edge, verdict)
 
 

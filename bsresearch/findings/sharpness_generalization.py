@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
+from .verdict import Verdict
 
 # The measures the toolkit records per run (metrics.json keys of the after-training registry, and the
 # final history's distance from initialisation), with the sign predicted for their relation to the gap.
@@ -143,7 +144,7 @@ def _verdict(low: float, high: float, predicted: int) -> str:
 @dataclass(frozen=True)
 class FindingTest:
     """The pre-registered verdict over a rank_correlations table (with axes batch_size and lr)."""
-    verdict: str          # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     reason: str           # which measures and scopes decided it
     deciding: pd.DataFrame  # the rows of the deciding measures, every scope
 
@@ -161,10 +162,11 @@ def finding_test(table: pd.DataFrame, deciding: Sequence[str] = DECIDING,
     undefined = [f"{r.measure} ({r.scope})" for r in rows.itertuples() if not math.isfinite(r.tau)]
     if missing or undefined:
         what = f"not in the table: {', '.join(missing)}" if missing else f"tau undefined: {', '.join(undefined)}"
-        return FindingTest("not testable", what, rows)
+        return FindingTest(Verdict.NOT_TESTABLE, what, rows)
     if (rows["holds"] == "yes").all():
-        return FindingTest("reproduced", f"{' and '.join(deciding)} hold in every scope", rows)
+        return FindingTest(Verdict.REPRODUCED, f"{' and '.join(deciding)} hold in every scope", rows)
     held = table[(table["predicted"] > 0) & (table["holds"] == "yes")]
     if len(held):
-        return FindingTest("partly", "holds: " + ", ".join(f"{r.measure} ({r.scope})" for r in held.itertuples()), rows)
-    return FindingTest("not reproduced", "no sharpness measure holds in any scope", rows)
+        return FindingTest(Verdict.PARTLY, "holds: " + ", ".join(f"{r.measure} ({r.scope})" for r in held.itertuples()),
+                           rows)
+    return FindingTest(Verdict.NOT_REPRODUCED, "no sharpness measure holds in any scope", rows)

@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..stats import welch_interval
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class ScheduleComparison:
     steps_ramp: float       # mean parameter updates of a ramp run
     steps_decay: float
     margin: float           # equivalence margin, the metric's units
-    verdict: str            # reproduced | partly | not reproduced | inconclusive | not testable
+    verdict: Verdict        # may be INCONCLUSIVE: the interval straddles -margin (the protocol adds seeds)
 
     @property
     def steps_ratio(self) -> float:
@@ -57,15 +58,15 @@ def compare_schedules(rows: pd.DataFrame, metric: str = "test_acc", margin: floa
     steps_a = float(a["steps"].mean()) if len(a) else math.nan
     steps_b = float(b["steps"].mean()) if len(b) else math.nan
     if d.n_a < 2 or d.n_b < 2 or not math.isfinite(d.low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif not steps_a < steps_b:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     elif -margin <= d.low and d.high <= margin:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif d.low > -margin:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     elif d.high < -margin:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     else:
-        verdict = "inconclusive"
+        verdict = Verdict.INCONCLUSIVE
     return ScheduleComparison(d.diff, d.low, d.high, d.n_a, d.n_b, steps_a, steps_b, margin, verdict)

@@ -39,6 +39,7 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..stats import lower_is_better, welch_interval
+from .verdict import Verdict
 
 
 def sgd_noise_scale(lr: float | np.ndarray, train_size: float | np.ndarray, batch_size: float | np.ndarray,
@@ -221,7 +222,7 @@ class SeedSlopes:
         return self.low <= slope <= self.high
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         """The pre-registered verdict on this t interval (slope_verdict)."""
         return slope_verdict(self.low, self.high)
 
@@ -233,16 +234,16 @@ class SeedSlopes:
         return len(self.slopes) < 8 and (self.low <= 0 <= self.high or self.low <= 1 <= self.high)
 
 
-def slope_verdict(low: float, high: float, predicted: float = 1.0) -> str:
+def slope_verdict(low: float, high: float, predicted: float = 1.0) -> Verdict:
     """docs/protocols.md#smith-le: reproduced when the slope's interval contains `predicted` (1) and its
     lower end is above 0; partly when the lower end is above 0 and the interval excludes 1; not reproduced
     when the lower end is at or below 0; not testable when there is no interval (fewer than 2 seeds with
     resolved peaks at 2 or more groups)."""
     if not (math.isfinite(low) and math.isfinite(high)):
-        return "not testable"
+        return Verdict.NOT_TESTABLE
     if low <= 0:
-        return "not reproduced"
-    return "reproduced" if low <= predicted <= high else "partly"
+        return Verdict.NOT_REPRODUCED
+    return Verdict.REPRODUCED if low <= predicted <= high else Verdict.PARTLY
 
 
 def power_law_by_seed(runs: pd.DataFrame, metric: str = "test_acc", x: str = "batch_size", by: str = "lr",
@@ -473,21 +474,21 @@ def matched_loss_peaks(runs: pd.DataFrame, metric: str = "test_acc", x: str = "b
 
 
 @dataclass(frozen=True)
-class MatchedLossTest:
+class MatchedLossSlopeTest:
     """Smith & Le's mechanism test (docs/protocols.md, protocol v4): B_opt at a common train loss."""
     slopes: SeedSlopes       # power_law_by_seed on the runs that reached the target, in included cells
     peaks: pd.DataFrame      # matched_loss_peaks
     n_groups: int
     n_peaked: int
     min_peaked: int
-    verdict: str             # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str
     extend_seeds: bool       # a deciding interval contains its threshold with < 8 seeds (statistics item 3)
 
 
 def matched_loss_test(runs: pd.DataFrame, metric: str = "test_acc", x: str = "batch_size", by: str = "lr",
                       reached: str = "reached", seed: str = "seed", min_reached: int = MIN_REACHED,
-                      min_peaked: int = MIN_PEAKED, confidence: float = 0.95) -> MatchedLossTest:
+                      min_peaked: int = MIN_PEAKED, confidence: float = 0.95) -> MatchedLossSlopeTest:
     """The verdict on B_opt read at a common train loss (runs with a target budget; `reached` flags the runs
     that stopped at it). reproduced: at least `min_peaked` groups are peaked (matched_loss_peaks) and the
     per-seed slope's t interval contains 1 with its lower end above 0 (slope_verdict); partly: the slope's
@@ -502,24 +503,24 @@ def matched_loss_test(runs: pd.DataFrame, metric: str = "test_acc", x: str = "ba
     n_groups, n_peaked = len(peaks), int(peaks["peaked"].sum()) if len(peaks) else 0
     slope_text = f"slope {slopes.mean:.3g} [{slopes.low:.3g}, {slopes.high:.3g}]"
     if n_groups < 2:
-        verdict, why = "not testable", f"{n_groups} group(s): a slope needs 2 or more"
+        verdict, why = Verdict.NOT_TESTABLE, f"{n_groups} group(s): a slope needs 2 or more"
     elif n_peaked == 0:
-        verdict, why = "not reproduced", (f"no group peaks inside its trainable range at the common train loss "
-                                          f"({slope_text})")
-    elif slopes.verdict == "not testable":
-        verdict, why = "not testable", f"{n_peaked} group(s) peaked, but no per-seed slope interval"
-    elif slopes.verdict == "not reproduced":
-        verdict, why = "not reproduced", f"{slope_text}: lower end <= 0 ({n_peaked} of {n_groups} groups peaked)"
+        verdict, why = Verdict.NOT_REPRODUCED, (f"no group peaks inside its trainable range at the common train loss "
+                                                f"({slope_text})")
+    elif slopes.verdict == Verdict.NOT_TESTABLE:
+        verdict, why = Verdict.NOT_TESTABLE, f"{n_peaked} group(s) peaked, but no per-seed slope interval"
+    elif slopes.verdict == Verdict.NOT_REPRODUCED:
+        verdict, why = Verdict.NOT_REPRODUCED, f"{slope_text}: lower end <= 0 ({n_peaked} of {n_groups} groups peaked)"
     elif n_peaked >= min_peaked:
         verdict, why = slopes.verdict, f"{n_peaked} of {n_groups} groups peaked (>= {min_peaked}); {slope_text}"
     else:
-        verdict, why = "partly", f"{n_peaked} of {n_groups} groups peaked (< {min_peaked}); {slope_text}"
+        verdict, why = Verdict.PARTLY, f"{n_peaked} of {n_groups} groups peaked (< {min_peaked}); {slope_text}"
     n_seeds = int(data[seed].nunique()) if len(data) else 0
     undecided = peaks["interior"].astype(bool) & (
         ((peaks["low_low"] <= 0) & (peaks["low_high"] >= 0)) | ((peaks["high_low"] <= 0) & (peaks["high_high"] >= 0)))
-    extend = verdict != "not testable" and n_seeds < 8 and (
+    extend = verdict != Verdict.NOT_TESTABLE and n_seeds < 8 and (
         bool(undecided.any()) or (n_peaked > 0 and slopes.extend_seeds))
-    return MatchedLossTest(slopes, peaks, n_groups, n_peaked, min_peaked, verdict, why, extend)
+    return MatchedLossSlopeTest(slopes, peaks, n_groups, n_peaked, min_peaked, verdict, why, extend)
 
 
 def argmax_argmin(runs: pd.DataFrame, metric: str = "test_acc", loss: str = "train_loss", x: str = "batch_size",

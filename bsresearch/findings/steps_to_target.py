@@ -29,6 +29,7 @@ import pandas as pd
 from .. import results, stats
 from ..config import ConfigError
 from ..measure.critical import CriticalBatchFit, fit_critical_batch
+from .verdict import Verdict
 
 REGIMES = ("perfect scaling", "diminishing returns", "maximal data parallelism")
 # The fitted S = S_min (1 + B_crit/B) has local scaling exponent -dlog S/dlog B = B_crit/(B + B_crit):
@@ -250,7 +251,7 @@ class CriticalBatchTest:
     n_batch_sizes: int
     all_interior: bool          # every best lr strictly inside its grid
     valid: bool
-    verdict: str                # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     reason: str                 # why, in words
 
 
@@ -267,13 +268,14 @@ def critical_batch_test(fit: CriticalBatchFit, batch_sizes: Sequence[float], all
         [] if len(sizes) >= min_batch_sizes else [f"{len(sizes)} batch sizes in the fit (< {min_batch_sizes})"])
     inside = f"[4 B_min, B_max/4] = [{lower:.3g}, {upper:.3g}]"
     if problems:
-        verdict, reason = "not testable", "; ".join(problems)
+        verdict, reason = Verdict.NOT_TESTABLE, "; ".join(problems)
     elif not lower <= fit.b_crit <= upper:
-        verdict, reason = "not reproduced", f"B_crit {fit.b_crit:.3g} outside {inside}"
+        verdict, reason = Verdict.NOT_REPRODUCED, f"B_crit {fit.b_crit:.3g} outside {inside}"
     elif lower <= low and high <= upper:
-        verdict, reason = "reproduced", f"B_crit's interval [{low:.3g}, {high:.3g}] within {inside}"
+        verdict, reason = Verdict.REPRODUCED, f"B_crit's interval [{low:.3g}, {high:.3g}] within {inside}"
     else:
-        verdict, reason = "partly", f"B_crit {fit.b_crit:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not"
+        verdict, reason = (Verdict.PARTLY,
+                           f"B_crit {fit.b_crit:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not")
     return CriticalBatchTest(fit.b_crit, low, high, lower, upper, len(sizes), all_interior, not problems, verdict,
                              reason)
 
@@ -289,7 +291,7 @@ class NoiseRatioTest:
     ratio_high: float           # B_simple / B_crit,low
     lower: float
     upper: float
-    verdict: str
+    verdict: Verdict
     reason: str
 
 
@@ -305,13 +307,14 @@ def noise_ratio_test(at_weights: pd.DataFrame, b_crit: CriticalBatchTest,
     lo, hi = bounds
     inside = f"[{lo:g}, {hi:g}]"
     if not b_crit.valid:
-        verdict, reason = "not testable", f"the B_crit test is not testable ({b_crit.reason})"
+        verdict, reason = Verdict.NOT_TESTABLE, f"the B_crit test is not testable ({b_crit.reason})"
     elif not lo <= ratio <= hi:
-        verdict, reason = "not reproduced", f"r = {ratio:.3g} outside {inside}"
+        verdict, reason = Verdict.NOT_REPRODUCED, f"r = {ratio:.3g} outside {inside}"
     elif lo <= low and high <= hi:
-        verdict, reason = "reproduced", f"r = {ratio:.3g} and its interval [{low:.3g}, {high:.3g}] within {inside}"
+        verdict, reason = (Verdict.REPRODUCED,
+                           f"r = {ratio:.3g} and its interval [{low:.3g}, {high:.3g}] within {inside}")
     else:
-        verdict, reason = "partly", f"r = {ratio:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not"
+        verdict, reason = Verdict.PARTLY, f"r = {ratio:.3g} within {inside}, its interval [{low:.3g}, {high:.3g}] not"
     return NoiseRatioTest(b_simple, len(at_weights), ratio, low, high, lo, hi, verdict, reason)
 
 
@@ -486,7 +489,7 @@ class NoiseSummaryTest:
     table: pd.DataFrame      # noise_ratio_summaries, with `inside` (r and its bootstrap interval within bounds)
     lower: float
     upper: float
-    verdict: str             # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     reason: str
 
 
@@ -503,18 +506,19 @@ def noise_summary_test(table: pd.DataFrame, b_crit: CriticalBatchTest | None = N
     primary = out.set_index("summary").loc["ratio_of_means"]
     others = out[(out["summary"] != "ratio_of_means") & ~out["inside"]]["summary"].tolist()
     if b_crit is not None and not b_crit.valid:
-        verdict, reason = "not testable", f"the B_crit test is not testable ({b_crit.reason})"
+        verdict, reason = Verdict.NOT_TESTABLE, f"the B_crit test is not testable ({b_crit.reason})"
     elif bool(out[["ratio_low", "ratio_high"]].isna().to_numpy().any()):
-        verdict, reason = "not testable", "a summary has no bootstrap interval"
+        verdict, reason = Verdict.NOT_TESTABLE, "a summary has no bootstrap interval"
     elif not lo <= primary["ratio"] <= hi:
-        verdict, reason = "not reproduced", f"r (ratio of means) = {primary['ratio']:.3g} outside [{lo:g}, {hi:g}]"
+        verdict, reason = (Verdict.NOT_REPRODUCED,
+                           f"r (ratio of means) = {primary['ratio']:.3g} outside [{lo:g}, {hi:g}]")
     elif bool(out["inside"].all()):
-        verdict, reason = "reproduced", f"r and its interval within [{lo:g}, {hi:g}] under every summary"
+        verdict, reason = Verdict.REPRODUCED, f"r and its interval within [{lo:g}, {hi:g}] under every summary"
     elif not bool(primary["inside"]):
-        verdict, reason = "partly", (f"r (ratio of means) = {primary['ratio']:.3g} within [{lo:g}, {hi:g}], its "
-                                     f"interval [{primary['ratio_low']:.3g}, {primary['ratio_high']:.3g}] not")
+        verdict, reason = Verdict.PARTLY, (f"r (ratio of means) = {primary['ratio']:.3g} within [{lo:g}, {hi:g}], its "
+                                           f"interval [{primary['ratio_low']:.3g}, {primary['ratio_high']:.3g}] not")
     else:
-        verdict, reason = "partly", f"ratio of means within [{lo:g}, {hi:g}]; not under {', '.join(others)}"
+        verdict, reason = Verdict.PARTLY, f"ratio of means within [{lo:g}, {hi:g}]; not under {', '.join(others)}"
     return NoiseSummaryTest(out, lo, hi, verdict, reason)
 
 

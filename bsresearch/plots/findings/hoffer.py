@@ -20,7 +20,7 @@ from ...findings.hoffer import (
     FIT_T_MIN,
     MIN_DECADES,
     LogTimeFit,
-    MatchedLossTest,
+    MatchedLossRecipeTest,
     _geometric_mean,
     constant_lr_end,
     fit_log_time,
@@ -69,7 +69,7 @@ def variant_points(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, y: str
     return ax
 
 
-def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others: Sequence[str] = ("lb_ra", "lb"),
+def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossRecipeTest, others: Sequence[str] = ("lb_ra", "lb"),
                 metric: str = "test_acc", loss: str = "train_loss", by: str = "variant") -> plt.Axes:
     """The mechanism test as the eye should read it: `metric` against the final `loss` (log axis) of each run
     that ended ok, the small-batch ladder as a line through its rungs' means (geometric mean of the loss, mean

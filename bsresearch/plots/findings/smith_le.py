@@ -17,7 +17,7 @@ import pandas as pd
 
 from ...findings.smith_le import (
     MIN_REACHED,
-    MatchedLossTest,
+    MatchedLossSlopeTest,
     Optimum,
     PowerLaw,
     SeedSlopes,
@@ -152,7 +152,7 @@ def agreement_plot(ax: plt.Axes, table: pd.DataFrame, by: str = "batch_size", la
     return ax
 
 
-def matched_curves_plot(ax: plt.Axes, runs: pd.DataFrame, test: MatchedLossTest, metric: str = "test_acc",
+def matched_curves_plot(ax: plt.Axes, runs: pd.DataFrame, test: MatchedLossSlopeTest, metric: str = "test_acc",
                         x: str = "batch_size", by: str = "lr", reached: str = "reached",
                         min_reached: int = MIN_REACHED) -> plt.Axes:
     """The matched-loss curves the test reads: `metric` against `x` per `by` group over the runs that reached
