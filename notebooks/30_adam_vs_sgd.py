@@ -41,9 +41,9 @@ from IPython.display import display
 from bsresearch import results
 from bsresearch.findings.adam_vs_sgd import (
     compare_critical_batches,
-    fit_points,
     fittable,
     optimizer_fit,
+    points_by_optimizer,
     seeds_overrides,
     tuned_by_optimizer,
 )
@@ -61,7 +61,7 @@ runs = results.load(sweeps, runs_root=runs_dir)
 print(f"sweeps {sweeps}: {len(runs)} runs:", dict(runs["state"].value_counts()), "|", results.budget_description(runs))
 selection = runs[runs["seed"].isin(selection_seeds)]
 best = tuned_by_optimizer(selection, confidence=confidence)
-points = fit_points(runs, best)
+points = points_by_optimizer(runs, best)
 
 # %% [markdown]
 # ## The pre-registered test

@@ -12,9 +12,9 @@ from bsresearch.config import ConfigError
 from bsresearch.findings.adam_vs_sgd import (
     compare_critical_batches,
     critical_batch_ratio,
-    fit_points,
     fittable,
     optimizer_fit,
+    points_by_optimizer,
     seeds_overrides,
     tuned_by_optimizer,
 )
@@ -91,13 +91,13 @@ def test_the_tuned_lr_is_chosen_per_optimizer_on_the_selection_seeds():
     assert len(overrides) == 2 * len(SIZES)
 
 
-def test_fit_points_use_every_seed_at_the_best_lr_and_drop_thin_batch_sizes():
+def test_points_by_optimizer_use_every_seed_at_the_best_lr_and_drop_thin_batch_sizes():
     table = runs()
     sel = table["seed"].isin([1, 2])
     best = tuned_by_optimizer(table[sel])
     miss = (table["optimizer"] == "sgd") & (table["batch_size"] == 8) & table["seed"].isin([3, 4, 5])
     table.loc[miss, "steps_to_target"] = np.nan   # 3 of 5 seeds never reached the target
-    points = fit_points(table, best)
+    points = points_by_optimizer(table, best)
     assert len(points) == 2 * len(SIZES) * 5
     sgd8 = points[(points["optimizer"] == "sgd") & (points["batch_size"] == 8)]
     assert sgd8["n_reached"].eq(2).all() and not sgd8["in_fit"].any()
@@ -107,7 +107,7 @@ def test_fit_points_use_every_seed_at_the_best_lr_and_drop_thin_batch_sizes():
 def test_the_fits_recover_the_critical_batches_and_the_ratio():
     table = runs()
     best = tuned_by_optimizer(table[table["seed"].isin([1, 2])])
-    points = fit_points(table, best)
+    points = points_by_optimizer(table, best)
     assert optimizer_fit(points, "adam").b_crit == pytest.approx(400, rel=1e-3)
     assert optimizer_fit(points, "sgd").b_crit == pytest.approx(100, rel=1e-3)
     test = compare_critical_batches(points, best)
@@ -121,7 +121,7 @@ def test_the_fits_recover_the_critical_batches_and_the_ratio():
 def test_a_best_lr_on_the_grid_edge_makes_it_not_testable():
     table = runs(edge=True)
     best = tuned_by_optimizer(table[table["seed"].isin([1, 2])])
-    test = compare_critical_batches(fit_points(table, best), best)
+    test = compare_critical_batches(points_by_optimizer(table, best), best)
     assert test.verdict == Verdict.NOT_TESTABLE and "on the edge" in test.problems[0]
 
 
@@ -133,7 +133,7 @@ def test_missing_columns_are_one_clear_error():
 def test_before_the_second_stage_the_test_is_not_testable_without_an_error():
     table = runs(second=())                        # selection seeds only: 2 seeds < 3 per batch size
     best = tuned_by_optimizer(table)
-    points = fit_points(table, best)
+    points = points_by_optimizer(table, best)
     assert not points["in_fit"].any() and fittable(points) == []
     test = compare_critical_batches(points, best)
     assert test.verdict == Verdict.NOT_TESTABLE and math.isnan(test.ratio)

@@ -8,7 +8,7 @@ from conftest import tiny_config
 from bsresearch import results
 from bsresearch.config import ConfigError
 from bsresearch.findings.keskar import interpolate_runs, keskar_test, paired_differences, tenth_of_data, verdict_table
-from bsresearch.findings.runs import measure_runs
+from bsresearch.findings.runs import measure_each_run, measure_runs
 from bsresearch.findings.verdict import Verdict
 from bsresearch.plots.findings.keskar import paired_test_plot
 from bsresearch.train import run
@@ -45,6 +45,14 @@ def test_measure_runs_applies_a_function_to_every_runs_final_weights(two_runs):
     assert list(merged["remeasured"]) == pytest.approx(list(merged["train_loss"]), rel=1e-6)
     assert sorted(merged["batch"]) == [16, 64]
 
+
+
+def test_measure_each_run_hands_the_measurement_the_runs_row_in_the_tables_order(two_runs):
+    runs = results.load(two_runs[0].run_dir.parent, all_runs=True).sort_values("batch_size", ascending=False)
+    table = measure_each_run(runs, lambda run, model, data, cfg: {"batch": run["batch_size"], "cfg": cfg.batch_size,
+                                                                  "n": len(data.x_train)})
+    assert list(table.columns) == ["batch", "cfg", "n"] and list(table["batch"]) == [64, 16]
+    assert list(table["cfg"]) == [64, 16] and table["n"].nunique() == 1
 
 # ----------------------------------------------------------------------------- the pre-registered test
 def _table(phi_sb, phi_lb, acc_sb, acc_lb, n_train=4000, sb=32, lb=400):

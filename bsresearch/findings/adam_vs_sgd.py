@@ -3,7 +3,7 @@ sweep tables of steps-to-target runs. No torch import.
 
     best = tuned_by_optimizer(runs[runs["seed"].isin([1, 2])])    # per optimizer and B: the best lr
     print(seeds_overrides(best))                                  # the second stage's lr per (optimizer, B)
-    points = fit_points(runs, best)                                # every seed at the best lr, + in_fit
+    points = points_by_optimizer(runs, best)                       # every seed at the best lr, + in_fit
     test = compare_critical_batches(points, best)                  # rho = B_crit(Adam)/B_crit(SGD), verdict
     figures.steps_by_optimizer(ax, points, test)
 
@@ -59,12 +59,14 @@ def seeds_overrides(best: pd.DataFrame, optimizer: str = OPTIMIZER) -> str:
     return "\n".join(lines)
 
 
-def fit_points(runs: pd.DataFrame, best: pd.DataFrame, optimizer: str = OPTIMIZER,
-               min_reached: int = 3) -> pd.DataFrame:
+def points_by_optimizer(runs: pd.DataFrame, best: pd.DataFrame, optimizer: str = OPTIMIZER,
+                        min_reached: int = 3) -> pd.DataFrame:
     """Every run (all seeds: selection and second stage) at its (optimizer, batch size)'s best lr, with
-    `reached` (a finite steps_to_target) and `in_fit`: reached, and at least `min_reached` seeds of that
-    batch size reached the target (else the batch size is left out of the optimizer's fit)."""
-    _check_columns(runs, (optimizer, "batch_size", "lr", "seed", STEPS), "fit_points")
+    `reached` (a finite, positive steps_to_target) and `in_fit`: reached, and at least `min_reached` seeds of
+    that batch size reached the target (else the batch size is left out of the optimizer's fit). Unlike
+    steps_to_target.fit_points, which returns only the points in the fit, every run stays, flagged (the
+    figure draws the ones left out)."""
+    _check_columns(runs, (optimizer, "batch_size", "lr", "seed", STEPS), "points_by_optimizer")
     parts = []
     for name, group in best.groupby(optimizer, sort=True):
         chosen = at_best_lr(runs[runs[optimizer] == name], group)
