@@ -42,19 +42,12 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results, stats
-from bsresearch.findings.keskar import (
-    interpolate_runs,
-    interpolation_plot,
-    keskar_test,
-    paired_differences,
-    paired_test_plot,
-    tenth_of_data,
-    verdict_table,
-)
+from bsresearch.findings.keskar import interpolate_runs, keskar_test, paired_differences, tenth_of_data, verdict_table
 from bsresearch.findings.runs import measure_runs
 from bsresearch.measure.sharpness import keskar_sharpness
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.keskar import interpolation_plot, paired_test_plot
 from bsresearch.plots.sweeps import figure_grid, metric_vs_batch
 from bsresearch.runtime import make_generator
 

@@ -50,9 +50,9 @@ import pandas as pd
 
 from bsresearch import results, stats
 from bsresearch.findings import hoffer
-from bsresearch.findings.hoffer import distance_panel, variant_label, variant_points
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, learning_curves, save_figure
+from bsresearch.plots.findings.hoffer import distance_panel, variant_label, variant_points
 from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec

@@ -51,9 +51,9 @@ import pandas as pd
 
 from bsresearch import results, stats
 from bsresearch.findings import goyal
-from bsresearch.findings.goyal import curves_by_batch, difference_vs_batch, rule_vs_batch
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
+from bsresearch.plots.findings.goyal import curves_by_batch, difference_vs_batch, rule_vs_batch
 from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec

@@ -68,7 +68,9 @@ from IPython.display import display
 from bsresearch import results, stats
 from bsresearch.config import ConfigError
 from bsresearch.findings import steps_to_target as stt
-from bsresearch.findings.steps_to_target import (
+from bsresearch.paths import project_path
+from bsresearch.plots import figure_grid, learning_curves, save_figure
+from bsresearch.plots.findings.steps_to_target import (
     b_crit_vs_target,
     examples_vs_batch,
     noise_at_target_vs_batch,
@@ -79,8 +81,6 @@ from bsresearch.findings.steps_to_target import (
     tuned_lr_vs_batch,
     two_batch_vs_exact,
 )
-from bsresearch.paths import project_path
-from bsresearch.plots import figure_grid, learning_curves, save_figure
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
@@ -155,16 +155,13 @@ at_weights = pd.DataFrame()
 if measure_at_target:
     import torch
 
-    from bsresearch.data import dataset_for
+    from bsresearch.findings.runs import measure_each_run
     from bsresearch.measure import noise as noise_measure
     from bsresearch.measure.noise import gradient_noise_scale
-    from bsresearch.train import load_trained_model
     torch.set_num_threads(1)
     device = "cuda" if torch.cuda.is_available() else "cpu"   # where the runs were trained does not matter
-    rows, data = [], None
-    for _, run in points.iterrows():
-        model, cfg = load_trained_model(run["run_dir"], device=device)
-        data = data or dataset_for(cfg, device)
+
+    def noise_at_target(run, model, data, cfg):
         ns = gradient_noise_scale(model, data.x_train, data.y_train, unbiased=False)
         row = {"batch_size": run["batch_size"], "lr": run["lr"], "seed": run["seed"], "stage": run["stage"],
                "step": run["steps"], "train_loss": run["train_loss"], "b_simple": ns.b_simple,
@@ -175,8 +172,9 @@ if measure_at_target:
             pairs = noise_measure.two_batch_pairs(model, data.x_train, data.y_train, b_small, b_big, two_batch_pairs,
                                                   generator)
             row["two_batch"] = noise_measure.two_batch_summary(pairs, confidence=confidence)["b_simple"]
-        rows.append(row)
-    at_weights = pd.DataFrame(rows)
+        return row
+
+    at_weights = measure_each_run(points, noise_at_target, device)
     at_weights.to_csv(out / "b_simple_at_target.csv", index=False)
 r_test = stt.noise_ratio_test(at_weights, b_test) if len(at_weights) else None
 
@@ -408,24 +406,22 @@ if len(noise):
     if two_batch_pairs > 0 and ok_noise["run_dir"].map(lambda d: (project_path(d) / "checkpoint.pt").exists()).all():
         import torch
 
-        from bsresearch.data import dataset_for
+        from bsresearch.findings.runs import measure_each_run
         from bsresearch.measure import noise as noise_measure
-        from bsresearch.train import load_trained_model
         torch.set_num_threads(1)
         b_small, b_big = (int(v) for v in two_batch_sizes)
-        rows, data = [], None
-        for _, run in ok_noise.sort_values(["seed", "steps"]).iterrows():
-            model, cfg = load_trained_model(run["run_dir"])
-            data = data or dataset_for(cfg, "cpu")
+
+        def two_batch_at(run, model, data, cfg):
             generator = torch.Generator().manual_seed(int(run["seed"]) * 100_000 + int(run["steps"]))
             pairs = noise_measure.two_batch_pairs(model, data.x_train, data.y_train, b_small, b_big, two_batch_pairs,
                                                   generator)
             est = noise_measure.two_batch_summary(pairs, confidence=confidence)
-            rows.append({"seed": run["seed"], "step": run["steps"], "train_loss": run["train_loss"],
-                         "exact": run["noise_b_simple"], "two_batch": est["b_simple"], "two_batch_low": est["low"],
-                         "two_batch_high": est["high"], "n_pairs": est["n_pairs"],
-                         "frac_pairs_negative": est["frac_pairs_negative"]})
-        two_batch = pd.DataFrame(rows).assign(
+            return {"seed": run["seed"], "step": run["steps"], "train_loss": run["train_loss"],
+                    "exact": run["noise_b_simple"], "two_batch": est["b_simple"], "two_batch_low": est["low"],
+                    "two_batch_high": est["high"], "n_pairs": est["n_pairs"],
+                    "frac_pairs_negative": est["frac_pairs_negative"]}
+
+        two_batch = measure_each_run(ok_noise.sort_values(["seed", "steps"]), two_batch_at, "cpu").assign(
             ratio=lambda d: d.two_batch / d.exact,
             exact_inside=lambda d: (d.two_batch_low <= d.exact) & (d.exact <= d.two_batch_high))
         two_batch.to_csv(out / "two_batch_vs_exact.csv", index=False)

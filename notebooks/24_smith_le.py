@@ -62,19 +62,15 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results, stats
-from bsresearch.findings.smith_le import (
-    agreement_plot,
-    diagonals,
-    metric_vs_batch_optima,
-    metric_vs_noise_scale,
-    optimum_by_group,
-    optimum_scaling,
-    power_law,
-    power_law_by_seed,
-    sgd_noise_scale,
-)
+from bsresearch.findings.smith_le import diagonals, optimum_by_group, power_law, power_law_by_seed, sgd_noise_scale
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.smith_le import (
+    agreement_plot,
+    metric_vs_batch_optima,
+    metric_vs_noise_scale,
+    optimum_scaling,
+)
 from bsresearch.plots.sweeps import figure_grid, learning_curves, metric_vs_batch
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project

@@ -46,16 +46,15 @@ import pandas as pd
 from bsresearch.findings.nqm import (
     NQM,
     critical_batch_by_power,
-    critical_batch_vs_power,
     grows_with_power,
     nqm_test,
     power_optimizers,
-    steps_by_optimizer,
     steps_vs_batch_size,
 )
 from bsresearch.measure.critical import fit_critical_batch
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.nqm import critical_batch_vs_power, steps_by_optimizer
 from bsresearch.runtime import git_commit
 
 out = project_path(out_dir)   # relative paths: to the project

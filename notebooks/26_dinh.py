@@ -48,10 +48,11 @@ from bsresearch import results, stats
 from bsresearch.data import dataset_for
 from bsresearch.engine import evaluate
 from bsresearch.findings import dinh
-from bsresearch.findings.dinh import measure_vs_alpha, relu_rescale
+from bsresearch.findings.dinh import relu_rescale
 from bsresearch.measure import curvature, sharpness
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
+from bsresearch.plots.findings.dinh import measure_vs_alpha
 from bsresearch.runtime import make_generator
 from bsresearch.train import load_trained_model
 

@@ -33,9 +33,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bsresearch import results, stats
-from bsresearch.findings.smith_kindermans import compare_schedules, curves_by_schedule
+from bsresearch.findings.smith_kindermans import compare_schedules
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.smith_kindermans import curves_by_schedule
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 

@@ -53,6 +53,7 @@ from bsresearch import results, stats
 from bsresearch.findings import masters_luschi as ml
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings import masters_luschi as ml_plots
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
@@ -166,9 +167,9 @@ others_trend
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
-ml.accuracy_vs_lr_plot(axes[0], rows, metric)
-ml.stable_range_plot(axes[1], table, intervals, label=stable_words)
-ml.window_width_plot(axes[2], table, intervals, test.window_octaves)
+ml_plots.accuracy_vs_lr_plot(axes[0], rows, metric)
+ml_plots.stable_range_plot(axes[1], table, intervals, label=stable_words)
+ml_plots.window_width_plot(axes[2], table, intervals, test.window_octaves)
 save_figure(fig, out / "stable_range",
             f"Left: mean {metric} over seeds against the lr (the rate at the base batch size under linear scaling) "
             f"per batch size; a cross marks an lr where some seed diverged. Middle: per batch size, the window of "

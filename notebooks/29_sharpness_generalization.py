@@ -48,6 +48,7 @@ from bsresearch import results, stats
 from bsresearch.findings import sharpness_generalization as sg
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings import sharpness_generalization as sg_plots
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
@@ -122,7 +123,7 @@ rows.pivot_table(index="batch_size", columns="lr", values="reached_target",
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 0.45 * len(measures) + 1.2), layout="constrained")
-sg.correlation_plot(ax, taus)
+sg_plots.correlation_plot(ax, taus)
 save_figure(fig, out / "taus",
             f"Kendall tau between each measure and the generalization gap ({gap}: test - train loss) over the runs "
             f"that reached the target train loss, with {pct}% percentile bootstrap intervals over seeds "
@@ -136,7 +137,7 @@ cols = 4
 fig, axes = plt.subplots(-(-len(measures) // cols), cols, figsize=(3.4 * cols, 2.9 * -(-len(measures) // cols)),
                          layout="constrained", squeeze=False)
 for i, (ax, m) in enumerate(zip(axes.flat, measures)):
-    sg.gap_scatter(ax, ok, m, gap, legend=i == 0)
+    sg_plots.gap_scatter(ax, ok, m, gap, legend=i == 0)
 for ax in list(axes.flat)[len(measures):]:
     ax.set_visible(False)
 save_figure(fig, out / "gap_scatter",

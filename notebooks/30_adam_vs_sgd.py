@@ -41,16 +41,17 @@ from IPython.display import display
 from bsresearch import results
 from bsresearch.findings.adam_vs_sgd import (
     compare_critical_batches,
-    fit_points,
     fittable,
     optimizer_fit,
+    points_by_optimizer,
     seeds_overrides,
-    steps_by_optimizer,
     tuned_by_optimizer,
 )
-from bsresearch.findings.steps_to_target import critical_batch_fits, local_exponents, steps_vs_lr
+from bsresearch.findings.steps_to_target import critical_batch_fits, local_exponents
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.adam_vs_sgd import steps_by_optimizer
+from bsresearch.plots.findings.steps_to_target import steps_vs_lr
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
@@ -60,7 +61,7 @@ runs = results.load(sweeps, runs_root=runs_dir)
 print(f"sweeps {sweeps}: {len(runs)} runs:", dict(runs["state"].value_counts()), "|", results.budget_description(runs))
 selection = runs[runs["seed"].isin(selection_seeds)]
 best = tuned_by_optimizer(selection, confidence=confidence)
-points = fit_points(runs, best)
+points = points_by_optimizer(runs, best)
 
 # %% [markdown]
 # ## The pre-registered test

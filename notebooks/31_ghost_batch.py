@@ -35,9 +35,10 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results
-from bsresearch.findings.ghost_batch import accuracy_vs_ghost, best_ghost, by_ghost_size, compare_ghost, ghost_slope
+from bsresearch.findings.ghost_batch import best_ghost, by_ghost_size, compare_ghost, ghost_slope
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.ghost_batch import accuracy_vs_ghost
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 

@@ -38,17 +38,10 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results
-from bsresearch.findings.lm_cbs import (
-    branch_losses,
-    cbs_by_checkpoint,
-    cbs_test,
-    cbs_vs_tokens,
-    critical_batch_sizes,
-    loss_ratios,
-    ratio_vs_k,
-)
+from bsresearch.findings.lm_cbs import branch_losses, cbs_by_checkpoint, cbs_test, critical_batch_sizes, loss_ratios
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.lm_cbs import cbs_vs_tokens, ratio_vs_k
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)

@@ -35,9 +35,10 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results
-from bsresearch.findings.lm_batch_warmup import loss_curves, loss_vs, schedules, steps_to_reach, warmup_test
+from bsresearch.findings.lm_batch_warmup import loss_curves, schedules, steps_to_reach, warmup_test
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.lm_batch_warmup import loss_vs
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)

@@ -41,17 +41,10 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results
-from bsresearch.findings.lm_small_batch import (
-    by_batch,
-    loss_vs_batch,
-    secondary,
-    seeds_overrides,
-    select_lr,
-    small_batch_test,
-    spread_vs_batch,
-)
+from bsresearch.findings.lm_small_batch import by_batch, secondary, seeds_overrides, select_lr, small_batch_test
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings.lm_small_batch import loss_vs_batch, spread_vs_batch
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ from bsresearch import results, stats
 from bsresearch.findings import hoffer
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
+from bsresearch.plots.findings import hoffer as hoffer_plots
 from bsresearch.sweep import variants
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
@@ -131,13 +132,13 @@ multiples = [hoffer.rung_multiple(r) for r in ladder]   # sb -> 1, sb_x16 -> 16
 rung_multiples = ", ".join(map(str, multiples[:-1])) + f" and {multiples[-1]}"
 fig, axes = figure_grid(len(datasets), width=5.0, height=4.0)
 for ax, d in zip(axes, datasets):
-    hoffer.ladder_plot(ax, rows[rows["dataset"] == d], tests[d])
+    hoffer_plots.ladder_plot(ax, rows[rows["dataset"] == d], tests[d])
     t = tests[d]
     ax.set_title(f"{d}: Delta_loss {points(t.diff)} [{points(t.low)}, {points(t.high)}] ({t.verdict})",
                  fontsize=9)
 save_figure(fig, out / "matched_loss",
-            f"Hoffer et al.'s recipe ({hoffer.variant_label(recipe)}, red star) against the small batch 32 trained "
-            f"for {rung_multiples} times its version-1 epochs (blue line through the rungs' means; faint dots: "
+            f"Hoffer et al.'s recipe ({hoffer_plots.variant_label(recipe)}, red star) against the small batch 32 "
+            f"trained for {rung_multiples} times its version-1 epochs (blue line through the rungs' means; faint dots: "
             "seeds), each run's final test accuracy against its final full-train loss (log axis; the rungs' "
             "losses are geometric means over seeds). The ringed rung is SB*, the one nearest the recipe in train "
             "loss; the test compares the recipe with it (Welch 95% interval in each title; threshold: lower end "

@@ -47,6 +47,7 @@ from bsresearch import results, stats
 from bsresearch.findings import smith_le as sl
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
+from bsresearch.plots.findings import smith_le as sl_plots
 from bsresearch.sweep import variants
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
@@ -138,9 +139,9 @@ beside
 
 # %%
 fig, axes = figure_grid(2, width=5.2, height=4.0)
-sl.matched_curves_plot(axes[0], matched, test, metric, reached="reached")
+sl_plots.matched_curves_plot(axes[0], matched, test, metric, reached="reached")
 axes[0].set_title(f"runs trained to train loss {target:g}", fontsize=10)
-sl.optima_vs_lr_plot(axes[1], test.peaks, fixed_optimum, test.slopes, fixed_label=fixed_words)
+sl_plots.optima_vs_lr_plot(axes[1], test.peaks, fixed_optimum, test.slopes, fixed_label=fixed_words)
 save_figure(fig, out / "matched_loss",
             f"Smith & Le's B_opt read at a common train loss. Left: final {metric} against batch size per lr, over "
             f"the runs that reached full-train loss {target:g}, in cells where at least 3 of the seeds did (mean and "

@@ -43,6 +43,7 @@ from bsresearch import results, stats
 from bsresearch.findings import goyal
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
+from bsresearch.plots.findings import goyal as goyal_plots
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +118,7 @@ secondary
 
 # %%
 fig, axes = figure_grid(2, width=5.4, height=4.2)
-goyal.ceiling_plot(axes[0], axes[1], test)
+goyal_plots.ceiling_plot(axes[0], axes[1], test)
 axes[0].set_title(f"mechanism: {test.verdict}", fontsize=10)
 save_figure(fig, out / "lr_ceiling",
             f"Goyal et al.'s linear rule against an lr grid on {runs['dataset'].iloc[0]} (N = {n_train}), "

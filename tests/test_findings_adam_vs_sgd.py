@@ -12,14 +12,15 @@ from bsresearch.config import ConfigError
 from bsresearch.findings.adam_vs_sgd import (
     compare_critical_batches,
     critical_batch_ratio,
-    fit_points,
     fittable,
     optimizer_fit,
+    points_by_optimizer,
     seeds_overrides,
-    steps_by_optimizer,
     tuned_by_optimizer,
 )
+from bsresearch.findings.verdict import Verdict
 from bsresearch.measure.critical import CriticalBatchFit
+from bsresearch.plots.findings.adam_vs_sgd import steps_by_optimizer
 
 SIZES = (8, 32, 128, 512, 2048)
 B_CRIT = {"adam": 400.0, "sgd": 100.0}
@@ -62,21 +63,21 @@ def test_the_ratio_interval_is_welch_on_the_log_scale():
     assert r.ratio == pytest.approx(4.0) and r.dof == pytest.approx(20.0)
     half = 2.0859634 * math.sqrt(0.02)
     assert (r.low, r.high) == pytest.approx((4 * math.exp(-half), 4 * math.exp(half)), rel=1e-6)
-    assert not r.intervals_overlap and r.verdict == "reproduced"
+    assert not r.intervals_overlap and r.verdict == Verdict.REPRODUCED
     # unequal: nu = (0.01 + 0.04)^2 / (0.01^2/10 + 0.04^2/10) = 0.0025 / 0.00017
     r = critical_batch_ratio(fit(400, 0.1, 12), fit(100, 0.2, 12))
     assert r.dof == pytest.approx(0.0025 / 0.00017)
 
 
 def test_the_verdict_follows_the_ratio_and_the_intervals():
-    assert critical_batch_ratio(fit(150, 0.05, 25), fit(100, 0.05, 25)).verdict == "partly"   # 1.5x, significant
+    assert critical_batch_ratio(fit(150, 0.05, 25), fit(100, 0.05, 25)).verdict == Verdict.PARTLY   # 1.5x, significant
     overlap = critical_batch_ratio(fit(300, 0.2, 25), fit(100, 0.4, 25))
-    assert overlap.intervals_overlap and overlap.low > 1 and overlap.verdict == "partly"
+    assert overlap.intervals_overlap and overlap.low > 1 and overlap.verdict == Verdict.PARTLY
     same = critical_batch_ratio(fit(110, 0.1, 25), fit(100, 0.1, 25))
-    assert same.verdict == "not reproduced" and same.within_factor                     # Nado's reading
+    assert same.verdict == Verdict.NOT_REPRODUCED and same.within_factor                     # Nado's reading
     smaller = critical_batch_ratio(fit(20, 0.1, 25), fit(100, 0.1, 25))
-    assert smaller.verdict == "not reproduced" and not smaller.within_factor
-    assert critical_batch_ratio(fit(400, 0.1, 2), fit(100, 0.1, 25)).verdict == "not testable"  # no residual dof
+    assert smaller.verdict == Verdict.NOT_REPRODUCED and not smaller.within_factor
+    assert critical_batch_ratio(fit(400, 0.1, 2), fit(100, 0.1, 25)).verdict == Verdict.NOT_TESTABLE  # no residual dof
 
 
 def test_the_tuned_lr_is_chosen_per_optimizer_on_the_selection_seeds():
@@ -90,13 +91,13 @@ def test_the_tuned_lr_is_chosen_per_optimizer_on_the_selection_seeds():
     assert len(overrides) == 2 * len(SIZES)
 
 
-def test_fit_points_use_every_seed_at_the_best_lr_and_drop_thin_batch_sizes():
+def test_points_by_optimizer_use_every_seed_at_the_best_lr_and_drop_thin_batch_sizes():
     table = runs()
     sel = table["seed"].isin([1, 2])
     best = tuned_by_optimizer(table[sel])
     miss = (table["optimizer"] == "sgd") & (table["batch_size"] == 8) & table["seed"].isin([3, 4, 5])
     table.loc[miss, "steps_to_target"] = np.nan   # 3 of 5 seeds never reached the target
-    points = fit_points(table, best)
+    points = points_by_optimizer(table, best)
     assert len(points) == 2 * len(SIZES) * 5
     sgd8 = points[(points["optimizer"] == "sgd") & (points["batch_size"] == 8)]
     assert sgd8["n_reached"].eq(2).all() and not sgd8["in_fit"].any()
@@ -106,11 +107,11 @@ def test_fit_points_use_every_seed_at_the_best_lr_and_drop_thin_batch_sizes():
 def test_the_fits_recover_the_critical_batches_and_the_ratio():
     table = runs()
     best = tuned_by_optimizer(table[table["seed"].isin([1, 2])])
-    points = fit_points(table, best)
+    points = points_by_optimizer(table, best)
     assert optimizer_fit(points, "adam").b_crit == pytest.approx(400, rel=1e-3)
     assert optimizer_fit(points, "sgd").b_crit == pytest.approx(100, rel=1e-3)
     test = compare_critical_batches(points, best)
-    assert test.ratio == pytest.approx(4.0, rel=1e-3) and test.verdict == "reproduced" and not test.problems
+    assert test.ratio == pytest.approx(4.0, rel=1e-3) and test.verdict == Verdict.REPRODUCED and not test.problems
     fig, ax = plt.subplots()
     steps_by_optimizer(ax, points, {"adam": optimizer_fit(points, "adam"), "sgd": optimizer_fit(points, "sgd")})
     assert len(ax.get_lines()) >= 4
@@ -120,8 +121,8 @@ def test_the_fits_recover_the_critical_batches_and_the_ratio():
 def test_a_best_lr_on_the_grid_edge_makes_it_not_testable():
     table = runs(edge=True)
     best = tuned_by_optimizer(table[table["seed"].isin([1, 2])])
-    test = compare_critical_batches(fit_points(table, best), best)
-    assert test.verdict == "not testable" and "on the edge" in test.problems[0]
+    test = compare_critical_batches(points_by_optimizer(table, best), best)
+    assert test.verdict == Verdict.NOT_TESTABLE and "on the edge" in test.problems[0]
 
 
 def test_missing_columns_are_one_clear_error():
@@ -132,8 +133,8 @@ def test_missing_columns_are_one_clear_error():
 def test_before_the_second_stage_the_test_is_not_testable_without_an_error():
     table = runs(second=())                        # selection seeds only: 2 seeds < 3 per batch size
     best = tuned_by_optimizer(table)
-    points = fit_points(table, best)
+    points = points_by_optimizer(table, best)
     assert not points["in_fit"].any() and fittable(points) == []
     test = compare_critical_batches(points, best)
-    assert test.verdict == "not testable" and math.isnan(test.ratio)
+    assert test.verdict == Verdict.NOT_TESTABLE and math.isnan(test.ratio)
     assert "0 batch sizes in the fit" in test.problems[0]

@@ -6,14 +6,10 @@ import pytest
 import torch
 
 from bsresearch.config import ConfigError, RunConfig
-from bsresearch.findings.dinh import (
-    absolute_and_ratios,
-    measure_vs_alpha,
-    per_model_ratios,
-    relu_rescale,
-    rescaling_test,
-)
+from bsresearch.findings.dinh import absolute_and_ratios, per_model_ratios, relu_rescale, rescaling_test
+from bsresearch.findings.verdict import Verdict
 from bsresearch.models import build_model
+from bsresearch.plots.findings.dinh import measure_vs_alpha
 from bsresearch.runtime import make_generator
 
 
@@ -57,19 +53,19 @@ def test_rescaling_test_is_the_smallest_per_model_ratio():
     test = rescaling_test(_table())
     assert test.smallest_ratio == pytest.approx(3.0) and test.smallest_model == (4000, 0)
     assert test.largest_ratio == pytest.approx(25.0) and test.n_models == 4
-    assert test.max_relative_change == pytest.approx(1e-7) and test.verdict == "partly"
+    assert test.max_relative_change == pytest.approx(1e-7) and test.verdict == Verdict.PARTLY
     ratios = per_model_ratios(_table()).set_index(["batch_size", "seed"])["ratio"]
     assert dict(ratios) == pytest.approx({(32, 0): 25.0, (32, 1): 10.0, (4000, 0): 3.0, (4000, 1): 20.0})
     high = {(32, 0): 50.0, (32, 1): 40.0, (4000, 0): 100.0, (4000, 1): 100.0}
-    assert rescaling_test(_table(high)).verdict == "reproduced"                      # Lambda = 10 exactly
+    assert rescaling_test(_table(high)).verdict == Verdict.REPRODUCED                      # Lambda = 10 exactly
     low = {(32, 0): 50.0, (32, 1): 40.0, (4000, 0): 15.0, (4000, 1): 100.0}
-    assert rescaling_test(_table(low)).verdict == "not reproduced"                   # Lambda = 1.5
+    assert rescaling_test(_table(low)).verdict == Verdict.NOT_REPRODUCED                   # Lambda = 1.5
 
 
 def test_rescaling_test_not_testable_when_the_function_changed_or_models_are_missing():
     changed = rescaling_test(_table(change=2e-3))                                    # 2e-4 of the largest logit
-    assert changed.verdict == "not testable" and "function changed" in changed.why
-    assert rescaling_test(_table(), n_models=10).verdict == "not testable"
+    assert changed.verdict == Verdict.NOT_TESTABLE and "function changed" in changed.why
+    assert rescaling_test(_table(), n_models=10).verdict == Verdict.NOT_TESTABLE
     with pytest.raises(ConfigError, match="max_abs_logit"):
         rescaling_test(_table().drop(columns="max_abs_logit"))
 

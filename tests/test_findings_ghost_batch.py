@@ -6,7 +6,9 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.ghost_batch import accuracy_vs_ghost, best_ghost, by_ghost_size, compare_ghost, ghost_slope
+from bsresearch.findings.ghost_batch import best_ghost, by_ghost_size, compare_ghost, ghost_slope
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.ghost_batch import accuracy_vs_ghost
 
 GHOSTS = (16, 32, 64, 128, 256)
 
@@ -27,17 +29,17 @@ def test_welch_interval_and_verdicts_by_hand():
     # means 0.92 and 0.90; both variances 2.5e-4 over 5 seeds: se 0.01, nu 8, t(0.975, 8) = 2.306004
     test = compare_ghost(rows([a + 0.02 for a in BASE], BASE))
     assert test.diff == pytest.approx(0.02) and (test.low, test.high) == pytest.approx((-0.00306004, 0.04306004))
-    assert test.verdict == "partly" and test.n_ghost == 5 and test.batch_size == 1024
-    assert compare_ghost(rows([a + 0.05 for a in BASE], BASE)).verdict == "reproduced"
+    assert test.verdict == Verdict.PARTLY and test.n_ghost == 5 and test.batch_size == 1024
+    assert compare_ghost(rows([a + 0.05 for a in BASE], BASE)).verdict == Verdict.REPRODUCED
     worse = compare_ghost(rows([a - 0.02 for a in BASE], BASE))
-    assert worse.high == pytest.approx(0.00306004) and worse.verdict == "not reproduced"
+    assert worse.high == pytest.approx(0.00306004) and worse.verdict == Verdict.NOT_REPRODUCED
 
 
 def test_a_run_that_did_not_end_ok_makes_it_not_testable():
     table = rows([a + 0.05 for a in BASE], BASE)
     table.loc[0, "state"] = "diverged"
     test = compare_ghost(table)
-    assert test.verdict == "not testable" and "diverged" in test.problems[0]
+    assert test.verdict == Verdict.NOT_TESTABLE and "diverged" in test.problems[0]
 
 
 def test_the_table_marks_whole_batch_statistics_as_the_batch_size():

@@ -12,7 +12,9 @@ from conftest import variant_rows
 from bsresearch import stats
 from bsresearch.config import ConfigError
 from bsresearch.findings import goyal
-from bsresearch.findings.goyal import rule_vs_batch
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings import goyal as goyal_plots
+from bsresearch.plots.findings.goyal import rule_vs_batch
 
 
 def test_breaking_batch_finds_the_first_drop_or_divergence():
@@ -94,22 +96,22 @@ def test_scaling_test_b_star_is_the_last_batch_before_the_first_failure():
     rows = _rule_rows({32: 0, 80: 0, 160: 0.004, 400: 0.007, 800: 0})   # 400: lower end -1.16 points
     test = goyal.scaling_test(rows, "linear_warmup")
     assert (test.b_star, test.first_failing, test.b_star_over_base) == (160, 400, 5)
-    assert test.verdict == "partly" and "-1.16" in test.why
+    assert test.verdict == Verdict.PARTLY and "-1.16" in test.why
     assert test.extend_seeds                       # 400's interval [-1.16, -0.24] contains -1 point, 5 seeds
     held = goyal.scaling_test(_rule_rows({32: 0, 80: 0, 160: 0, 400: 0.004, 800: 0.004}))
-    assert held.b_star == 800 and held.verdict == "reproduced" and math.isnan(held.first_failing)
+    assert held.b_star == 800 and held.verdict == Verdict.REPRODUCED and math.isnan(held.first_failing)
     assert not held.extend_seeds                   # lowest lower end -0.86 points: no interval contains -1
 
 
 def test_scaling_test_divergence_unfinished_runs_and_thresholds():
     diverged = goyal.scaling_test(_rule_rows({32: 0, 80: 0, 160: 0}, {80: ["diverged"] + ["ok"] * 4}))
-    assert diverged.b_star == 32 and diverged.first_failing == 80 and diverged.verdict == "not reproduced"
+    assert diverged.b_star == 32 and diverged.first_failing == 80 and diverged.verdict == Verdict.NOT_REPRODUCED
     assert "1 of 5 seeds diverged" in diverged.why
     failed = goyal.scaling_test(_rule_rows({32: 0, 80: 0}, {80: ["failed"] + ["ok"] * 4}))
-    assert failed.verdict == "not testable" and math.isnan(failed.b_star)
-    assert goyal.scaling_test(_rule_rows({32: 0, 80: 0}, rule="none"), "linear_warmup").verdict == "not testable"
+    assert failed.verdict == Verdict.NOT_TESTABLE and math.isnan(failed.b_star)
+    assert goyal.scaling_test(_rule_rows({32: 0, 80: 0}, rule="none"), "linear_warmup").verdict == Verdict.NOT_TESTABLE
     strict = goyal.scaling_test(_rule_rows({32: 0, 80: 0, 160: 0}), reproduced_at=200, partly_at=160)
-    assert strict.b_star == 160 and strict.verdict == "partly"
+    assert strict.b_star == 160 and strict.verdict == Verdict.PARTLY
     with pytest.raises(ConfigError, match="no column 'state'"):
         goyal.holding_batches(_rule_rows({32: 0}).drop(columns="state"), "linear_warmup")
 
@@ -120,7 +122,7 @@ def test_difference_vs_batch_keeps_every_interval_inside_the_axes():
                       _rule_rows({32: 0, 80: 0.002, 400: 0.3}, {400: ["diverged"] + ["ok"] * 4}, rule="none")])
     diffs = goyal.versus_baseline_batch(rows, "test_acc", 32)
     fig, ax = plt.subplots()
-    goyal.difference_vs_batch(ax, rows, diffs, margin=0.01, order=["linear_warmup", "none"])
+    goyal_plots.difference_vs_batch(ax, rows, diffs, margin=0.01, order=["linear_warmup", "none"])
     bottom, top = ax.get_ylim()
     assert bottom < 100 * diffs["low"].min() and top > 100 * diffs["high"].max() and bottom < -1 < top
     threshold = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
@@ -137,9 +139,9 @@ def test_difference_vs_batch_keeps_every_interval_inside_the_axes():
 
 def test_limits_from_intervals_pads_the_range():
     fig, ax = plt.subplots()
-    goyal.limits_from_intervals(ax, [[0.0, np.nan]], [[10.0]], pad=0.1)
+    goyal_plots.limits_from_intervals(ax, [[0.0, np.nan]], [[10.0]], pad=0.1)
     assert ax.get_ylim() == pytest.approx((-1.0, 11.0))
-    goyal.limits_from_intervals(ax, [[1.0]], [[100.0]], log=True, pad=0.5)
+    goyal_plots.limits_from_intervals(ax, [[1.0]], [[100.0]], log=True, pad=0.5)
     assert ax.get_ylim() == pytest.approx((0.1, 1000.0))
     plt.close(fig)
 
@@ -148,7 +150,7 @@ def test_curves_by_batch_band_is_the_t_interval_over_seeds():
     history = pd.DataFrame({"batch_size": [32] * 6 + [80] * 2, "epoch": [1, 1, 1, 2, 2, 2, 1, 2],
                             "train_loss": [1.0, 2.0, 3.0, 0.5, 0.5, 0.5, 1.0, 0.5]})
     fig, ax = plt.subplots()
-    goyal.curves_by_batch(ax, history, "train_loss", log_y=False)
+    goyal_plots.curves_by_batch(ax, history, "train_loss", log_y=False)
     line = ax.get_lines()[0]
     assert list(np.asarray(line.get_ydata())) == [2.0, 0.5] and line.get_label() == "32"
     band = np.asarray(ax.collections[0].get_paths()[0].vertices)[:, 1]
@@ -211,29 +213,29 @@ def test_lr_ceiling_test_partly_when_the_linear_break_is_an_lr_ceiling_and_the_b
     # the largest lr at which every seed learns: the linear lr up to 800, then the grid's last lr under 2.0
     assert per["lr_ceiling"].to_numpy() == pytest.approx([0.05, 0.25, 1.25, 1.5625, 1.5625, 1.5625])
     assert not per.loc[2000, "linear_holds"] and per.loc[2000, "best_holds"] and not per.loc[4000, "best_holds"]
-    assert test.verdict == "partly" and "lr ceiling" in test.why and not test.extend_seeds
+    assert test.verdict == Verdict.PARTLY and "lr ceiling" in test.why and not test.extend_seeds
 
 
 def test_lr_ceiling_test_reproduced_when_no_lr_rescues_the_first_failing_batch():
     test = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.05 if b >= 2000 else 0.0, ceiling=100.0), n_train=40000)
     assert (test.linear.b_star, test.b_fail, test.fail_kind, test.best.b_star) == (800, 2000, "batch", 800)
-    assert test.verdict == "reproduced"
+    assert test.verdict == Verdict.REPRODUCED
     # the same curve on 4000 examples: B* = 800 is B/N = 0.2, but on 400 000 examples B*/N = 0.002 < 0.0064
     assert goyal.lr_ceiling_test(_grid_runs(lambda b: 0.05 if b >= 2000 else 0.0, ceiling=100.0),
-                                 n_train=400_000).verdict == "partly"
+                                 n_train=400_000).verdict == Verdict.PARTLY
 
 
 def test_lr_ceiling_test_not_reproduced_and_not_testable():
     ceiling_only = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.0), n_train=40000)
     assert ceiling_only.fail_kind == "lr ceiling" and math.isnan(ceiling_only.best.first_failing)
-    assert ceiling_only.verdict == "not reproduced"
+    assert ceiling_only.verdict == Verdict.NOT_REPRODUCED
     never = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.0, ceiling=1e6), n_train=40000)
-    assert math.isnan(never.b_fail) and never.verdict == "not testable" and "no break" in never.why
+    assert math.isnan(never.b_fail) and never.verdict == Verdict.NOT_TESTABLE and "no break" in never.why
     bottom = goyal.lr_ceiling_test(_grid_runs(lambda b: 0.0, slope=-0.002), n_train=40000)   # smaller lr better
-    assert bottom.per_batch["best_at_bottom"].iloc[1:].all() and bottom.verdict == "not testable"
+    assert bottom.per_batch["best_at_bottom"].iloc[1:].all() and bottom.verdict == Verdict.NOT_TESTABLE
     pending = _grid_runs(lambda b: 0.0)
     pending.loc[0, "state"] = "timeout"
-    assert goyal.lr_ceiling_test(pending, n_train=40000).verdict == "not testable"
+    assert goyal.lr_ceiling_test(pending, n_train=40000).verdict == Verdict.NOT_TESTABLE
     with pytest.raises(ConfigError, match="no column 'effective_lr'"):
         goyal.lr_ceiling_test(pending.drop(columns="effective_lr"), n_train=40000)
 

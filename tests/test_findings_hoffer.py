@@ -12,7 +12,9 @@ from conftest import variant_rows
 from bsresearch import stats
 from bsresearch.config import ConfigError
 from bsresearch.findings import hoffer
-from bsresearch.findings.hoffer import distance_panel, variant_points
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings import hoffer as hoffer_plots
+from bsresearch.plots.findings.hoffer import distance_panel, variant_points
 
 
 def _history(variant, seed, slope, decay_at=100, last=400, warmup=0):
@@ -127,8 +129,8 @@ def test_distance_panel_draws_the_fits_of_the_mean_curve_it_labels():
 
 
 def test_variant_label_spells_out_the_codes():
-    assert hoffer.variant_label("lb_sqrt_gbn_ra") == "LB + sqrt lr + ghost BN + regime adaptation"
-    assert hoffer.variant_label("sb") == "SB" and hoffer.variant_label("lb_xyz") == "LB + xyz"
+    assert hoffer_plots.variant_label("lb_sqrt_gbn_ra") == "LB + sqrt lr + ghost BN + regime adaptation"
+    assert hoffer_plots.variant_label("sb") == "SB" and hoffer_plots.variant_label("lb_xyz") == "LB + xyz"
 
 
 # ----------------------------------------------------------------------------- AIC: log t against a power law
@@ -193,7 +195,7 @@ def test_recipe_test_partly_when_the_recipe_closes_part_of_the_gap():
     assert (test.low, test.high) == pytest.approx((-0.005 - 0.02306004, -0.005 + 0.02306004), rel=1e-6)
     assert test.gap == pytest.approx(-0.07) and test.gap_high == pytest.approx(-0.07 + 0.02306004, rel=1e-6)
     assert test.closed_low == pytest.approx(0.065 - 0.02306004, rel=1e-6)
-    assert test.verdict == "partly" and test.extend_seeds          # Delta's interval contains -1 point
+    assert test.verdict == Verdict.PARTLY and test.extend_seeds          # Delta's interval contains -1 point
     assert (test.n_recipe, test.n_sb, test.n_lb, test.n_unfinished) == (5, 5, 5, 0)
 
 
@@ -203,22 +205,22 @@ def test_recipe_test_reproduced_matches_scipy_welch():
     test = hoffer.recipe_test(_runs({"sb": list(sb), "lb": list(0.85 + SPREAD), "lb_sqrt_gbn_ra": list(recipe)}))
     oracle = sps.ttest_ind(recipe, sb, equal_var=False).confidence_interval(0.95)
     assert (test.low, test.high) == pytest.approx((oracle.low, oracle.high))
-    assert test.low > -0.01 and test.verdict == "reproduced" and not test.extend_seeds
+    assert test.low > -0.01 and test.verdict == Verdict.REPRODUCED and not test.extend_seeds
 
 
 def test_recipe_test_not_reproduced_not_testable_and_divergence():
     gap = {"sb": list(0.92 + SPREAD), "lb": list(0.85 + SPREAD)}
-    assert hoffer.recipe_test(_runs({**gap, "lb_sqrt_gbn_ra": list(0.85 + SPREAD)})).verdict == "not reproduced"
+    assert hoffer.recipe_test(_runs({**gap, "lb_sqrt_gbn_ra": list(0.85 + SPREAD)})).verdict == Verdict.NOT_REPRODUCED
     no_gap = hoffer.recipe_test(_runs({"sb": list(0.92 + SPREAD), "lb": list(0.92 + SPREAD),
                                        "lb_sqrt_gbn_ra": list(0.92 + SPREAD)}))
-    assert no_gap.verdict == "not testable" and "no gap" in no_gap.why
+    assert no_gap.verdict == Verdict.NOT_TESTABLE and "no gap" in no_gap.why
     failed = _runs({**gap, "lb_sqrt_gbn_ra": list(0.925 + SPREAD / 5)},
                    {"sb": ["ok", "ok", "ok", "ok", "failed"]})
-    assert hoffer.recipe_test(failed).verdict == "not testable" and hoffer.recipe_test(failed).n_unfinished == 1
+    assert hoffer.recipe_test(failed).verdict == Verdict.NOT_TESTABLE and hoffer.recipe_test(failed).n_unfinished == 1
     diverged = _runs({**gap, "sb": list(0.92 + SPREAD / 5), "lb_sqrt_gbn_ra": [0.1, *list(0.925 + SPREAD[1:] / 5)]},
                      {"lb_sqrt_gbn_ra": ["diverged", "ok", "ok", "ok", "ok"]})
     test = hoffer.recipe_test(diverged)                              # would be reproduced on the 4 that finished
-    assert test.low > -0.01 and test.n_recipe_diverged == 1 and test.verdict == "partly"
+    assert test.low > -0.01 and test.n_recipe_diverged == 1 and test.verdict == Verdict.PARTLY
     with pytest.raises(ConfigError, match="no column 'test_acc'"):
         hoffer.recipe_test(diverged.drop(columns="test_acc"))
 
@@ -273,7 +275,7 @@ def test_matched_loss_test_reproduced_against_the_matched_small_batch_with_scipy
     oracle = sps.ttest_ind(recipe, runs[runs.variant == "sb_x8"].test_acc, equal_var=False).confidence_interval(0.95)
     assert test.control == "sb_x8" and test.diff == pytest.approx(0.001)
     assert (test.low, test.high) == pytest.approx((oracle.low, oracle.high))
-    assert test.short_diff == pytest.approx(0.031) and test.verdict == "reproduced" and not test.extend_seeds
+    assert test.short_diff == pytest.approx(0.031) and test.verdict == Verdict.REPRODUCED and not test.extend_seeds
     assert (test.n_recipe, test.n_control, test.n_short, test.n_unfinished) == (5, 5, 5, 0)
 
 
@@ -283,7 +285,7 @@ def test_matched_loss_test_partly_when_only_the_shorter_small_batch_is_matched()
     test = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.905}))
     assert test.diff == pytest.approx(-0.025) and test.low == pytest.approx(-0.025 - half, rel=1e-6)
     assert test.short_diff == pytest.approx(0.005) and test.short_low == pytest.approx(0.005 - half, rel=1e-6)
-    assert test.verdict == "partly" and not test.extend_seeds
+    assert test.verdict == Verdict.PARTLY and not test.extend_seeds
 
 
 def test_rung_multiple_reads_the_epochs_multiple_from_the_rung_name():
@@ -296,7 +298,7 @@ def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     runs = _mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.931})
     test = hoffer.matched_loss_test(runs)
     fig, ax = plt.subplots()
-    hoffer.ladder_plot(ax, runs, test)
+    hoffer_plots.ladder_plot(ax, runs, test)
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
     ladder = lines["small batch, 1-16x its epochs (mean)"]
     scale = (0.9 * 1.1) ** 0.2
@@ -304,7 +306,7 @@ def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     assert list(ladder.get_ydata()) == pytest.approx([ACC[v] for v in hoffer.LADDER])
     ring = lines["SB* = sb_x8 (nearest train loss)"]
     assert ring.get_xdata()[0] == pytest.approx(0.001 * scale)
-    star = lines[hoffer.variant_label("lb_sqrt_gbn_ra")]
+    star = lines[hoffer_plots.variant_label("lb_sqrt_gbn_ra")]
     assert star.get_marker() == "*" and star.get_ydata()[0] == pytest.approx(0.931)
     assert ax.get_xscale() == "log"
     # the axis spans the ladder's and the recipe's runs (a one-point difference stays visible); plain LB, far
@@ -314,20 +316,20 @@ def test_ladder_plot_draws_the_rungs_means_ringed_sb_star_and_the_recipe():
     assert low <= shown.min() and shown.max() <= high and high - low < 2 * (shown.max() - shown.min()) + 0.01
     texts = [t.get_text() for t in ax.texts]
     lb = runs[runs.variant == "lb"].test_acc.mean()
-    assert lb < low and texts == [f"off the axis: {hoffer.variant_label('lb')}: mean {lb:.3g}"]
+    assert lb < low and texts == [f"off the axis: {hoffer_plots.variant_label('lb')}: mean {lb:.3g}"]
     plt.close(fig)
 
 
 def test_matched_loss_test_not_reproduced_not_testable_divergence_and_seeds():
-    assert hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.85})).verdict == "not reproduced"
+    assert hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.85})).verdict == Verdict.NOT_REPRODUCED
     beyond = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.93}, recipe_loss=1e-5))
-    assert beyond.verdict == "not testable" and "extend the ladder" in beyond.why and not beyond.extend_seeds
+    assert beyond.verdict == Verdict.NOT_TESTABLE and "extend the ladder" in beyond.why and not beyond.extend_seeds
     failed = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.93},
                                                       states={"sb_x2": ["ok", "ok", "ok", "ok", "timeout"]}))
-    assert failed.verdict == "not testable" and failed.n_unfinished == 1
+    assert failed.verdict == Verdict.NOT_TESTABLE and failed.n_unfinished == 1
     diverged = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.931},
                                                         states={"lb_sqrt_gbn_ra": ["diverged", *["ok"] * 4]}))
-    assert diverged.low > -0.01 and diverged.n_recipe_diverged == 1 and diverged.verdict == "partly"
+    assert diverged.low > -0.01 and diverged.n_recipe_diverged == 1 and diverged.verdict == Verdict.PARTLY
     wide = hoffer.matched_loss_test(_mechanism_runs({**ACC, "lb_sqrt_gbn_ra": 0.925}, spread=SPREAD))
     assert wide.low < -0.01 < wide.high and wide.extend_seeds           # Delta_loss's interval contains -1 point
     with pytest.raises(ConfigError, match="no column 'train_loss'"):

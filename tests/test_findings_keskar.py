@@ -7,15 +7,10 @@ from conftest import tiny_config
 
 from bsresearch import results
 from bsresearch.config import ConfigError
-from bsresearch.findings.keskar import (
-    interpolate_runs,
-    keskar_test,
-    paired_differences,
-    paired_test_plot,
-    tenth_of_data,
-    verdict_table,
-)
-from bsresearch.findings.runs import measure_runs
+from bsresearch.findings.keskar import interpolate_runs, keskar_test, paired_differences, tenth_of_data, verdict_table
+from bsresearch.findings.runs import measure_each_run, measure_runs
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.keskar import paired_test_plot
 from bsresearch.train import run
 
 
@@ -51,6 +46,14 @@ def test_measure_runs_applies_a_function_to_every_runs_final_weights(two_runs):
     assert sorted(merged["batch"]) == [16, 64]
 
 
+
+def test_measure_each_run_hands_the_measurement_the_runs_row_in_the_tables_order(two_runs):
+    runs = results.load(two_runs[0].run_dir.parent, all_runs=True).sort_values("batch_size", ascending=False)
+    table = measure_each_run(runs, lambda run, model, data, cfg: {"batch": run["batch_size"], "cfg": cfg.batch_size,
+                                                                  "n": len(data.x_train)})
+    assert list(table.columns) == ["batch", "cfg", "n"] and list(table["batch"]) == [64, 16]
+    assert list(table["cfg"]) == [64, 16] and table["n"].nunique() == 1
+
 # ----------------------------------------------------------------------------- the pre-registered test
 def _table(phi_sb, phi_lb, acc_sb, acc_lb, n_train=4000, sb=32, lb=400):
     rows = []
@@ -78,21 +81,21 @@ def test_keskar_ratio_is_the_geometric_mean_with_a_t_interval_on_log_ratios():
     assert test.drop_low == pytest.approx(0.07 / 3 - 4.302653 * 0.0152753 / math.sqrt(3), rel=1e-4)
     assert test.n_pairs == 3 and test.largest_b_over_n == pytest.approx(0.1)
     # ratio interval [4 exp(-1.72), ...] = [0.72, ...] contains 1; the drop's lower end 0.0233 - 0.0379 < 0
-    assert test.verdict == "not reproduced"
+    assert test.verdict == Verdict.NOT_REPRODUCED
     assert test.extend_seeds   # both intervals contain their thresholds with 3 seeds
 
 
 @pytest.mark.parametrize("ratios, drops, verdict", [
-    ([10, 12, 11, 9, 10], [0.02, 0.03, 0.02, 0.025, 0.03], "reproduced"),
-    ([10, 12, 11, 9, 10], [0.02, -0.03, 0.02, -0.025, 0.03], "partly"),
-    ([0.5, 3, 1, 2, 0.8], [0.02, 0.03, 0.02, 0.025, 0.03], "partly"),
-    ([0.5, 3, 1, 2, 0.8], [0.02, -0.03, 0.02, -0.025, 0.03], "not reproduced"),
+    ([10, 12, 11, 9, 10], [0.02, 0.03, 0.02, 0.025, 0.03], Verdict.REPRODUCED),
+    ([10, 12, 11, 9, 10], [0.02, -0.03, 0.02, -0.025, 0.03], Verdict.PARTLY),
+    ([0.5, 3, 1, 2, 0.8], [0.02, 0.03, 0.02, 0.025, 0.03], Verdict.PARTLY),
+    ([0.5, 3, 1, 2, 0.8], [0.02, -0.03, 0.02, -0.025, 0.03], Verdict.NOT_REPRODUCED),
 ])
 def test_keskar_verdicts_follow_the_protocol(ratios, drops, verdict):
     table = _table([1.0] * 5, ratios, [0.9] * 5, [0.9 - d for d in drops])
     test = keskar_test(table, 32, 400)
     assert test.verdict == verdict
-    assert test.extend_seeds == (verdict != "reproduced")   # the non-reproduced cases straddle a threshold
+    assert test.extend_seeds == (verdict != Verdict.REPRODUCED)   # the non-reproduced cases straddle a threshold
     shown = verdict_table(test)
     assert list(shown["verdict"]) == [verdict] * 2 and shown["statistic"].iloc[0].startswith("R:")
 
@@ -119,13 +122,13 @@ def test_keskar_is_not_testable_when_a_run_missed_its_target_or_failed():
     table = _table([1.0] * 5, [10, 12, 11, 9, 10], [0.9] * 5, [0.88] * 5)
     table.loc[(table.batch_size == 400) & (table.seed == 2), "reached_target"] = False
     test = keskar_test(table, 32, 400)
-    assert test.verdict == "not testable" and "seed 2: did not reach its target" in test.problems[0]
+    assert test.verdict == Verdict.NOT_TESTABLE and "seed 2: did not reach its target" in test.problems[0]
     table.loc[(table.batch_size == 32) & (table.seed == 0), "state"] = "failed"
     assert keskar_test(table, 32, 400).n_pairs == 4
     # the full batch's runs are not part of the primary test: a failure there does not block it
     ok = _table([1.0] * 5, [10, 12, 11, 9, 10], [0.9] * 5, [0.88] * 5)
     ok.loc[ok.batch_size == 4000, "state"] = "failed"
-    assert keskar_test(ok, 32, 400).verdict != "not testable"
+    assert keskar_test(ok, 32, 400).verdict != Verdict.NOT_TESTABLE
 
 
 def test_large_batch_is_the_batch_size_closest_to_a_tenth_of_the_data():

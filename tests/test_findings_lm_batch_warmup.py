@@ -8,14 +8,9 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import RunConfig
-from bsresearch.findings.lm_batch_warmup import (
-    loss_curves,
-    loss_vs,
-    schedules,
-    steps_to_reach,
-    warmup_schedule,
-    warmup_test,
-)
+from bsresearch.findings.lm_batch_warmup import loss_curves, schedules, steps_to_reach, warmup_schedule, warmup_test
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.lm_batch_warmup import loss_vs
 
 SEEDS = (0, 1, 2, 3, 4)
 NOISE = (0.0, 0.01, -0.01, 0.02, -0.02)
@@ -52,14 +47,14 @@ def test_schedules_from_the_configs():
 def test_the_paired_test_and_its_verdicts():
     test = warmup_test(runs())
     assert test.d_small == pytest.approx(0) and test.d_large == pytest.approx(-0.1)
-    assert test.steps_fraction == pytest.approx(3000 / 8192) and test.verdict == "reproduced"
-    assert warmup_test(runs(warm=2.03)).verdict == "partly"                 # 1.5% worse than small
-    assert warmup_test(runs(large=2.00)).verdict == "partly"                # no better than large
-    assert warmup_test(runs(warm=2.05, large=2.0)).verdict == "not reproduced"
-    assert warmup_test(runs(steps=(1000, 3000, 100))).verdict == "not reproduced"   # more steps than small
+    assert test.steps_fraction == pytest.approx(3000 / 8192) and test.verdict == Verdict.REPRODUCED
+    assert warmup_test(runs(warm=2.03)).verdict == Verdict.PARTLY                 # 1.5% worse than small
+    assert warmup_test(runs(large=2.00)).verdict == Verdict.PARTLY                # no better than large
+    assert warmup_test(runs(warm=2.05, large=2.0)).verdict == Verdict.NOT_REPRODUCED
+    assert warmup_test(runs(steps=(1000, 3000, 100))).verdict == Verdict.NOT_REPRODUCED   # more steps than small
     failed = runs()
     failed.loc[1, "state"] = "failed"
-    assert warmup_test(failed).verdict == "not testable"
+    assert warmup_test(failed).verdict == Verdict.NOT_TESTABLE
 
 
 def test_steps_to_reach_a_loss_interpolates_between_evaluations_and_the_figure():

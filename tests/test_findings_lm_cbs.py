@@ -8,15 +8,9 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.lm_cbs import (
-    branch_losses,
-    cbs_by_checkpoint,
-    cbs_test,
-    cbs_vs_tokens,
-    critical_batch_sizes,
-    loss_ratios,
-    ratio_vs_k,
-)
+from bsresearch.findings.lm_cbs import branch_losses, cbs_by_checkpoint, cbs_test, critical_batch_sizes, loss_ratios
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.lm_cbs import cbs_vs_tokens, ratio_vs_k
 
 CHECKPOINTS = (8192.0, 32768.0, 131072.0)
 KS = (1, 2, 4, 8, 16)
@@ -67,18 +61,18 @@ def test_a_diverged_branch_never_keeps_up():
     data.loc[(data["batch_sizes"] == (4,)) & (data["seed"] == 1), "state"] = "pending"
     branches = branch_losses(data)
     assert branches.loc[branches["seed"] == 1, "ratio"].isna().all()
-    assert cbs_test(critical_batch_sizes(branches)).verdict == "not testable"
+    assert cbs_test(critical_batch_sizes(branches)).verdict == Verdict.NOT_TESTABLE
 
 
 def test_growth_and_plateau_decide_the_verdict():
     # same CBS for every seed: D = log2 32 - log2 4 = 3, G = log2 32 - log2 16 = 1 (no spread: the value)
     test = cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: GROWS[c]))))
     assert (test.d, test.d_low, test.d_high) == (3, 3, 3) and test.g == 1
-    assert test.verdict == "partly"          # grows, but doubles over the last factor 4: no plateau
+    assert test.verdict == Verdict.PARTLY          # grows, but doubles over the last factor 4: no plateau
     plateau = {8192.0: 1, 32768.0: 8, 131072.0: 8}
-    assert cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: plateau[c])))).verdict == "reproduced"
+    assert cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: plateau[c])))).verdict == Verdict.REPRODUCED
     flat = cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: 2))))
-    assert flat.d == 0 and flat.verdict == "not reproduced"
+    assert flat.d == 0 and flat.verdict == Verdict.NOT_REPRODUCED
     # seeds differ: seed 2's CBS at the end is 8 (log2 3), so D per seed is 3, 3, 1, 3, 3: mean 2.6
     varied = cbs_test(critical_batch_sizes(branch_losses(
         runs(lambda s, c: (2 if s == 2 and c == 131072.0 else GROWS[c])))))
@@ -88,10 +82,10 @@ def test_growth_and_plateau_decide_the_verdict():
 
 def test_a_censored_last_checkpoint_or_a_missing_k1_is_not_testable():
     censored = cbs_test(critical_batch_sizes(branch_losses(runs(lambda s, c: 16 if c == 131072.0 else 1))))
-    assert censored.verdict == "not testable" and "largest batch tried" in censored.problems[0]
+    assert censored.verdict == Verdict.NOT_TESTABLE and "largest batch tried" in censored.problems[0]
     data = runs(lambda s, c: GROWS[c])
     no_k1 = data[~((data["batch_sizes"] == (4,)) & (data["seed"] == 1))]
-    assert cbs_test(critical_batch_sizes(branch_losses(no_k1))).verdict == "not testable"
+    assert cbs_test(critical_batch_sizes(branch_losses(no_k1))).verdict == Verdict.NOT_TESTABLE
     with pytest.raises(ConfigError, match="at least 3 checkpoints"):
         cbs_test(critical_batch_sizes(branch_losses(data[data["batch_at_tokens"] != (8192.0,)])))
     with pytest.raises(ConfigError, match="no branch"):

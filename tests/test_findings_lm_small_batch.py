@@ -11,14 +11,14 @@ import yaml
 
 from bsresearch.findings.lm_small_batch import (
     by_batch,
-    loss_vs_batch,
     secondary,
     seeds_overrides,
     select_lr,
     settings,
     small_batch_test,
-    spread_vs_batch,
 )
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.lm_small_batch import loss_vs_batch, spread_vs_batch
 
 BATCHES = (1, 4, 256)
 SEEDS = (3, 4, 5, 6, 7)
@@ -73,12 +73,12 @@ def test_the_paired_test_by_hand_and_its_verdicts():
     # every paired difference is the same over seeds (the noise cancels): intervals of zero width
     assert test.d_beta2.diff == pytest.approx(0.10) and test.d_beta2.low == pytest.approx(0.10)
     assert test.d_small.diff == pytest.approx(-0.05) and test.reference == pytest.approx(2.05)
-    assert (test.small, test.large, test.verdict) == (1, 256, "reproduced")
-    assert small_batch_test(confirm(fixed_at_1=2.00)).verdict == "partly"     # beta2 makes no difference
-    assert small_batch_test(confirm(half_at_1=2.10, fixed_at_1=2.10)).verdict == "not reproduced"
+    assert (test.small, test.large, test.verdict) == (1, 256, Verdict.REPRODUCED)
+    assert small_batch_test(confirm(fixed_at_1=2.00)).verdict == Verdict.PARTLY     # beta2 makes no difference
+    assert small_batch_test(confirm(half_at_1=2.10, fixed_at_1=2.10)).verdict == Verdict.NOT_REPRODUCED
     # 2.07 vs 2.05: 0.02 worse, more than 1% of 2.05 (0.0205)? no: 0.02 <= 0.0205, so still no worse
-    assert small_batch_test(confirm(fixed_at_1=2.2, half_at_1=2.07)).verdict == "reproduced"
-    assert small_batch_test(confirm(fixed_at_1=2.2, half_at_1=2.08)).verdict == "partly"
+    assert small_batch_test(confirm(fixed_at_1=2.2, half_at_1=2.07)).verdict == Verdict.REPRODUCED
+    assert small_batch_test(confirm(fixed_at_1=2.2, half_at_1=2.08)).verdict == Verdict.PARTLY
 
 
 def test_paired_intervals_over_seeds():
@@ -96,7 +96,7 @@ def test_a_run_that_did_not_end_ok_makes_it_not_testable():
     data = confirm()
     data.loc[0, "state"] = "failed"
     test = small_batch_test(data)
-    assert test.verdict == "not testable" and "failed" in test.problems[0]
+    assert test.verdict == Verdict.NOT_TESTABLE and "failed" in test.problems[0]
 
 
 def test_secondary_comparisons_and_figures():

@@ -10,14 +10,13 @@ from bsresearch import stats
 from bsresearch.config import ConfigError
 from bsresearch.findings.masters_luschi import (
     Trend,
-    accuracy_vs_lr_plot,
     range_test,
     stable_lr_intervals,
     stable_lr_table,
-    stable_range_plot,
     stable_range_trend,
-    window_width_plot,
 )
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.masters_luschi import accuracy_vs_lr_plot, stable_range_plot, window_width_plot
 
 LRS = [2.0 ** k for k in range(-8, 1)]   # 2^-8 .. 1
 
@@ -98,19 +97,19 @@ def trend(column, low, high):
 def test_the_verdict_follows_both_intervals_and_the_validity_checks():
     table = stable_lr_table(sweep(noise=0.0), margin=0.011)
     both = {"max_stable_lr": trend("max_stable_lr", -0.6, -0.4), "window_octaves": trend("window_octaves", -1, -0.2)}
-    assert range_test(table, both).verdict == "reproduced" and range_test(table, both).reason == ""
+    assert range_test(table, both).verdict == Verdict.REPRODUCED and range_test(table, both).reason == ""
     one = {**both, "window_octaves": trend("window_octaves", -0.5, 0.3)}
-    assert range_test(table, one).verdict == "partly"
+    assert range_test(table, one).verdict == Verdict.PARTLY
     none = {"max_stable_lr": trend("max_stable_lr", -0.1, 0.2), "window_octaves": trend("window_octaves", 0.0, 1.0)}
-    assert range_test(table, none).verdict == "not reproduced"
+    assert range_test(table, none).verdict == Verdict.NOT_REPRODUCED
     # a slope of 0 that the fit returns as -3e-16 (every resample alike) is not below 0
     flat = {**both, "window_octaves": trend("window_octaves", -3e-16, -3e-16)}
-    assert range_test(table, flat).verdict == "partly"
+    assert range_test(table, flat).verdict == Verdict.PARTLY
     # at B = 512 no lr diverges once the grid stops below the boundary: the boundary is not measured there
     cut = sweep(noise=0.0)
     cut = cut[~((cut["batch_size"] == 512) & (cut["lr"] > 2.0 ** -4))]
     result = range_test(stable_lr_table(cut, margin=0.011), both)
-    assert result.verdict == "not testable" and result.reason == "no lr of the grid diverged at B = 512"
+    assert result.verdict == Verdict.NOT_TESTABLE and result.reason == "no lr of the grid diverged at B = 512"
     edge = table.assign(best_at_edge=table["batch_size"] == 8)
     assert range_test(edge, both).reason == "the best lr is at the grid's edge at B = 8"
 
@@ -119,11 +118,11 @@ def test_the_pipeline_the_notebook_runs_gives_reproduced_on_a_shrinking_range():
     runs = sweep(noise=0.002)
     table = stable_lr_table(runs, margin=0.011)
     test = range_test(table, stable_range_trend(runs, margin=0.011, n_boot=40))
-    assert test.verdict == "reproduced" and test.max_stable_lr.high < 0 and test.window_octaves.high < 0
+    assert test.verdict == Verdict.REPRODUCED and test.max_stable_lr.high < 0 and test.window_octaves.high < 0
     # the same runs with the boundary and the window growing with B instead: not reproduced
     grown = runs.assign(batch_size=runs["batch_size"].map({8: 512, 32: 128, 128: 32, 512: 8}))
     assert range_test(stable_lr_table(grown, margin=0.011),
-                      stable_range_trend(grown, margin=0.011, n_boot=40)).verdict == "not reproduced"
+                      stable_range_trend(grown, margin=0.011, n_boot=40)).verdict == Verdict.NOT_REPRODUCED
     text = stats.frame_markdown(table)
     assert text.splitlines()[0].startswith("| batch_size | n_lrs | max_stable_lr") and len(text.splitlines()) == 6
 
@@ -203,6 +202,7 @@ def test_learning_range_test_leaves_out_a_batch_size_where_nothing_learns():
     assert math.isnan(result.table.set_index("batch_size").loc[2048, "max_stable_lr"])
     assert result.trend["max_stable_lr"].slope == pytest.approx(-0.5)   # from B 8 to 512, as without 2048
     # the largest learning lr falls, the window (2 octaves at every B) does not: one interval below 0
-    assert result.test.verdict == "partly" and result.test.reason == ""
+    assert result.test.verdict == Verdict.PARTLY and result.test.reason == ""
     few = learning_range_test(runs[runs.batch_size.isin([8, 32, 2048])], n_boot=20)
-    assert few.test.verdict == "not testable" and "2 batch sizes" in few.test.reason and "B = 2048" in few.test.reason
+    assert few.test.verdict == Verdict.NOT_TESTABLE
+    assert "2 batch sizes" in few.test.reason and "B = 2048" in few.test.reason

@@ -17,6 +17,7 @@ from bsresearch.findings.nqm import (
     steps_vs_batch_size,
     tune,
 )
+from bsresearch.findings.verdict import Verdict
 from bsresearch.measure.critical import fit_critical_batch
 
 
@@ -121,10 +122,10 @@ def _steps_table(edge=()):
 
 
 @pytest.mark.parametrize("momentum, precond, verdict", [
-    ((500, 420, 600), (300, 260, 350), "reproduced"),
-    ((500, 420, 600), (180, 150, 220), "partly"),      # preconditioning's ratio 1.8 < 2
-    ((500, 110, 900), (300, 260, 350), "partly"),      # momentum's interval overlaps SGD's [90, 110]
-    ((150, 120, 180), (190, 105, 260), "not reproduced"),
+    ((500, 420, 600), (300, 260, 350), Verdict.REPRODUCED),
+    ((500, 420, 600), (180, 150, 220), Verdict.PARTLY),      # preconditioning's ratio 1.8 < 2
+    ((500, 110, 900), (300, 260, 350), Verdict.PARTLY),      # momentum's interval overlaps SGD's [90, 110]
+    ((150, 120, 180), (190, 105, 260), Verdict.NOT_REPRODUCED),
 ])
 def test_nqm_verdict_needs_ratio_two_and_an_interval_above_sgds(momentum, precond, verdict):
     fits = {"SGD": _Fit(100, 90, 110), "heavy-ball momentum": _Fit(*momentum),
@@ -138,9 +139,9 @@ def test_nqm_verdict_needs_ratio_two_and_an_interval_above_sgds(momentum, precon
 def test_nqm_is_not_testable_with_a_tuned_lr_on_the_grid_edge():
     fits = {"SGD": _Fit(100, 90, 110), "heavy-ball momentum": _Fit(500, 420, 600),
             "preconditioned (p=0.5)": _Fit(300, 260, 350)}
-    assert nqm_test(fits, _steps_table(edge=("heavy-ball momentum",))).verdict == "not testable"
+    assert nqm_test(fits, _steps_table(edge=("heavy-ball momentum",))).verdict == Verdict.NOT_TESTABLE
     # an edge in an optimizer outside the test does not block it
-    assert nqm_test(fits, _steps_table(edge=("preconditioned + momentum",))).verdict == "reproduced"
+    assert nqm_test(fits, _steps_table(edge=("preconditioned + momentum",))).verdict == Verdict.REPRODUCED
     with pytest.raises(ValueError, match="no critical-batch fit"):
         nqm_test({"SGD": _Fit(1, 1, 1)}, _steps_table())
 

@@ -8,13 +8,9 @@ import pytest
 from scipy import stats as scipy_stats
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.sharpness_generalization import (
-    DECIDING,
-    correlation_plot,
-    finding_test,
-    gap_scatter,
-    rank_correlations,
-)
+from bsresearch.findings.sharpness_generalization import DECIDING, finding_test, rank_correlations
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.sharpness_generalization import correlation_plot, gap_scatter
 
 
 def runs_table(seeds=range(5)):
@@ -91,26 +87,27 @@ def verdict_table(holds: dict[tuple[str, str], str], tau: float = 0.3) -> pd.Dat
 def test_the_finding_verdict_reads_the_deciding_measures_in_every_scope():
     scopes = ("all", "varying batch_size", "varying lr")
     everywhere = {(m, sc): "yes" for m in DECIDING for sc in scopes}
-    assert finding_test(verdict_table(everywhere)).verdict == "reproduced"
+    assert finding_test(verdict_table(everywhere)).verdict == Verdict.REPRODUCED
     # one deciding measure fails in one scope: some sharpness measure still holds -> partly
     one_short = {**everywhere, (DECIDING[1], "varying lr"): "no"}
     result = finding_test(verdict_table(one_short))
-    assert result.verdict == "partly" and f"{DECIDING[0]} (varying lr)" in result.reason
-    assert finding_test(verdict_table({("keskar_phi_eps1e-3", "all"): "yes"})).verdict == "partly"
+    assert result.verdict == Verdict.PARTLY and f"{DECIDING[0]} (varying lr)" in result.reason
+    assert finding_test(verdict_table({("keskar_phi_eps1e-3", "all"): "yes"})).verdict == Verdict.PARTLY
     opposite = {(m, sc): "opposite" for m in DECIDING for sc in scopes}
-    assert finding_test(verdict_table(opposite)).verdict == "not reproduced"
+    assert finding_test(verdict_table(opposite)).verdict == Verdict.NOT_REPRODUCED
     # a relation with no predicted sign never makes it partly
     unpredicted = pd.concat([verdict_table({}), pd.DataFrame([{"measure": "noise_b_simple", "scope": "all", "tau": 0.9,
                              "low": 0.8, "high": 1.0, "predicted": 0, "holds": "positive", "n_runs": 60}])])
-    assert finding_test(unpredicted).verdict == "not reproduced"
+    assert finding_test(unpredicted).verdict == Verdict.NOT_REPRODUCED
 
 
 def test_a_deciding_measure_missing_or_undefined_is_not_testable():
     table = verdict_table({})
     missing = finding_test(table[table["measure"] != DECIDING[1]])
-    assert missing.verdict == "not testable" and missing.reason.startswith(f"not in the table: {DECIDING[1]} (all)")
+    assert missing.verdict == Verdict.NOT_TESTABLE
+    assert missing.reason.startswith(f"not in the table: {DECIDING[1]} (all)")
     nan = table.assign(tau=np.where(table["scope"] == "varying batch_size", np.nan, 0.3))
-    assert finding_test(nan).verdict == "not testable" and "tau undefined" in finding_test(nan).reason
+    assert finding_test(nan).verdict == Verdict.NOT_TESTABLE and "tau undefined" in finding_test(nan).reason
 
 
 def test_the_pipeline_the_notebook_runs_on_synthetic_runs():
@@ -123,7 +120,7 @@ def test_the_pipeline_the_notebook_runs_on_synthetic_runs():
     assert (table.loc[DECIDING[0], "holds"] == "yes").all()
     assert table.loc[(DECIDING[1], "varying batch_size"), "holds"] == "yes"
     assert table.loc[(DECIDING[1], "varying lr"), "holds"] == "opposite"
-    assert finding_test(table.reset_index()).verdict == "partly"
+    assert finding_test(table.reset_index()).verdict == Verdict.PARTLY
     fig, ax = plt.subplots()
     gap_scatter(ax, runs, DECIDING[0], "gap_loss")
     points = [line for line in ax.get_lines() if len(line.get_xdata())]

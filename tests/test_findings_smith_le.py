@@ -17,18 +17,21 @@ from bsresearch.config import ConfigError
 from bsresearch.findings.smith_le import (
     Peak,
     agreement,
-    agreement_plot,
     breaking_point,
     curve_gaps,
-    metric_vs_batch_optima,
-    metric_vs_noise_scale,
     optimum_by_group,
-    optimum_scaling,
     parabola_peak,
     power_law,
     power_law_by_seed,
     sgd_noise_scale,
     slope_verdict,
+)
+from bsresearch.findings.verdict import Verdict
+from bsresearch.plots.findings.smith_le import (
+    agreement_plot,
+    metric_vs_batch_optima,
+    metric_vs_noise_scale,
+    optimum_scaling,
 )
 
 GRID = [16, 32, 64, 128, 256, 512, 1024]
@@ -165,8 +168,9 @@ def test_power_law_by_seed_fits_each_seed_and_takes_a_t_interval():
 
 
 @pytest.mark.parametrize("low, high, verdict", [
-    (0.6, 1.3, "reproduced"), (0.01, 1.0, "reproduced"), (0.2, 0.7, "partly"), (1.2, 2.0, "partly"),
-    (0.0, 1.5, "not reproduced"), (-0.4, 0.3, "not reproduced"), (math.nan, math.nan, "not testable")])
+    (0.6, 1.3, Verdict.REPRODUCED), (0.01, 1.0, Verdict.REPRODUCED), (0.2, 0.7, Verdict.PARTLY),
+    (1.2, 2.0, Verdict.PARTLY), (0.0, 1.5, Verdict.NOT_REPRODUCED), (-0.4, 0.3, Verdict.NOT_REPRODUCED),
+    (math.nan, math.nan, Verdict.NOT_TESTABLE)])
 def test_slope_verdict_follows_the_protocol(low, high, verdict):
     assert slope_verdict(low, high) == verdict
 
@@ -179,7 +183,7 @@ def test_the_per_seed_verdict_is_read_off_the_t_interval():
     check = power_law_by_seed(pd.concat(rows, ignore_index=True), "test_acc", by="lr")
     half = stats.t.ppf(0.975, 4) * np.std([0.8, 1.0, 1.2, 0.9, 1.1], ddof=1) / math.sqrt(5)
     assert (check.low, check.high) == pytest.approx((1 - half, 1 + half), abs=1e-6)
-    assert check.verdict == "reproduced" and check.extend_seeds   # 5 seeds and an interval containing 1
+    assert check.verdict == Verdict.REPRODUCED and check.extend_seeds   # 5 seeds and an interval containing 1
     for seed, exponent in enumerate((1.0, 0.95, 1.05), start=5):   # the extension: 8 seeds decide
         peaks = {lr: 32.0 * (lr / 0.01) ** exponent for lr in (0.01, 0.02, 0.04)}
         rows.append(synthetic_runs(peaks, seeds=1).assign(seed=seed))
@@ -190,7 +194,7 @@ def test_the_per_seed_verdict_is_read_off_the_t_interval():
         peaks = {lr: 40.0 * (lr / 0.01) ** exponent for lr in (0.01, 0.02, 0.04)}
         flat.append(synthetic_runs(peaks, seeds=1).assign(seed=seed))
     check = power_law_by_seed(pd.concat(flat, ignore_index=True), "test_acc", by="lr")
-    assert check.low < 0 < check.high and check.verdict == "not reproduced"
+    assert check.low < 0 < check.high and check.verdict == Verdict.NOT_REPRODUCED
     assert check.extend_seeds   # 3 seeds and an interval containing 0
 
 
@@ -441,7 +445,7 @@ def test_matched_loss_test_reproduced_when_peaks_survive_at_matched_loss():
     assert test.n_peaked == 4 and test.n_groups == 4
     assert test.slopes.slopes == pytest.approx([1.0] * 5) and test.slopes.mean == pytest.approx(1.0)
     # the smith_le seeds rule: an interval that contains 1 (a threshold) with fewer than 8 seeds extends them
-    assert test.verdict == "reproduced" and test.extend_seeds
+    assert test.verdict == Verdict.REPRODUCED and test.extend_seeds
 
 
 def test_matched_loss_test_not_reproduced_when_the_optimum_is_the_trainability_edge():
@@ -452,7 +456,7 @@ def test_matched_loss_test_not_reproduced_when_the_optimum_is_the_trainability_e
     test = matched_loss_test(_target_runs(monotone, _unstable))
     assert test.n_peaked == 0 and not test.peaks["interior"].any()
     assert list(test.peaks["x_best"]) == [16, 16, 32, 64]          # the edge of the trainable range, set by lr
-    assert test.verdict == "not reproduced" and "no group peaks" in test.why
+    assert test.verdict == Verdict.NOT_REPRODUCED and "no group peaks" in test.why
 
 
 def test_matched_loss_test_partly_with_two_peaked_groups_and_the_reviewers_argmin():
@@ -461,7 +465,7 @@ def test_matched_loss_test_partly_with_two_peaked_groups_and_the_reviewers_argmi
     def half(lr, b, s):               # peaks at lr 0.01 and 0.02 only; flat at the two larger lrs
         return _peaked(lr, b, s) if lr < 0.03 else 0.9 + 0.0001 * s
     test = matched_loss_test(_target_runs(half, _unstable))
-    assert test.n_peaked == 2 and test.verdict == "partly"
+    assert test.n_peaked == 2 and test.verdict == Verdict.PARTLY
     # fixed budget: the best test accuracy sits where the train loss is lowest in 3 of 4 groups
     rows = [{"lr": lr, "batch_size": b, "seed": 0, "test_acc": -abs(math.log2(b / (3200 * lr))),
              "train_loss": abs(math.log2(b / (3200 * lr))) + (1.0 if (lr, b) == (0.08, 256) else 0.0)}

@@ -21,34 +21,37 @@ from bsresearch.findings.steps_to_target import (
     add_confirmation_seeds,
     at_best_lr,
     b_crit_by_target,
-    b_crit_vs_target,
     critical_batch_fits,
     critical_batch_test,
-    examples_vs_batch,
     exponent_regime,
     fit_points,
     fit_tuned_lr,
     largest_batch_fraction,
     local_exponents,
     lr_chosen_elsewhere,
-    mark_regimes,
-    noise_at_target_vs_batch,
     noise_checkpoints,
     noise_ratio_test,
-    noise_vs_training,
     regime_boundaries,
-    regime_legend_text,
     regime_of,
     steps_at_targets,
+    tuned_table,
+    value_at_loss,
+)
+from bsresearch.findings.verdict import Verdict
+from bsresearch.measure.critical import fit_critical_batch
+from bsresearch.measure.noise import two_batch_pairs, two_batch_summary
+from bsresearch.plots.findings.steps_to_target import (
+    b_crit_vs_target,
+    examples_vs_batch,
+    mark_regimes,
+    noise_at_target_vs_batch,
+    noise_vs_training,
+    regime_legend_text,
     steps_vs_batch,
     steps_vs_lr,
     tuned_lr_vs_batch,
-    tuned_table,
     two_batch_vs_exact,
-    value_at_loss,
 )
-from bsresearch.measure.critical import fit_critical_batch
-from bsresearch.measure.noise import two_batch_pairs, two_batch_summary
 
 S_MIN, B_CRIT = 400.0, 50.0
 SIZES = [4, 16, 64, 256, 1024]
@@ -187,11 +190,11 @@ def fake_fit(b_crit: float, low: float, high: float):
 
 
 @pytest.mark.parametrize("b_crit, low, high, verdict", [
-    (32, 25, 41, "reproduced"),          # [4 B_min, B_max/4] = [8, 1000]
-    (32, 6, 41, "partly"),               # the interval crosses 4 B_min
-    (900, 500, math.inf, "partly"),      # an end the data cannot bound
-    (1200, 900, 1500, "not reproduced"),
-    (5, 3, 9, "not reproduced"),
+    (32, 25, 41, Verdict.REPRODUCED),          # [4 B_min, B_max/4] = [8, 1000]
+    (32, 6, 41, Verdict.PARTLY),               # the interval crosses 4 B_min
+    (900, 500, math.inf, Verdict.PARTLY),      # an end the data cannot bound
+    (1200, 900, 1500, Verdict.NOT_REPRODUCED),
+    (5, 3, 9, Verdict.NOT_REPRODUCED),
 ])
 def test_critical_batch_verdicts_against_4_b_min_and_b_max_over_4(b_crit, low, high, verdict):
     sizes = [2, 4, 8, 16, 40, 80, 200, 400, 1000, 4000]
@@ -203,15 +206,15 @@ def test_critical_batch_verdicts_against_4_b_min_and_b_max_over_4(b_crit, low, h
 def test_critical_batch_is_not_testable_with_an_edge_lr_or_fewer_than_6_batch_sizes():
     fit = fake_fit(32, 25, 41)
     edge = critical_batch_test(fit, [2, 4, 8, 16, 40, 80, 200, 4000], all_interior=False)
-    assert edge.verdict == "not testable" and "edge" in edge.reason
+    assert edge.verdict == Verdict.NOT_TESTABLE and "edge" in edge.reason
     few = critical_batch_test(fit, [2, 8, 40, 200, 4000], all_interior=True)
-    assert few.verdict == "not testable" and "5 batch sizes" in few.reason and not few.valid
+    assert few.verdict == Verdict.NOT_TESTABLE and "5 batch sizes" in few.reason and not few.valid
 
 
 @pytest.mark.parametrize("b_simple_scale, low, high, verdict", [
-    (1.0, 20, 50, "reproduced"),            # b_simple = 100, B_crit 32: r = 3.1, interval [2, 5]
-    (1.0, 5, 50, "partly"),                  # 100 / 5 = 20 > 10
-    (50.0, 20, 50, "not reproduced"),        # r = 156
+    (1.0, 20, 50, Verdict.REPRODUCED),            # b_simple = 100, B_crit 32: r = 3.1, interval [2, 5]
+    (1.0, 5, 50, Verdict.PARTLY),                  # 100 / 5 = 20 > 10
+    (50.0, 20, 50, Verdict.NOT_REPRODUCED),        # r = 156
 ])
 def test_noise_ratio_is_the_ratio_of_means_over_b_crit(b_simple_scale, low, high, verdict):
     at_weights = pd.DataFrame({"trace_cov": [100.0, 300.0], "grad_sq_norm": [1.0, 3.0]}) \
@@ -228,9 +231,9 @@ def test_noise_ratio_is_the_ratio_of_means_over_b_crit(b_simple_scale, low, high
 
 
 def test_noise_ratio_is_not_testable_when_b_crit_is_not():
-    b_test = CriticalBatchTest(32, 25, 41, 8, 1000, 4, True, False, "not testable", "4 batch sizes")
+    b_test = CriticalBatchTest(32, 25, 41, 8, 1000, 4, True, False, Verdict.NOT_TESTABLE, "4 batch sizes")
     test = noise_ratio_test(pd.DataFrame({"trace_cov": [64.0], "grad_sq_norm": [1.0]}), b_test)
-    assert test.verdict == "not testable" and test.ratio == pytest.approx(2.0)
+    assert test.verdict == Verdict.NOT_TESTABLE and test.ratio == pytest.approx(2.0)
 
 
 def test_largest_batch_fraction():
@@ -560,7 +563,7 @@ def test_noise_ratio_summaries_refit_b_crit_in_every_seed_resample():
     assert table.loc["mean", "fit_low"] == pytest.approx(200 / fit["b_crit_high"])
     assert table.loc["mean", "fit_high"] == pytest.approx(200 / fit["b_crit_low"])
     assert (table["n_runs"] == 50).all() and (table["n_seeds"] == 5).all() and (table["n_boot_failed"] == 0).all()
-    assert noise_summary_test(table.reset_index()).verdict == "reproduced"
+    assert noise_summary_test(table.reset_index()).verdict == Verdict.REPRODUCED
 
 
 def test_noise_summary_test_partly_when_a_heavy_tail_moves_the_mean_of_the_ratios():
@@ -575,16 +578,16 @@ def test_noise_summary_test_partly_when_a_heavy_tail_moves_the_mean_of_the_ratio
     by = test.table.set_index("summary")
     assert by.loc["mean", "b_simple"] == pytest.approx((45 * 200 + 5 * 20000) / 50)
     assert by.loc["ratio_of_means", "inside"] and not by.loc["mean", "inside"] and by.loc["median", "inside"]
-    assert test.verdict == "partly" and "mean" in test.reason
+    assert test.verdict == Verdict.PARTLY and "mean" in test.reason
 
 
 def test_noise_summary_test_not_reproduced_and_not_testable():
     from bsresearch.findings.steps_to_target import noise_ratio_summaries, noise_summary_test
     big = noise_ratio_summaries(_at_weights(lambda b, s: 800.0), _fit_points(), n_boot=50)   # r = 20
-    assert noise_summary_test(big).verdict == "not reproduced"
-    invalid = CriticalBatchTest(40, 35, 46, 8, 1000, 4, False, False, "not testable", "a best lr on the edge")
+    assert noise_summary_test(big).verdict == Verdict.NOT_REPRODUCED
+    invalid = CriticalBatchTest(40, 35, 46, 8, 1000, 4, False, False, Verdict.NOT_TESTABLE, "a best lr on the edge")
     ok = noise_ratio_summaries(_at_weights(), _fit_points(), n_boot=50)
-    assert noise_summary_test(ok, invalid).verdict == "not testable"
+    assert noise_summary_test(ok, invalid).verdict == Verdict.NOT_TESTABLE
     with pytest.raises(ConfigError, match="no column 'trace_cov'"):
         noise_ratio_summaries(_at_weights().drop(columns="trace_cov"), _fit_points())
 

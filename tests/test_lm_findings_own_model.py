@@ -13,6 +13,7 @@ import yaml
 
 from bsresearch import results
 from bsresearch.findings import lm_batch_warmup, lm_cbs, lm_small_batch
+from bsresearch.findings.verdict import Verdict
 from bsresearch.sweep import parse_spec, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +62,8 @@ def test_critical_batch_by_branching_on_a_user_model(tmp_path):
     cbs = lm_cbs.critical_batch_sizes(lm_cbs.branch_losses(runs))
     test = lm_cbs.cbs_test(cbs)
     table = lm_cbs.cbs_by_checkpoint(cbs, runs)
-    assert test.verdict in ("reproduced", "partly", "not reproduced", "not testable") and test.n_seeds == 2
+    assert test.verdict in (Verdict.REPRODUCED, Verdict.PARTLY, Verdict.NOT_REPRODUCED, Verdict.NOT_TESTABLE)
+    assert test.n_seeds == 2
     assert len(table) == 3 and table["b_simple_mean"].notna().all()   # B_simple of the user's model and loss
     assert runs.loc[runs["batch_schedule"] == "constant", "noise_method"].eq("exact_per_example").all()
 

@@ -170,6 +170,24 @@ def test_analysis_modules_do_not_import_torch():
     assert proc.returncode == 0, proc.stderr
 
 
+
+def test_findings_modules_do_not_import_matplotlib():
+    """findings/ is analysis only: each finding's figures are in plots.findings.<name>, which imports the
+    analysis, never the other way round. One fresh interpreter imports every module in turn and checks after
+    each import, so the first module that pulls matplotlib or seaborn in is the one named."""
+    code = ("import importlib, pkgutil, sys\n"
+            "import bsresearch.findings\n"
+            "names = [m.name for m in pkgutil.iter_modules(bsresearch.findings.__path__)]\n"
+            "assert {'keskar', 'steps_to_target', 'runs'} <= set(names), names\n"
+            "for name in names:\n"
+            "    importlib.import_module(f'bsresearch.findings.{name}')\n"
+            "    drawn = sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'seaborn'))\n"
+            "    assert not drawn, f'bsresearch.findings.{name} imported {drawn[:3]}'\n"
+            "print(len(names))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) >= 16
+
 def test_the_variant_of_a_spec_is_a_column(tmp_path):
     d = tmp_path / "runs" / "v"
     plain = fake_run(d, batch_size=8, metrics={"test_acc": 0.5})

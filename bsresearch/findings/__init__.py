@@ -1,7 +1,7 @@
 """The published findings bsresearch reproduces, one module each; a finding has one name everywhere:
-bsresearch/findings/<name>.py (its analysis and figures), tests/test_findings_<name>.py,
-notebooks/2x_<name>.py or 3x_<name>.py (the analysis notebook), experiments/<name>*.yaml (its sweeps)
-and reports/<name>*/.
+bsresearch/findings/<name>.py (its analysis), bsresearch/plots/findings/<name>.py (its figures),
+tests/test_findings_<name>.py, notebooks/2x_<name>.py or 3x_<name>.py (the analysis notebook),
+experiments/<name>*.yaml (its sweeps) and reports/<name>*/.
 
     keskar           Keskar et al. 2017: large batches find sharper minima and generalize worse
     dinh             Dinh et al. 2017: sharpness is not reparameterisation-invariant
@@ -19,7 +19,9 @@ and reports/<name>*/.
     lm_batch_warmup  Merrill et al. 2025: batch-size warmup following that critical batch size
     lm_small_batch   Marek et al. 2025: small batches, Adam's beta2 at a fixed half-life, plain SGD
 
-`runs` holds what several findings share: a measurement applied to every finished run's weights.
-Settings and pre-registered tests: docs/protocols.md. keskar, dinh and runs import torch (they load
-trained weights); the others are torch-free.
+`runs` holds what several findings share: a measurement applied to every finished run's weights, and
+`verdict` the one verdict type every pre-registered test returns (reproduced, partly, not reproduced, ...).
+Settings and pre-registered tests: docs/protocols.md. Analysis only: no module here imports matplotlib or
+seaborn (the figures import the analysis, never the other way round). keskar, dinh and runs import torch
+(they load trained weights); the others are torch-free.
 """

@@ -1,15 +1,17 @@
 """The critical batch size of Adam against SGD with momentum (Zhang et al. 2019; Nado et al. 2021), from
-sweep tables of steps-to-target runs. Analysis and figure; no torch import.
+sweep tables of steps-to-target runs. No torch import.
 
     best = tuned_by_optimizer(runs[runs["seed"].isin([1, 2])])    # per optimizer and B: the best lr
     print(seeds_overrides(best))                                  # the second stage's lr per (optimizer, B)
-    points = fit_points(runs, best)                                # every seed at the best lr, + in_fit
+    points = points_by_optimizer(runs, best)                       # every seed at the best lr, + in_fit
     test = compare_critical_batches(points, best)                  # rho = B_crit(Adam)/B_crit(SGD), verdict
-    steps_by_optimizer(ax, points, test)
+    figures.steps_by_optimizer(ax, points, test)
 
 The per-batch-size machinery (the best lr, the runs at it, the fit S = S_min (1 + B_crit/B)) is that of
 findings/steps_to_target.py, applied to each optimizer's runs. S is in optimizer steps, B in examples per
 update. Setting and pre-registered test: docs/protocols.md#adam-vs-sgd.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.adam_vs_sgd (`figures` above).
 """
 from __future__ import annotations
 
@@ -17,16 +19,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
 from .. import results
 from ..config import ConfigError
 from ..measure.critical import CriticalBatchFit
-from ..plots import log2_batch_axis
 from .steps_to_target import at_best_lr, tuned_table
+from .verdict import Verdict
 
 OPTIMIZER = "optimizer"
 STEPS = "steps_to_target"
@@ -59,12 +59,14 @@ def seeds_overrides(best: pd.DataFrame, optimizer: str = OPTIMIZER) -> str:
     return "\n".join(lines)
 
 
-def fit_points(runs: pd.DataFrame, best: pd.DataFrame, optimizer: str = OPTIMIZER,
-               min_reached: int = 3) -> pd.DataFrame:
+def points_by_optimizer(runs: pd.DataFrame, best: pd.DataFrame, optimizer: str = OPTIMIZER,
+                        min_reached: int = 3) -> pd.DataFrame:
     """Every run (all seeds: selection and second stage) at its (optimizer, batch size)'s best lr, with
-    `reached` (a finite steps_to_target) and `in_fit`: reached, and at least `min_reached` seeds of that
-    batch size reached the target (else the batch size is left out of the optimizer's fit)."""
-    _check_columns(runs, (optimizer, "batch_size", "lr", "seed", STEPS), "fit_points")
+    `reached` (a finite, positive steps_to_target) and `in_fit`: reached, and at least `min_reached` seeds of
+    that batch size reached the target (else the batch size is left out of the optimizer's fit). Unlike
+    steps_to_target.fit_points, which returns only the points in the fit, every run stays, flagged (the
+    figure draws the ones left out)."""
+    _check_columns(runs, (optimizer, "batch_size", "lr", "seed", STEPS), "points_by_optimizer")
     parts = []
     for name, group in best.groupby(optimizer, sort=True):
         chosen = at_best_lr(runs[runs[optimizer] == name], group)
@@ -104,7 +106,7 @@ class CriticalBatchRatio:
     b_crit_b_interval: tuple[float, float]
     intervals_overlap: bool
     factor: float                             # the ratio the verdict asks for (2)
-    verdict: str                              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     within_factor: bool                       # rho's interval lies within [1/factor, factor] (Nado's reading)
     problems: tuple[str, ...] = ()            # why not testable
 
@@ -127,13 +129,13 @@ def critical_batch_ratio(fit_a: CriticalBatchFit, fit_b: CriticalBatchFit, facto
         dof, low, high = math.nan, math.nan, math.nan
     overlap = not fit_a.b_crit_interval[0] > fit_b.b_crit_interval[1]
     if not math.isfinite(low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif ratio >= factor and not overlap:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif low > 1:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     within = math.isfinite(low) and 1 / factor <= low and high <= factor
     return CriticalBatchRatio(ratio, low, high, dof, fit_a.b_crit, fit_a.b_crit_interval, fit_b.b_crit,
                               fit_b.b_crit_interval, overlap, factor, verdict, within)
@@ -169,43 +171,7 @@ def compare_critical_batches(points: pd.DataFrame, best: pd.DataFrame, a: str = 
     except ConfigError as error:
         nan = (math.nan, math.nan)
         return CriticalBatchRatio(math.nan, math.nan, math.nan, math.nan, math.nan, nan, math.nan, nan, True,
-                                  factor, "not testable", False, tuple(problems) or (str(error),))
+                                  factor, Verdict.NOT_TESTABLE, False, tuple(problems) or (str(error),))
     if problems:
-        return dataclasses.replace(ratio, verdict="not testable", problems=tuple(problems))
+        return dataclasses.replace(ratio, verdict=Verdict.NOT_TESTABLE, problems=tuple(problems))
     return ratio
-
-
-# ----------------------------------------------------------------------------- figure
-def steps_by_optimizer(ax: plt.Axes, points: pd.DataFrame, fits: dict[str, CriticalBatchFit],
-                       optimizer: str = OPTIMIZER, y: str = STEPS) -> plt.Axes:
-    """Steps to the target at the tuned lr against batch size, one colour per optimizer: each seed in the
-    fit (faint; x: reached the target but its batch size is left out of the fit), the mean over them, the
-    fitted S_min (1 + B_crit/B) and B_crit (dotted) with its interval (a bar along the bottom, one height
-    per optimizer)."""
-    for i, (name, group) in enumerate(points.groupby(optimizer, sort=True)):
-        color = f"C{i}"
-        data = group[group["in_fit"].astype(bool)]
-        ax.scatter(data["batch_size"], data[y], s=10, color=color, alpha=0.4, linewidths=0)
-        left_out = group[group["reached"].astype(bool) & ~group["in_fit"].astype(bool)]
-        if len(left_out):
-            ax.scatter(left_out["batch_size"], left_out[y], s=14, marker="x", color=color, linewidths=0.8,
-                       label=f"{name}: reached, not in the fit")
-        mean = data.groupby("batch_size")[y].mean()
-        if len(mean):
-            ax.plot(mean.index, mean.to_numpy(), "o", color=color, label=f"{name}: mean over seeds")
-        if name in fits:
-            fit = fits[name]
-            grid = np.geomspace(points["batch_size"].min() / 1.5, points["batch_size"].max() * 1.5, 200)
-            ax.plot(grid, fit.predict_steps(grid), "-", color=color, linewidth=1,
-                    label=f"{name}: S_min {fit.s_min:.3g}, B_crit {fit.b_crit:.3g}")
-            ax.axvline(fit.b_crit, color=color, linestyle=":", linewidth=1)
-            low, high = fit.b_crit_interval
-            if np.isfinite(low) and np.isfinite(high):
-                ax.plot([low, high], [0.03 + 0.04 * i] * 2, transform=ax.get_xaxis_transform(), color=color,
-                        linewidth=4, solid_capstyle="butt", label=f"{name}: B_crit {fit.confidence:.0%} interval")
-    log2_batch_axis(ax, "x", [int(v) for v in sorted(points["batch_size"].unique())])
-    if (pd.to_numeric(points.loc[points["reached"].astype(bool), y], errors="coerce") > 0).any():
-        ax.set_yscale("log")
-    ax.set(xlabel="batch size (examples per update)", ylabel="steps to target")
-    ax.legend(fontsize=7)
-    return ax

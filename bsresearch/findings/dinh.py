@@ -4,12 +4,14 @@
     same_function = relu_rescale(model, alpha=10.0)
     test = rescaling_test(table)                      # the pre-registered test: smallest per-model ratio, verdict
     absolute_and_ratios(table, ["top_eigenvalue"])    # SB and LB values at alpha 1 and 10 beside the ratios
-    measure_vs_alpha(ax, table, "top_eigenvalue")     # one panel per measure, absolute values
+    figures.measure_vs_alpha(ax, table, "top_eigenvalue")     # one panel per measure, absolute values
 
 `table`: one row per (model, alpha) with batch_size, seed, alpha, max_output_change, max_abs_logit and
 one column per measure (notebooks/26_dinh.py builds it).
 
 Setting and pre-registered test: docs/protocols.md#dinh.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.dinh (`figures` above).
 """
 from __future__ import annotations
 
@@ -18,14 +20,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-from matplotlib.ticker import NullFormatter
 
 from ..config import ConfigError
+from .verdict import Verdict
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
@@ -91,7 +92,7 @@ class RescalingTest:
     tolerance: float              # validity holds when max_relative_change <= tolerance
     reproduced_at: float          # Lambda >= this: reproduced
     partly_at: float              # partly_at <= Lambda < reproduced_at: partly; below: not reproduced
-    verdict: str                  # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str
 
 
@@ -116,23 +117,23 @@ def rescaling_test(table: pd.DataFrame, measure: str = "top_eigenvalue", alpha: 
     where = (int(smallest["batch_size"]), int(smallest["seed"])) if smallest is not None else ()
     largest = float(ratios["ratio"].max()) if len(ratios) else math.nan
 
-    def result(verdict: str, why: str) -> RescalingTest:
+    def result(verdict: Verdict, why: str) -> RescalingTest:
         return RescalingTest(lam, where, largest, len(ratios), relative, tolerance, reproduced_at, partly_at,
                              verdict, why)
 
     if not relative <= tolerance:
-        return result("not testable", f"the function changed: max|output change| / max|logit| = {relative:.2g} "
+        return result(Verdict.NOT_TESTABLE, f"the function changed: max|output change| / max|logit| = {relative:.2g} "
                                       f"> {tolerance:g}")
     if not len(ratios) or (n_models is not None and len(ratios) < n_models):
-        return result("not testable", f"{len(ratios)} models with alpha {reference_alpha:g} and {alpha:g}"
+        return result(Verdict.NOT_TESTABLE, f"{len(ratios)} models with alpha {reference_alpha:g} and {alpha:g}"
                                       + (f", {n_models} expected" if n_models is not None else ""))
     if not (math.isfinite(lam) and np.isfinite(ratios["ratio"]).all()):
-        return result("not testable", f"a ratio of {measure} is not finite")
+        return result(Verdict.NOT_TESTABLE, f"a ratio of {measure} is not finite")
     if lam >= reproduced_at:
-        return result("reproduced", f"Lambda {lam:.3g} >= {reproduced_at:g}")
+        return result(Verdict.REPRODUCED, f"Lambda {lam:.3g} >= {reproduced_at:g}")
     if lam >= partly_at:
-        return result("partly", f"{partly_at:g} <= Lambda {lam:.3g} < {reproduced_at:g}")
-    return result("not reproduced", f"Lambda {lam:.3g} < {partly_at:g}")
+        return result(Verdict.PARTLY, f"{partly_at:g} <= Lambda {lam:.3g} < {reproduced_at:g}")
+    return result(Verdict.NOT_REPRODUCED, f"Lambda {lam:.3g} < {partly_at:g}")
 
 
 def absolute_and_ratios(table: pd.DataFrame, measures: Sequence[str], alpha: float = 10.0,
@@ -149,39 +150,3 @@ def absolute_and_ratios(table: pd.DataFrame, measures: Sequence[str], alpha: flo
                         "ratio_mean": group["ratio"].mean(), "ratio_max": group["ratio"].max()})
     return pd.DataFrame(out, columns=["measure", by, "n", "value_ref", "value_alpha", "ratio_min", "ratio_mean",
                                       "ratio_max"])
-
-
-# ----------------------------------------------------------------------------- figures
-def measure_vs_alpha(ax: plt.Axes, table: pd.DataFrame, measure: str, by: str = "batch_size",
-                     colors: dict | None = None, log_y: bool | None = None, reference_alpha: float = 1.0,
-                     invariant_below: float = 0.01, title: str | None = None) -> plt.Axes:
-    """One measure's absolute value against the rescaling alpha (log x), one colour per `by` value (batch
-    size): each model thin, the mean over models thick. The title's second line gives the largest relative
-    change from alpha = 1 over every model and alpha; below `invariant_below` it says "unchanged", so
-    measures that do not move read as such rather than as curves on top of each other. log_y: default
-    when the values are positive and span more than a factor 10."""
-    values = sorted(table[by].unique())
-    colors = colors or {v: f"C{i}" for i, v in enumerate(values)}
-    for v in values:
-        part = table[table[by] == v]
-        for _, run in part.groupby("seed", sort=True):
-            run = run.sort_values("alpha")
-            ax.plot(run["alpha"], run[measure], color=colors[v], linewidth=0.6, alpha=0.4)
-        mean = part.groupby("alpha", as_index=False)[measure].mean()
-        ax.plot(mean["alpha"], mean[measure], "o-", ms=3, color=colors[v], linewidth=1.6,
-                label=f"batch {v:g} (mean of {part['seed'].nunique()})")
-    ref = table[np.isclose(table["alpha"], reference_alpha)][[by, "seed", measure]]
-    both = table[[by, "seed", measure]].merge(ref, on=[by, "seed"], suffixes=("", "_ref"))
-    change = float((both[measure] / both[f"{measure}_ref"] - 1).abs().max())
-    note = (f"unchanged: max |x/x(1) - 1| = {change:.1g}" if change < invariant_below
-            else f"max |x/x(1) - 1| = {change:.3g}")
-    ax.set_title(f"{title or measure}\n{note}", fontsize="small")
-    ax.set_xscale("log")
-    positive = bool((table[measure] > 0).all())
-    if log_y is None:
-        log_y = positive and float(table[measure].max() / table[measure].min()) > 10
-    if log_y and positive:
-        ax.set_yscale("log")
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set(xlabel="alpha")
-    return ax

@@ -1,29 +1,29 @@
 """Test accuracy against the ghost batch size at a fixed large batch (Hoffer, Hubara & Soudry 2017, ghost
-batch normalization). Analysis and figure; no torch import.
+batch normalization). No torch import.
 
     rows = variants.runs_per_variant(runs, spec)         # variant g16 ... g256, none; one batch size
     test = compare_ghost(rows, ghost=32)                  # ghost 32 minus whole-batch BatchNorm, Welch
     table = by_ghost_size(rows)                           # mean/std/interval per ghost size + each vs none
     slope = ghost_slope(rows)                             # test accuracy per doubling of the ghost size
-    accuracy_vs_ghost(ax, rows, table)
+    figures.accuracy_vs_ghost(ax, rows, table)
 
 The ghost size of a run is its config's `ghost_batch_size`; a run without one (NaN) computes BatchNorm
 statistics over its whole batch and is drawn at x = batch_size ("none"). Setting and pre-registered test:
 docs/protocols.md#ghost-batch.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.ghost_batch (`figures` above).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from ..plots import log2_batch_axis
-from ..plots.sweeps import axis_label
+from .verdict import Verdict
 
 GHOST = "ghost_batch_size"
 
@@ -52,7 +52,7 @@ class GhostComparison:
     n_ghost: int
     n_none: int
     margin: float           # the gain that must not be excluded for "partly" (0.005 = half a point)
-    verdict: str            # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -72,13 +72,13 @@ def compare_ghost(rows: pd.DataFrame, ghost: int = 32, metric: str = "test_acc",
     d = stats.welch_interval(rows.loc[ok & (sizes == ghost), metric], rows.loc[ok & (sizes == batch), metric],
                              confidence)
     if problems or d.n_a < 2 or d.n_b < 2 or not math.isfinite(d.low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif d.low > 0:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif d.high > margin:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     return GhostComparison(ghost, batch, d.diff, d.low, d.high, d.n_a, d.n_b, margin, verdict, tuple(problems))
 
 
@@ -129,27 +129,3 @@ def ghost_slope(rows: pd.DataFrame, metric: str = "test_acc", confidence: float 
               for _, g in data.groupby("seed") if g["ghost"].nunique() >= 2]
     mean, _, low, high = stats.t_interval(slopes, confidence)
     return GhostSlope(mean, low, high, len(slopes))
-
-
-# ----------------------------------------------------------------------------- figure
-def accuracy_vs_ghost(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, metric: str = "test_acc") -> plt.Axes:
-    """`metric` (a column of by_ghost_size's table: test_acc, train_loss, gap_loss, ...) against the ghost
-    size (log2 axis; whole-batch BatchNorm at x = the batch size, marked "none"): each run (grey), the mean
-    over seeds with its t interval, and the whole-batch mean as a dashed line."""
-    data = _with_gap(rows.assign(ghost=ghost_sizes(rows)), (metric,))
-    data = data[data["state"] == "ok"]
-    ax.scatter(data["ghost"], data[metric], s=10, color="0.4", alpha=0.5, linewidths=0, label="each seed")
-    mean = table[f"{metric}_mean"].to_numpy(float)
-    low = np.nan_to_num(mean - table[f"{metric}_low"].to_numpy(float))
-    high = np.nan_to_num(table[f"{metric}_high"].to_numpy(float) - mean)
-    ax.errorbar(table["ghost"], mean, yerr=np.vstack([low, high]), fmt="o-", color="C0", capsize=3,
-                label="mean over seeds, t-interval")
-    batch = float(table["ghost"].max())
-    ax.axhline(float(table.loc[table["ghost"] == batch, f"{metric}_mean"].iloc[0]), color="0.4", linestyle="--",
-               linewidth=0.8, label="whole-batch BatchNorm (none)")
-    sizes = [int(v) for v in table["ghost"]]
-    log2_batch_axis(ax, "x", sizes)
-    ax.set_xticks(sizes, [str(s) if s < batch else f"{s}\n(none)" for s in sizes])
-    ax.set(xlabel="ghost batch size (examples per BatchNorm statistic)", ylabel=axis_label(metric))
-    ax.legend(fontsize=7)
-    return ax

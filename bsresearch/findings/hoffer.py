@@ -1,16 +1,18 @@
 """Hoffer et al. (2017), "Train longer, generalize better": sqrt lr scaling, ghost batch norm and regime
-adaptation close the large-batch gap; the distance from initialisation grows like log(t). Analysis and
-figures; no torch import.
+adaptation close the large-batch gap; the distance from initialisation grows like log(t).
+No torch import.
 
     test = recipe_test(rows)                                     # the pre-registered test: verdict first
     mechanism = matched_loss_test(rows)                          # v4: against the small batch nearest in train loss
     ingredient_effects(rows, "test_acc", ["lb", "lb_sqrt", "lb_gbn", "lb_sqrt_gbn"])  # each ingredient's effect
     fits = distance_fits(results.load_history(rows, ["variant", "seed"]))            # distance vs log(steps)
     aic_table(fits)                                              # log t against a power law, per variant
-    distance_panel(ax, history[history.variant == "sb"], t_min=5)
+    figures.distance_panel(ax, history[history.variant == "sb"], t_min=5)
 
 Distances are the history's `distance_from_init`: the L2 norm of (weights - initial weights) over all
 parameters. Setting and pre-registered test: docs/protocols.md#hoffer.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.hoffer (`figures` above).
 """
 from __future__ import annotations
 
@@ -19,18 +21,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import NullFormatter
 
 from ..config import ConfigError
-from ..plots.sweeps import (
-    axis_label,
-    interval_yerr,
-    present_in_order,
-)
 from ..stats import welch_interval
+from .verdict import Verdict
 
 # ----------------------------------------------------------------------------- the pre-registered test
 FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
@@ -58,7 +54,7 @@ class RecipeTest:
     n_recipe_diverged: int   # a diverged seed of the recipe counts against it: never "reproduced"
     n_unfinished: int        # runs of the three variants that failed, timed out, ... (rerun them)
     margin: float            # 0.01 = 1 point
-    verdict: str             # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str                 # the rule that decided, in words
     extend_seeds: bool       # an interval that decides contains its threshold with < 8 seeds (protocol item 3)
 
@@ -89,25 +85,25 @@ def recipe_test(rows: pd.DataFrame, metric: str = "test_acc", margin: float = 0.
     closed = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == large][metric])
     n_large = gap.n_a
     if unfinished:
-        verdict, why = "not testable", f"{unfinished} runs have not finished (rerun them with --retry-failed)"
+        verdict, why = Verdict.NOT_TESTABLE, f"{unfinished} runs have not finished (rerun them with --retry-failed)"
     elif min(d.n_a, d.n_b, n_large) < 2 or not (math.isfinite(d.low) and math.isfinite(gap.high)):
-        verdict, why = "not testable", (f"fewer than 2 finished seeds (recipe {d.n_a}, {small} {d.n_b}, "
-                                        f"{large} {n_large})")
+        verdict, why = Verdict.NOT_TESTABLE, (f"fewer than 2 finished seeds (recipe {d.n_a}, {small} {d.n_b}, "
+                                              f"{large} {n_large})")
     elif not gap.high < -margin:
-        verdict, why = "not testable", (f"no gap to close: {large} - {small} interval's upper end "
-                                        f"{100 * gap.high:+.2f} points is not below {-100 * margin:+.2f}")
+        verdict, why = Verdict.NOT_TESTABLE, (f"no gap to close: {large} - {small} interval's upper end "
+                                              f"{100 * gap.high:+.2f} points is not below {-100 * margin:+.2f}")
     elif d.low > -margin and not diverged:
-        verdict, why = "reproduced", f"Delta's lower end {100 * d.low:+.2f} points > {-100 * margin:+.2f}"
+        verdict, why = Verdict.REPRODUCED, f"Delta's lower end {100 * d.low:+.2f} points > {-100 * margin:+.2f}"
     elif closed.low > 0:
-        verdict, why = "partly", (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
-                                  + (f" or {diverged} recipe seeds diverged" if diverged else "")
-                                  + f"; recipe - {large} lower end {100 * closed.low:+.2f} > 0")
+        verdict, why = Verdict.PARTLY, (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                        + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                        + f"; recipe - {large} lower end {100 * closed.low:+.2f} > 0")
     else:
-        verdict, why = "not reproduced", (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
-                                          + (f" or {diverged} recipe seeds diverged" if diverged else "")
-                                          + f"; recipe - {large} lower end {100 * closed.low:+.2f} <= 0")
+        verdict, why = Verdict.NOT_REPRODUCED, (f"Delta's lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                                + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                                + f"; recipe - {large} lower end {100 * closed.low:+.2f} <= 0")
     deciding = [(gap.low, gap.high, -margin), (d.low, d.high, -margin)]
-    if verdict in ("partly", "not reproduced"):
+    if verdict in (Verdict.PARTLY, Verdict.NOT_REPRODUCED):
         deciding.append((closed.low, closed.high, 0.0))
     computed = not unfinished and min(d.n_a, d.n_b, n_large) >= 2
     extend = computed and min(d.n_a, d.n_b, n_large) < 8 and any(_straddles(*x) for x in deciding)
@@ -209,7 +205,7 @@ def matched_control(rows: pd.DataFrame, reference: str = "lb_sqrt_gbn_ra", candi
 
 
 @dataclass(frozen=True)
-class MatchedLossTest:
+class MatchedLossRecipeTest:
     """Hoffer's mechanism test (docs/protocols.md, protocol v4): the recipe against a small batch that had the
     same chance to fit the training set. Differences are mean(first) - mean(second) of the final metric over
     the seeds that ended ok, Welch's 95% interval, in the metric's units (0.01 = 1 point)."""
@@ -232,7 +228,7 @@ class MatchedLossTest:
     n_recipe_diverged: int
     n_unfinished: int        # runs of the recipe and the ladder that failed, timed out, ... (rerun them)
     margin: float
-    verdict: str             # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     why: str
     extend_seeds: bool       # a deciding interval contains its threshold with < 8 seeds (statistics item 3)
     ladder: pd.DataFrame     # matched_control's table
@@ -240,7 +236,7 @@ class MatchedLossTest:
 
 def matched_loss_test(rows: pd.DataFrame, recipe: str = "lb_sqrt_gbn_ra", ladder: Sequence[str] = LADDER,
                       short: str = "sb", metric: str = "test_acc", loss: str = "train_loss", margin: float = 0.01,
-                      by: str = "variant") -> MatchedLossTest:
+                      by: str = "variant") -> MatchedLossRecipeTest:
     """The recipe's test accuracy against SB*, the small-batch rung of `ladder` whose final train loss is
     nearest the recipe's (matched_control), and against `short`, the original small batch.
 
@@ -263,29 +259,29 @@ def matched_loss_test(rows: pd.DataFrame, recipe: str = "lb_sqrt_gbn_ra", ladder
     s = welch_interval(ok[ok[by] == recipe][metric], ok[ok[by] == short][metric])
     n_control = d.n_b if match.control else 0
     if unfinished:
-        verdict, why = "not testable", f"{unfinished} runs have not finished (rerun them with --retry-failed)"
+        verdict, why = Verdict.NOT_TESTABLE, f"{unfinished} runs have not finished (rerun them with --retry-failed)"
     elif min(d.n_a, n_control, s.n_b) < 2 or not math.isfinite(d.low):
-        verdict, why = "not testable", (f"fewer than 2 finished seeds (recipe {d.n_a}, SB* {match.control or '-'} "
-                                        f"{n_control}, {short} {s.n_b})")
+        verdict, why = Verdict.NOT_TESTABLE, (f"fewer than 2 finished seeds (recipe {d.n_a}, "
+                                              f"SB* {match.control or '-'} {n_control}, {short} {s.n_b})")
     elif not match.reached:
-        verdict, why = "not testable", (f"no rung of the ladder reaches the recipe's train loss "
-                                        f"{match.reference_loss:.3g} (nearest: {match.control} at "
-                                        f"{match.control_loss:.3g}): extend the ladder by one rung, once")
+        verdict, why = Verdict.NOT_TESTABLE, (f"no rung of the ladder reaches the recipe's train loss "
+                                              f"{match.reference_loss:.3g} (nearest: {match.control} at "
+                                              f"{match.control_loss:.3g}): extend the ladder by one rung, once")
     elif d.low > -margin and not diverged:
-        verdict, why = "reproduced", (f"Delta_loss (recipe - {match.control}) lower end {100 * d.low:+.2f} points "
-                                      f"> {-100 * margin:+.2f}")
+        verdict, why = Verdict.REPRODUCED, (f"Delta_loss (recipe - {match.control}) lower end "
+                                            f"{100 * d.low:+.2f} points > {-100 * margin:+.2f}")
     elif s.low > -margin:
-        verdict, why = "partly", (f"Delta_loss lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
-                                  + (f" or {diverged} recipe seeds diverged" if diverged else "")
-                                  + f"; Delta_orig (recipe - {short}) lower end {100 * s.low:+.2f} > "
-                                    f"{-100 * margin:+.2f}")
+        verdict, why = Verdict.PARTLY, (f"Delta_loss lower end {100 * d.low:+.2f} points <= {-100 * margin:+.2f}"
+                                        + (f" or {diverged} recipe seeds diverged" if diverged else "")
+                                        + f"; Delta_orig (recipe - {short}) lower end {100 * s.low:+.2f} > "
+                                        f"{-100 * margin:+.2f}")
     else:
-        verdict, why = "not reproduced", (f"Delta_loss lower end {100 * d.low:+.2f} and Delta_orig lower end "
-                                          f"{100 * s.low:+.2f} points, both <= {-100 * margin:+.2f}")
-    deciding = [(d.low, d.high, -margin)] + ([(s.low, s.high, -margin)] if verdict != "reproduced" else [])
-    extend = (verdict != "not testable" and min(d.n_a, n_control, s.n_b) < 8
+        verdict, why = Verdict.NOT_REPRODUCED, (f"Delta_loss lower end {100 * d.low:+.2f} and Delta_orig lower end "
+                                                f"{100 * s.low:+.2f} points, both <= {-100 * margin:+.2f}")
+    deciding = [(d.low, d.high, -margin)] + ([(s.low, s.high, -margin)] if verdict != Verdict.REPRODUCED else [])
+    extend = (verdict != Verdict.NOT_TESTABLE and min(d.n_a, n_control, s.n_b) < 8
               and any(_straddles(*x) for x in deciding))
-    return MatchedLossTest(recipe, match.control, d.diff, d.low, d.high, short, s.diff, s.low, s.high,
+    return MatchedLossRecipeTest(recipe, match.control, d.diff, d.low, d.high, short, s.diff, s.low, s.high,
                            match.reference_loss, match.control_loss, match.log2_distance, match.reached, d.n_a,
                            n_control, s.n_b, diverged, unfinished, margin, verdict, why, extend, match.table)
 
@@ -444,126 +440,3 @@ def aic_table(fits: pd.DataFrame, by: str = "variant", min_decades: float = MIN_
     if order is not None and len(table):
         table = table.set_index(by).loc[[v for v in order if v in set(table[by])]].reset_index()
     return table
-
-
-# ----------------------------------------------------------------------------- figures
-BASE_LABELS = {"sb": "SB", "lb": "LB"}
-INGREDIENT_LABELS = {"sqrt": "sqrt lr", "gbn": "ghost BN", "ra": "regime adaptation"}
-
-
-def variant_label(name: str, sep: str = "_") -> str:
-    """A readable name for a variant code: "lb_sqrt_gbn_ra" -> "LB + sqrt lr + ghost BN + regime adaptation".
-    Unknown parts are kept as they are."""
-    base, *ingredients = name.split(sep)
-    return " + ".join([BASE_LABELS.get(base, base), *[INGREDIENT_LABELS.get(i, i) for i in ingredients]])
-
-
-def variant_points(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, y: str = "test_acc",
-                   by: str = "variant", order: Sequence[str] | None = None, labels: bool = True) -> plt.Axes:
-    """One row of the y axis per variant: the mean of `y` over seeds with its t-interval, seeds as dots.
-
-    `rows`: one row per run (state ok are drawn); `table`: stats.summarize_states (or stats.summarize)
-    by `by`. Variants are listed top to bottom in `order` (default: the table's order); `labels`: tick
-    labels by variant_label (else the codes).
-    """
-    names = present_in_order(table[by], order)
-    positions = {name: len(names) - 1 - i for i, name in enumerate(names)}
-    part = table.set_index(by).loc[names].reset_index()
-    ax.errorbar(part[f"{y}_mean"], [positions[n] for n in names], xerr=interval_yerr(part, y), fmt="o", capsize=3,
-                color="C0", label="mean, 95% t-interval")
-    ok = rows[(rows["state"] == "ok") & rows[by].isin(names)]
-    jitter = np.linspace(-0.12, 0.12, 5)
-    ax.scatter(ok[y], [positions[n] + jitter[i % 5] for i, n in enumerate(ok[by])], s=10, color="0.3",
-               alpha=0.45, linewidths=0, label="seeds")
-    ax.set_yticks(list(positions.values()), [variant_label(n) if labels else n for n in positions])
-    ax.set_ylim(-0.6, len(names) - 0.4)
-    ax.set(xlabel=axis_label(y))
-    ax.grid(axis="x", alpha=0.3)
-    return ax
-
-
-def ladder_plot(ax: plt.Axes, rows: pd.DataFrame, test: MatchedLossTest, others: Sequence[str] = ("lb_ra", "lb"),
-                metric: str = "test_acc", loss: str = "train_loss", by: str = "variant") -> plt.Axes:
-    """The mechanism test as the eye should read it: `metric` against the final `loss` (log axis) of each run
-    that ended ok, the small-batch ladder as a line through its rungs' means (geometric mean of the loss, mean
-    of the metric) with SB* ringed, the recipe as a red star and `others` (the LB without the recipe) as their
-    own markers. If the recipe's star sits on the ladder's line, it generalizes as a small batch that fits the
-    training set as well."""
-    ok = rows[rows["state"] == "ok"]
-    ladder = [name for name in test.ladder[by] if (ok[by] == name).any()]
-    means = pd.DataFrame([{by: name, "loss": _geometric_mean(ok.loc[ok[by] == name, loss]),
-                           "metric": float(ok.loc[ok[by] == name, metric].mean())} for name in ladder])
-    part = ok[ok[by].isin(ladder)]
-    ax.scatter(part[loss], part[metric], s=10, color="C0", alpha=0.35, linewidths=0)
-    if len(means):
-        ax.plot(means["loss"], means["metric"], "o-", color="C0",
-                label=f"small batch, 1-{rung_multiple(ladder[-1])}x its epochs (mean)")
-    if test.control:
-        star = means[means[by] == test.control]
-        ax.plot(star["loss"], star["metric"], "o", ms=14, mfc="none", mec="C0", mew=1.5,
-                label=f"SB* = {test.control} (nearest train loss)")
-    styles = [(test.recipe, "*", "C3", 14.0), *[(o, m, c, 8.0) for o, m, c in zip(others, "sD", ("C2", "C7"))]]
-    for name, marker, color, size in styles:
-        mine = ok[ok[by] == name]
-        if len(mine):
-            ax.scatter(mine[loss], mine[metric], s=12, color=color, alpha=0.35, linewidths=0)
-            ax.plot([_geometric_mean(mine[loss])], [mine[metric].mean()], linestyle="none", marker=marker,
-                    color=color, ms=size, label=variant_label(name))
-    # the y axis spans the ladder's and the recipe's runs, so that a difference at the test's margin (a point)
-    # stays visible; `others` far below (plain LB, under-trained) are named off the axis instead
-    shown = ok.loc[ok[by].isin([*ladder, test.recipe]), metric]
-    if len(shown):
-        low, high = float(shown.min()), float(shown.max())
-        pad = max(0.15 * (high - low), 0.002)
-        ax.set_ylim(low - pad, high + pad)
-        other_means = {name: float(ok.loc[ok[by] == name, metric].mean()) for name in others if (ok[by] == name).any()}
-        off = [f"{variant_label(name)}: mean {m:.3g}" for name, m in other_means.items()
-               if not low - pad <= m <= high + pad]
-        if off:
-            ax.text(0.98, 0.02, "off the axis: " + "; ".join(off), transform=ax.transAxes, ha="right",
-                    va="bottom", fontsize="x-small", color="C7")
-    ax.set_xscale("log")
-    ax.set(xlabel=f"final {axis_label(loss)} (log)", ylabel=axis_label(metric))
-    ax.legend(fontsize="x-small")
-    return ax
-
-
-def distance_panel(ax: plt.Axes, history: pd.DataFrame, t_min: float = FIT_T_MIN, color: object = "C0",
-                   x: str = "step", min_decades: float = MIN_DECADES) -> LogTimeFit:
-    """One variant's distance from initialisation against steps (log x axis), with the two fits drawn.
-
-    `history`: the long-form history (results.load_history) of ONE variant's runs. Drawn: each run thin,
-    the mean over runs at each step thick; the fitted range shaded; over that range, the log model
-    (dashed) and the power law (dotted) fitted to the drawn mean curve (fit_log_time from t_min to the
-    end of the first lr phase), so the R^2 and AIC in the legend are those of the lines drawn. Returns
-    that fit.
-    """
-    keys = [c for c in ("run_id", "seed") if c in history] or [x]
-    curves = history[history[x] > 0]
-    for _, run in curves.groupby(keys[0], sort=False):
-        run = run.sort_values(x)
-        ax.plot(run[x], run["distance_from_init"], color=color, linewidth=0.6, alpha=0.4)
-    mean = curves.groupby(x, as_index=False)["distance_from_init"].mean()
-    ax.plot(mean[x], mean["distance_from_init"], color=color, linewidth=2,
-            label=f"mean of {curves[keys[0]].nunique()} runs")
-    ends = [constant_lr_end(run) for _, run in history.groupby(keys[0], sort=False)] if "lr" in history else []
-    fit = fit_log_time(mean[x], mean["distance_from_init"], t_min, min(ends) if ends else math.inf)
-    if fit.n_points >= 4:
-        ax.axvspan(fit.t_min, fit.t_max, color="0.9", zorder=0, linewidth=0)
-        t = np.geomspace(fit.t_min, fit.t_max, 60)
-        ax.plot(t, fit.predict(t), "--", color="k", linewidth=1.2, label=f"a + b ln t, R$^2$ {fit.r2:.3f}")
-        ax.plot(t, fit.predict_power(t), ":", color="k", linewidth=1.5,
-                label=f"c t^{fit.alpha:.2f}, R$^2$ {fit.r2_power:.3f}")
-        verdict = "log better" if fit.delta_aic > 0 else "power better"
-        note = (f"AIC power - log {fit.delta_aic:+.1f} ({verdict})" if fit.decades >= min_decades
-                else f"fit over {fit.decades:.1f} decades < {min_decades:g}: not compared")
-        ax.text(0.02, 0.98, f"fitted: steps {fit.t_min:g}-{fit.t_max:g}\n{note}", transform=ax.transAxes,
-                va="top", fontsize="x-small")
-    else:
-        ax.text(0.02, 0.98, f"{fit.n_points} evaluations from step {t_min:g} to the first lr decay: no fit",
-                transform=ax.transAxes, va="top", fontsize="x-small")
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(NullFormatter())   # a short run's axis would label every minor tick
-    ax.set(xlabel=axis_label(x), ylabel="|w - w0|")
-    ax.legend(fontsize="x-small", loc="lower right")
-    return fit

@@ -2,12 +2,14 @@
 large batches converge to sharper minima that generalize worse. Needs torch (the trained weights).
 
     test = keskar_test(runs, small_batch=32, large_batch=tenth_of_data(runs))   # the pre-registered test
-    paired_test_plot(ax_ratio, ax_drop, paired_differences(runs, 32, test.large_batch), test)   # what decides
+    figures.paired_test_plot(ax_ratio, ax_drop, paired_differences(runs, 32, test.large_batch), test)   # what decides
     table = runs.measure_runs(ok, lambda model, data, cfg: {"phi": keskar_sharpness(...).phi})
     curve = interpolate_runs(small_batch_run_dir, large_batch_run_dir)       # the parametric plot
-    interpolation_plot(ax_loss, ax_acc, curve)
+    figures.interpolation_plot(ax_loss, ax_acc, curve)
 
 Setting and pre-registered test: docs/protocols.md#keskar.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.keskar (`figures` above).
 """
 from __future__ import annotations
 
@@ -16,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 import torch
@@ -27,6 +27,7 @@ from ..data import resident_dataset_for
 from ..measure.landscape import DEFAULT_ALPHAS, interpolate
 from ..stats import t_interval
 from ..train import load_trained_model
+from .verdict import Verdict
 
 PRIMARY_PHI = "keskar_phi_eps1e-3"    # Keskar's phi, eps 1e-3, full space (docs/protocols.md#keskar)
 
@@ -59,7 +60,7 @@ class KeskarTest:
     drop_low: float
     drop_high: float
     problems: tuple[str, ...]  # failed validity checks (a run not finished or short of its target)
-    verdict: str              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
 
     @property
     def largest_b_over_n(self) -> float:
@@ -96,10 +97,10 @@ def keskar_test(runs: pd.DataFrame, small_batch: int, large_batch: int, phi: str
     if len(seeds) < 2:
         problems.append(f"{len(seeds)} seed(s) with both batch sizes; 2 or more needed")
     if problems:
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     else:
         above = [low > 0, d_low > 0]    # log ratio's interval above log 1 = 0; the drop's above 0
-        verdict = "reproduced" if all(above) else "partly" if any(above) else "not reproduced"
+        verdict = Verdict.REPRODUCED if all(above) else Verdict.PARTLY if any(above) else Verdict.NOT_REPRODUCED
     n_train = int(runs["n_train"].max()) if "n_train" in runs else 0
     return KeskarTest(small_batch, large_batch, n_train, len(seeds), float(np.exp(m)), float(np.exp(low)),
                       float(np.exp(high)), d, d_low, d_high, tuple(problems), verdict)
@@ -116,33 +117,6 @@ def paired_differences(runs: pd.DataFrame, small_batch: int, large_batch: int, p
     return pd.DataFrame({"seed": seeds,
                          "ratio": [float(lb.loc[s, phi]) / float(sb.loc[s, phi]) for s in seeds],
                          "drop": [float(sb.loc[s, metric]) - float(lb.loc[s, metric]) for s in seeds]})
-
-
-def paired_test_plot(ax_ratio: plt.Axes, ax_drop: plt.Axes, pairs: pd.DataFrame, test: KeskarTest) -> None:
-    """The deciding statistics as the eye should read them: each seed's paired ratio (log axis) and accuracy
-    drop (points), the estimate with its t interval at the right, and each threshold (ratio 1, drop 0) as a
-    red line; the interval must clear the line."""
-    sides = [(ax_ratio, pairs["ratio"], (test.ratio, test.ratio_low, test.ratio_high), 1.0,
-              f"phi ratio B={test.large_batch} / B={test.small_batch}", "geometric mean"),
-             (ax_drop, 100 * pairs["drop"], (100 * test.drop, 100 * test.drop_low, 100 * test.drop_high), 0.0,
-              f"test accuracy B={test.small_batch} - B={test.large_batch} (points)", "mean")]
-    for ax, values, (est, low, high), threshold, label, name in sides:
-        x = np.arange(len(values))
-        ax.scatter(x, values, color="0.4", zorder=3, label="one seed (paired)")
-        ax.errorbar([len(values) + 0.5], [est], yerr=[[est - low], [high - est]], fmt="D", color="C0",
-                    capsize=5, zorder=4, label=f"{name}, {test.n_pairs}-seed 95% t interval")
-        ax.axhline(threshold, color="C3", lw=1.5, label=f"threshold: interval above {threshold:g}")
-        ax.set_xticks([*x, len(values) + 0.5], [f"seed {int(s)}" for s in pairs["seed"]] + [name],
-                      rotation=45, ha="right", fontsize="small")
-        ax.set_ylabel(label)
-        ax.legend(fontsize="x-small")
-    ax_ratio.set_yscale("log")
-    ax_ratio.yaxis.set_major_locator(mticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax_ratio.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax_ratio.yaxis.set_minor_formatter(mticker.NullFormatter())
-    ax_ratio.set_title(f"R = {test.ratio:.3g} [{test.ratio_low:.3g}, {test.ratio_high:.3g}]", fontsize=10)
-    ax_drop.set_title(f"D = {100 * test.drop:.2f} [{100 * test.drop_low:.2f}, {100 * test.drop_high:.2f}] points",
-                      fontsize=10)
 
 
 def verdict_table(test: KeskarTest, phi: str = PRIMARY_PHI) -> pd.DataFrame:
@@ -172,29 +146,3 @@ def interpolate_runs(run_dir_a: str | Path, run_dir_b: str | Path, alphas: Seque
     if differ:
         raise ConfigError(f"interpolate_runs needs runs on the same data and architecture; they differ in {differ}")
     return interpolate(model_a, model_b, resident_dataset_for(cfg_a, device), alphas)
-
-
-# ----------------------------------------------------------------------------- figures
-def interpolation_plot(ax_loss: plt.Axes, ax_acc: plt.Axes | None, table: pd.DataFrame,
-                       a_label: str = "small batch", b_label: str = "large batch") -> None:
-    """Keskar et al.'s parametric plot: loss (log scale) and accuracy along alpha for train and test; the
-    table may hold several pairs of runs (e.g. one per seed): their mean is drawn, their range as a band.
-    alpha 0 = a, alpha 1 = b."""
-    for split, style in (("train", "-"), ("test", "--")):
-        part = table[table["split"] == split].groupby("alpha")
-        for ax, column in ((ax_loss, "loss"), (ax_acc, "accuracy")):
-            if ax is None:
-                continue
-            mean, low, high = part[column].mean(), part[column].min(), part[column].max()
-            ax.plot(mean.index, mean.values, style, color="C0" if column == "loss" else "C1", label=split)
-            ax.fill_between(mean.index, low.values, high.values, alpha=0.2, color="C0" if column == "loss" else "C1")
-    for ax, column in ((ax_loss, "cross-entropy"), (ax_acc, "accuracy")):
-        if ax is None:
-            continue
-        for x, name in ((0, a_label), (1, b_label)):
-            ax.axvline(x, color="0.6", linewidth=0.8)
-            ax.annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -10),
-                        textcoords="offset points", fontsize=8, color="0.4")
-        ax.set(xlabel="alpha", ylabel=column)
-        ax.legend(fontsize=8)
-    ax_loss.set_yscale("log")

@@ -4,25 +4,26 @@ Groeneveld & Hajishirzi 2025). No torch.
     at, sizes, large = warmup_schedule(cbs_table, b0=4)   # the pre-registered rule, from lm_cbs's result
     test = warmup_test(runs)                               # warmup against small and large, paired over seeds
     curves = loss_curves(history)                          # loss against tokens and steps, per schedule
-    loss_vs(ax, curves, "tokens")
+    figures.loss_vs(ax, curves, "tokens")
 
 A run's schedule is read from its config: `warmup` (batch_schedule tokens), `small` (a constant batch, the
 smallest of the sweep) and `large` (a constant batch larger than that). The loss is each run's final
 `test_loss` in the runs' own units (any model). Setting and pre-registered test:
 docs/protocols.md#lm-batch-warmup.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.lm_batch_warmup (`figures` above).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from ..plots.sweeps import axis_label
+from .verdict import Verdict
 
 MARGIN = 0.01   # warmup may be this fraction worse than the small batch and count as "no worse"
 
@@ -71,7 +72,7 @@ class WarmupTest:
     small_loss: float         # mean L(small): the margin is MARGIN x this
     steps_fraction: float     # mean steps of warmup / mean steps of small
     n_seeds: int
-    verdict: str
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -103,13 +104,13 @@ def warmup_test(runs: pd.DataFrame, metric: str = "test_loss", margin: float = M
     better = l_high < 0
     fewer = fraction < 1
     if problems or not (math.isfinite(s_high) and math.isfinite(l_high)):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif no_worse and better and fewer:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif (no_worse or better) and fewer:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     return WarmupTest(d_small, s_low, s_high, d_large, l_low, l_high, small_loss, fraction, min(n_small, n_large),
                       verdict, tuple(problems))
 
@@ -141,16 +142,3 @@ def steps_to_reach(curves: pd.DataFrame, target: float, metric: str = "test_loss
                 step = float(s0 + (s1 - s0) * (l0 - target) / (l0 - l1)) if l0 != l1 else float(s1)
         rows.append({"run_id": run_id, "seed": g["seed"].iloc[0], "schedule": g["schedule"].iloc[0], "step": step})
     return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------- figure
-def loss_vs(ax: plt.Axes, curves: pd.DataFrame, x: str = "tokens", metric: str = "test_loss",
-            unit: str | None = None) -> plt.Axes:
-    """`metric` against tokens or steps, each run thin, per schedule."""
-    for i, schedule in enumerate(s for s in ("small", "warmup", "large") if s in set(curves["schedule"])):
-        for j, (_, g) in enumerate(curves[curves["schedule"] == schedule].groupby("run_id")):
-            ax.plot(g[x], g[metric], color=f"C{i}", alpha=0.6, linewidth=1, label=schedule if j == 0 else None)
-    ax.set_xscale("log")
-    ax.set(xlabel="tokens trained" if x == "tokens" else "optimizer steps", ylabel=axis_label(metric, unit))
-    ax.legend(fontsize=7)
-    return ax

@@ -4,26 +4,27 @@
     cbs = critical_batch_sizes(branches)    # one row per (seed, checkpoint): the CBS
     test = cbs_test(cbs)                    # D and G over seeds, the verdict
     table = cbs_by_checkpoint(cbs, runs)    # per checkpoint: the CBS's geometric mean and B_simple, intervals
-    cbs_vs_tokens(ax, table, cbs)           # the figure: both against tokens trained, on one axis
+    figures.cbs_vs_tokens(ax, table, cbs)           # the figure: both against tokens trained, on one axis
 
 The runs are those of a branching sweep (experiments/lm_cbs.yaml, or a copy of it for any model): a branch is
 a run with `batch_schedule: tokens` and one change (`batch_at_tokens: [T0]`, `batch_sizes: [k B0]`) from the
 trajectory at batch B0 = its `batch_size`; a measurement run has a constant batch and a budget that ends at a
 checkpoint, and `noise_b_simple` in its metrics. Nothing here knows the model: the loss is the runs' final
 `test_loss` (any loss, in the runs' own units). Setting and pre-registered test: docs/protocols.md#lm-cbs.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.lm_cbs (`figures` above).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from ..plots import log2_batch_axis
+from .verdict import Verdict
 
 EPS = 0.01          # a branch keeps up when its loss is at most (1 + EPS) x that of the original batch size
 FINISHED = ("ok", "diverged")
@@ -94,7 +95,7 @@ class CBSTest:
     g_low: float
     g_high: float
     n_seeds: int
-    verdict: str              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -132,13 +133,13 @@ def cbs_test(cbs: pd.DataFrame) -> CBSTest:
     if len(wide) < 2:
         problems.append(f"{len(wide)} seed(s) with every checkpoint")
     if problems or not math.isfinite(d_low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif d_low <= 0:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     elif g_high < 1:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     else:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     return CBSTest(first, before_last, last, d, d_low, d_high, g, g_low, g_high, len(wide), verdict, tuple(problems))
 
 
@@ -168,38 +169,3 @@ def loss_ratios(branches: pd.DataFrame) -> pd.DataFrame:
     """Per (checkpoint, k): the mean over seeds of L_k / L_1 (finite ratios) with its t interval."""
     finite = branches[np.isfinite(branches["ratio"])]
     return stats.summarize(finite, ["checkpoint", "k"], ["ratio"])
-
-
-# ----------------------------------------------------------------------------- figures
-def cbs_vs_tokens(ax: plt.Axes, table: pd.DataFrame, cbs: pd.DataFrame, unit: str = "sequences") -> plt.Axes:
-    """The CBS (each seed, grey; geometric mean with its interval, blue) and B_simple (mean with its
-    interval, orange) against the tokens trained at the checkpoint, both in examples per batch (`unit`)."""
-    jitter = 1 + 0.04 * (cbs["seed"] - cbs["seed"].mean()) / max(1.0, float(cbs["seed"].std(ddof=0) or 1.0))
-    ax.scatter(cbs["checkpoint"] * jitter, cbs["cbs"], s=10, color="0.5", alpha=0.6, linewidths=0,
-               label="CBS, each seed")
-    x = table["checkpoint"].to_numpy(float)
-    mean = table["cbs_gmean"].to_numpy(float)
-    ax.errorbar(x, mean, yerr=np.vstack([mean - table["cbs_low"], table["cbs_high"] - mean]), fmt="o-", color="C0",
-                capsize=3, label="CBS by branching: geometric mean, t interval")
-    if "b_simple_mean" in table:
-        b = table["b_simple_mean"].to_numpy(float)
-        yerr = np.nan_to_num(np.vstack([b - table["b_simple_low"], table["b_simple_high"] - b]))
-        ax.errorbar(x * 1.03, b, yerr=yerr, fmt="s--", color="C1", capsize=3,
-                    label="B_simple (noise scale): mean, t interval")
-    ax.set_xscale("log")
-    log2_batch_axis(ax, "y")
-    ax.set(xlabel="tokens trained at the checkpoint", ylabel=f"batch size ({unit})")
-    ax.legend(fontsize=7)
-    return ax
-
-
-def ratio_vs_k(ax: plt.Axes, ratios: pd.DataFrame, eps: float = EPS) -> plt.Axes:
-    """L_k / L_1 against k, one line per checkpoint (mean over seeds), and the tolerance 1 + eps."""
-    for i, (checkpoint, g) in enumerate(ratios.groupby("checkpoint", sort=True)):
-        ax.plot(g["k"], g["ratio_mean"], "o-", color=plt.cm.viridis(i / max(1, ratios["checkpoint"].nunique() - 1)),
-                label=f"{checkpoint:,.0f} tokens")
-    ax.axhline(1 + eps, color="0.3", linestyle="--", linewidth=0.8, label=f"tolerance 1 + {eps:g}")
-    log2_batch_axis(ax, "x")
-    ax.set(xlabel="k (branch batch / original batch)", ylabel="loss after the window / loss at k = 1")
-    ax.legend(fontsize=7)
-    return ax

@@ -5,26 +5,26 @@
     print(seeds_overrides(selection))                # the overrides of the seeds spec (lm_small_batch_seeds.yaml)
     test = small_batch_test(confirm_runs)            # d_beta2 and d_small, paired over seeds; the verdict
     table = by_batch(confirm_runs)                   # final loss per (setting, batch), mean and interval
-    loss_vs_batch(ax, table)
+    figures.loss_vs_batch(ax, table)
 
 A run's setting (`setting`) is read from its config: `sgd` (optimizer sgd), `adam_half_life` (beta2_scaling
 half_life), `adam_fixed` (any other Adam), with `_accumulated` added where it builds its batch from
 micro-batches. The loss is each run's final `test_loss`, in the runs' own units (any model). Setting and
 pre-registered test: docs/protocols.md#lm-small-batch.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.lm_small_batch (`figures` above).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from ..plots import log2_batch_axis
-from ..plots.sweeps import axis_label
+from .verdict import Verdict
 
 SETTINGS = ("adam_fixed", "adam_half_life", "sgd")
 MARGIN = 0.01        # batch 1 may be this fraction worse than batch 256 and count as "no worse"
@@ -106,7 +106,7 @@ class SmallBatchTest:
     d_small: Paired           # L(adam_half_life, small) - L(adam_half_life, large)
     reference: float          # mean L(adam_half_life, large): the margin is MARGIN x this
     margin: float
-    verdict: str
+    verdict: Verdict
     problems: tuple[str, ...] = ()
 
 
@@ -129,13 +129,13 @@ def small_batch_test(runs: pd.DataFrame, metric: str = "test_loss", margin: floa
     beta2_holds = d_beta2.low > 0
     small_holds = d_small.high <= margin * reference
     if problems or not (math.isfinite(d_beta2.low) and math.isfinite(d_small.high)):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif beta2_holds and small_holds:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif beta2_holds or small_holds:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     else:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     return SmallBatchTest(small, large, d_beta2, d_small, reference, margin, verdict, tuple(problems))
 
 
@@ -184,30 +184,3 @@ def secondary(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
         add(f"accumulated {batch} (micro {micro}) - true batch {micro}",
             paired(data, ("adam_half_life_accumulated", batch), ("adam_half_life", micro)))
     return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------- figures
-def loss_vs_batch(ax: plt.Axes, table: pd.DataFrame, metric: str = "test_loss", unit: str | None = None) -> plt.Axes:
-    """Final `metric` against the batch size, one line per setting (mean over seeds with its t interval)."""
-    for i, setting in enumerate(s for s in [*SETTINGS, *sorted(set(table["setting"]) - set(SETTINGS))]
-                                if s in set(table["setting"])):
-        g = table[table["setting"] == setting].sort_values("batch_size")
-        mean = g[f"{metric}_mean"].to_numpy(float)
-        yerr = np.nan_to_num(np.vstack([mean - g[f"{metric}_low"], g[f"{metric}_high"] - mean]))
-        ax.errorbar(g["batch_size"], mean, yerr=yerr, fmt="o-" if "accumulated" not in setting else "D",
-                    color=f"C{i}", capsize=3, label=setting.replace("_", " "))
-    log2_batch_axis(ax, "x", sorted(int(b) for b in table["batch_size"].unique()))
-    ax.set(xlabel="batch size (sequences)", ylabel=axis_label(metric, unit))
-    ax.legend(fontsize=7)
-    return ax
-
-
-def spread_vs_batch(ax: plt.Axes, selection: pd.DataFrame) -> plt.Axes:
-    """Robustness: the spread of the selection seeds' mean loss over each cell's lr grid, against the batch."""
-    for i, setting in enumerate(s for s in SETTINGS if s in set(selection["setting"])):
-        g = selection[selection["setting"] == setting].sort_values("batch_size")
-        ax.plot(g["batch_size"], g["spread"], "o-", color=f"C{i}", label=setting.replace("_", " "))
-    log2_batch_axis(ax, "x", sorted(int(b) for b in selection["batch_size"].unique()))
-    ax.set(xlabel="batch size (sequences)", ylabel="loss spread over the lr grid (max - min)")
-    ax.legend(fontsize=7)
-    return ax

@@ -1,18 +1,20 @@
 """Masters & Luschi (2018), "Revisiting Small Batch Training for Deep Neural Networks": the range of
 learning rates that train well narrows as the batch size grows, and the best results come from small
-batches. Analysis and figure; no torch import.
+batches. No torch import.
 
     table = stable_lr_table(runs, "test_acc", margin=0.01)   # per batch size: largest stable lr, best lr, window
     trend = stable_range_trend(runs, "test_acc", margin=0.01)  # log2 slopes vs log2 B, bootstrap over seeds
     test = range_test(table, trend)                            # the pre-registered verdict
     learning_range_test(runs, learns=LEARNS)                    # v4: "stable" = every seed learns (accuracy >= 0.5)
-    stable_range_plot(ax, table, stable_lr_intervals(runs, "test_acc", margin=0.01))
+    figures.stable_range_plot(ax, table, stable_lr_intervals(runs, "test_acc", margin=0.01))
 
 `runs` is a results.load table over a (batch size x lr) grid with seeds, all states included: a run that
 diverged (state "diverged", or a non-finite metric) marks its lr unstable at its batch size. The lr
 column is whatever the grid varied (`lr` with lr_scaling none, or the base lr under linear scaling, as in
 the paper, which plots the base rate eta/B). Higher-is-better metrics only (accuracy).
 Setting and pre-registered test: docs/protocols.md#masters-luschi.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.masters_luschi (`figures` above).
 """
 from __future__ import annotations
 
@@ -20,13 +22,11 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
-from ..plots import log2_batch_axis
-from ..plots.sweeps import axis_label
+from .verdict import Verdict
 
 LEARNS = 0.5   # protocol v4: a run learns when its final test accuracy is at least this (chance on 10 classes: 0.1)
 
@@ -195,7 +195,7 @@ class RangeTest:
     """The pre-registered test (docs/protocols.md#masters-luschi): both slopes' intervals below 0."""
     max_stable_lr: Trend       # slope of log2(largest stable lr) against log2(B)
     window_octaves: Trend      # slope of the good window's width (octaves) against log2(B)
-    verdict: str               # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     reason: str                # why not testable ("" otherwise)
 
 
@@ -214,9 +214,9 @@ def range_test(table: pd.DataFrame, trend: dict[str, Trend], by: str = "batch_si
     if not all(math.isfinite(v) for v in (a.low, a.high, w.low, w.high)):
         problems.append("a slope has no bootstrap interval (fewer than 2 batch sizes with a value)")
     if problems:
-        return RangeTest(a, w, "not testable", "; ".join(problems))
+        return RangeTest(a, w, Verdict.NOT_TESTABLE, "; ".join(problems))
     below = int(below_zero(a)) + int(below_zero(w))
-    return RangeTest(a, w, {2: "reproduced", 1: "partly", 0: "not reproduced"}[below], "")
+    return RangeTest(a, w, {2: Verdict.REPRODUCED, 1: Verdict.PARTLY, 0: Verdict.NOT_REPRODUCED}[below], "")
 
 
 MIN_LEARNING_BATCHES = 4   # protocol v4: batch sizes with an lr at which every seed learns, needed for the test
@@ -249,81 +249,6 @@ def learning_range_test(runs: pd.DataFrame, learns: float = LEARNS, metric: str 
     if n_with < min_batch_sizes:
         reason = (f"{n_with} batch sizes have an lr at which every seed learns (>= {min_batch_sizes} needed; none at "
                   f"B = {', '.join(f'{b:g}' for b in missing)})")
-        test = RangeTest(test.max_stable_lr, test.window_octaves, "not testable",
+        test = RangeTest(test.max_stable_lr, test.window_octaves, Verdict.NOT_TESTABLE,
                          "; ".join(r for r in (test.reason, reason) if r))
     return LearningRangeTest(table, trend, test, learns, missing)
-
-# ----------------------------------------------------------------------------- figures
-def accuracy_vs_lr_plot(ax: plt.Axes, runs: pd.DataFrame, metric: str = "test_acc", by: str = "batch_size",
-                        lr: str = "lr") -> plt.Axes:
-    """Mean `metric` over the seeds that finished against the lr (log axis), one line per batch size; an
-    lr where some seed diverged is marked with a cross at the bottom of the axes in its batch size's
-    colour, and the line breaks there (its finished seeds, if any, are not drawn: the lr counts as unstable)."""
-    cells = _cells(runs, metric, by, lr)
-    bottom = ax.get_xaxis_transform()   # x in data, y in axes fractions
-    for i, (b, group) in enumerate(cells.groupby(by, sort=True)):
-        # NaN at an unstable lr: the line breaks there instead of joining the stable lrs on either side
-        mean = group["mean"].where(group["n_diverged"] == 0)
-        ax.plot(group[lr], mean, "o-", color=f"C{i}", ms=4, label=f"B = {b}")
-        failed = group[group["n_diverged"] > 0]
-        ax.plot(failed[lr], np.full(len(failed), 0.03 + 0.04 * i), "x", color=f"C{i}", ms=6, mew=1.5,
-                transform=bottom)
-    ax.plot([], [], "x", color="0.3", label="diverged (some seed)")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel=axis_label(lr), ylabel=axis_label(metric))
-    ax.legend(fontsize="small")
-    return ax
-
-
-def stable_range_plot(ax: plt.Axes, table: pd.DataFrame, intervals: pd.DataFrame | None = None,
-                      by: str = "batch_size", label: str = "largest lr without divergence") -> plt.Axes:
-    """Per batch size (log2 axis): the window of good lrs as a vertical bar, the best lr as a dot and the
-    largest stable lr as a caret (`label`: what "stable" means in `table`); a hollow dot marks a best lr at the
-    grid's edge. Log lr axis. Given `intervals` (stable_lr_intervals), the largest stable lr gets its bootstrap
-    interval as an error bar."""
-    data = table.dropna(subset=["best_lr"]).sort_values(by)
-    b = data[by].to_numpy(float)
-    ax.vlines(b, data["window_low"], data["window_high"], color="C0", lw=6, alpha=0.35,
-              label="lrs within the margin of the best")
-    edge = data["best_at_edge"].to_numpy(bool)
-    ax.plot(b[~edge], data["best_lr"][~edge], "o", color="C0", label="best lr")
-    if edge.any():
-        ax.plot(b[edge], data["best_lr"][edge], "o", mfc="none", color="C0", label="best lr at the grid's edge")
-    stable = table.dropna(subset=["max_stable_lr"]).sort_values(by)
-    ax.plot(stable[by], stable["max_stable_lr"], "^-", color="C3", ms=5, lw=1, label=label)
-    if intervals is not None:
-        merged = stable.merge(intervals, on=by, how="left")
-        err = np.vstack([merged["max_stable_lr"] - merged["max_stable_lr_low"],
-                         merged["max_stable_lr_high"] - merged["max_stable_lr"]])
-        ax.errorbar(merged[by], merged["max_stable_lr"], yerr=np.nan_to_num(np.clip(err, 0, None)), fmt="none",
-                    ecolor="C3", capsize=3, lw=1)
-    ax.set_yscale("log")
-    log2_batch_axis(ax, "x", [int(v) for v in table[by]])
-    ax.set(xlabel=axis_label(by), ylabel="learning rate")
-    ax.legend(fontsize="small")
-    return ax
-
-
-def window_width_plot(ax: plt.Axes, table: pd.DataFrame, intervals: pd.DataFrame | None = None,
-                      trend: Trend | None = None, by: str = "batch_size") -> plt.Axes:
-    """The good window's width in octaves against the batch size (log2 axis), with its bootstrap interval
-    per B (given `intervals`) and the least-squares line of the trend (given `trend`, its slope and
-    interval in the legend)."""
-    data = table.dropna(subset=["window_octaves"]).sort_values(by)
-    b = data[by].to_numpy(float)
-    ax.plot(b, data["window_octaves"], "o", color="C0", label="window width")
-    if intervals is not None:
-        merged = data.merge(intervals, on=by, how="left")
-        err = np.vstack([merged["window_octaves"] - merged["window_octaves_low"],
-                         merged["window_octaves_high"] - merged["window_octaves"]])
-        ax.errorbar(b, merged["window_octaves"], yerr=np.nan_to_num(np.clip(err, 0, None)), fmt="none",
-                    ecolor="C0", capsize=3, lw=1)
-    if trend is not None and math.isfinite(trend.slope) and len(b) >= 2:
-        x = np.log2(b)
-        intercept = float(np.mean(data["window_octaves"].to_numpy(float)) - trend.slope * np.mean(x))
-        ax.plot(b, intercept + trend.slope * x, "--", color="0.4",
-                label=f"slope {trend.slope:.2f} per doubling [{trend.low:.2f}, {trend.high:.2f}]")
-    log2_batch_axis(ax, "x", [int(v) for v in table[by]])
-    ax.set(xlabel=axis_label(by), ylabel="window of good lrs (octaves)")
-    ax.legend(fontsize="small")
-    return ax

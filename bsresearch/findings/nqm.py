@@ -9,12 +9,14 @@ Heavy-ball SGD with preconditioner P = H^-p updates every coordinate independent
 The expected loss is exact, not simulated: the second moments m = (E theta^2, E theta v, E v^2) of each
 coordinate follow a linear recurrence m' = T m + u, so m_t = m_inf + T^t (m_0 - m_inf). Steps to a target
 loss are found by binary lifting on powers of T, so a whole (batch size x lr x momentum) grid runs in
-seconds. NumPy only (matplotlib for the figure).
+seconds. NumPy only.
 Setting and pre-registered test: docs/protocols.md#nqm.
 
     table = pd.DataFrame(steps_vs_batch_size(nqm, batch_sizes, target))          # tuned steps, 4 optimizers
     test = nqm_test({name: fit_critical_batch(...)}, table)                      # the pre-registered test
     powers = critical_batch_by_power(pd.DataFrame(steps_vs_batch_size(..., optimizers=power_optimizers(ps))))
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.nqm.
 """
 from __future__ import annotations
 
@@ -22,12 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ..measure.critical import fit_critical_batch
-from ..plots import log2_batch_axis
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -202,26 +203,6 @@ def steps_vs_batch_size(nqm: NQM, batch_sizes: Iterable[float], target: float,
                          "momentum": best.momentum, "precondition": p, "lr_at_grid_edge": edge})
     return rows
 
-# ----------------------------------------------------------------------------- figures
-def steps_by_optimizer(ax: plt.Axes, table: pd.DataFrame, fits: dict[str, Any] | None = None,
-                       steps: str = "steps", hue: str = "optimizer") -> plt.Axes:
-    """Steps to the target against batch size (log-log), one line per `hue` value, with the perfect-scaling
-    slope from each line's smallest batch (dotted) and, given CriticalBatchFits, each B_crit marked."""
-    for i, (name, group) in enumerate(table.groupby(hue, sort=False)):
-        group = group.sort_values("batch_size")
-        color = f"C{i}"
-        label = name if not fits or name not in fits else f"{name} (B_crit {fits[name].b_crit:.3g})"
-        ax.plot(group["batch_size"], group[steps], "o-", color=color, markersize=3, label=label)
-        b0, s0 = group["batch_size"].iloc[0], group[steps].iloc[0]
-        ax.plot(group["batch_size"], s0 * b0 / group["batch_size"], ":", color=color, linewidth=0.8)
-        if fits and name in fits:
-            ax.axvline(fits[name].b_crit, color=color, linestyle="--", linewidth=0.8, alpha=0.7)
-    log2_batch_axis(ax, "x", [int(b) for b in table["batch_size"].unique()][::2])
-    ax.set_yscale("log")
-    ax.set(xlabel="batch size", ylabel="steps to target")
-    ax.legend(fontsize=8)
-    return ax
-
 
 # ----------------------------------------------------------------------------- the pre-registered test
 @dataclass(frozen=True)
@@ -237,7 +218,7 @@ class NQMTest:
     momentum_passes: bool
     precondition_passes: bool
     n_lr_at_grid_edge: int    # tuned lrs on the edge of the lr grid (validity: must be 0)
-    verdict: str              # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
 
 
 def nqm_test(fits: dict[str, Any], table: pd.DataFrame, sgd: str = "SGD", momentum: str = "heavy-ball momentum",
@@ -258,8 +239,8 @@ def nqm_test(fits: dict[str, Any], table: pd.DataFrame, sgd: str = "SGD", moment
         return b_crit[name][0] / base >= min_ratio and b_crit[name][1] > base_high
     edge = int(table.loc[table["optimizer"].isin(names), "lr_at_grid_edge"].astype(bool).sum())
     mom, pre = passes(momentum), passes(precondition)
-    verdict = ("not testable" if edge else "reproduced" if mom and pre else "partly" if mom or pre
-               else "not reproduced")
+    verdict = (Verdict.NOT_TESTABLE if edge else Verdict.REPRODUCED if mom and pre else Verdict.PARTLY if mom or pre
+               else Verdict.NOT_REPRODUCED)
     return NQMTest(b_crit, b_crit[momentum][0] / base, b_crit[precondition][0] / base, mom, pre, edge, verdict)
 
 
@@ -300,19 +281,3 @@ def grows_with_power(table: pd.DataFrame) -> dict[bool, bool]:
         b = group.sort_values("power")["b_crit"].to_numpy(float)
         out[bool(momentum)] = bool(len(b) > 1 and np.all(np.diff(b) > 0))
     return out
-
-
-def critical_batch_vs_power(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
-    """B_crit (log scale) against the preconditioning power p, with and without momentum, each point with
-    its 95% fit interval as an error bar."""
-    for i, (momentum, group) in enumerate(table.groupby("momentum", sort=True)):
-        group = group.sort_values("power")
-        b = group["b_crit"].to_numpy(float)
-        err = np.vstack([b - group["b_crit_low"].to_numpy(float), group["b_crit_high"].to_numpy(float) - b])
-        ax.errorbar(group["power"], b, yerr=err, fmt="o-", capsize=3, color=f"C{i}",
-                    label="momentum tuned in {0, 0.5, 0.9, 0.99}" if momentum else "no momentum")
-    ax.set_yscale("log")
-    ax.set(xlabel="preconditioning power p (P = H^-p)", ylabel="critical batch size B_crit")
-    ax.set_xticks(sorted(table["power"].unique()))
-    ax.legend(fontsize=8)
-    return ax

@@ -2,6 +2,10 @@
 number needs the trained model (sharpness of every run, say). Needs torch.
 
     table = measure_runs(ok, lambda model, data, cfg: {"phi": keskar_sharpness(model, data.x_train, ...).phi})
+    table = measure_each_run(points, lambda run, model, data, cfg: {"seed": run["seed"], "b": noise(model, data)})
+
+measure_runs keys each row by run_id; measure_each_run hands the measurement the run's row of the table
+too (its seed, its steps: what a row keeps, or a generator's seed) and keeps exactly what it returns.
 """
 from __future__ import annotations
 
@@ -31,14 +35,26 @@ class _DataCache:
         return self.cache[key]
 
 
+def measure_each_run(runs: pd.DataFrame,
+                     measure: Callable[[pd.Series, nn.Module, Dataset, RunConfig], dict[str, Any]],
+                     device: torch.device | str = "cpu") -> pd.DataFrame:
+    """Apply `measure(run, model, data, cfg) -> dict` to the final weights of every run in `runs` (a table
+    from `results.load`, with its `run_dir` column), in the table's order; `run` is the run's row. Returns one
+    row per run: what `measure` returned. The data is loaded once per (dataset, data_dir, train_size), as
+    tensors on `device`. Runs without a checkpoint.pt raise FileNotFoundError (they were not saved with
+    save_checkpoint)."""
+    data_for = _DataCache(device)
+    rows = []
+    for _, run in runs.iterrows():
+        model, cfg = load_trained_model(run["run_dir"], device)
+        rows.append(measure(run, model, data_for(cfg), cfg))
+    return pd.DataFrame(rows)
+
+
 def measure_runs(runs: pd.DataFrame, measure: Callable[[nn.Module, Dataset, RunConfig], dict[str, Any]],
                  device: torch.device | str = "cpu") -> pd.DataFrame:
     """Apply `measure(model, data, cfg) -> dict` to the final weights of every run in `runs` (a table from
     `results.load`, with its `run_dir` column); returns one row per run: run_id plus the measured values.
     Runs without a checkpoint.pt raise FileNotFoundError (they were not saved with save_checkpoint)."""
-    data_for = _DataCache(device)
-    rows = []
-    for run_id, run_dir in zip(runs["run_id"], runs["run_dir"]):
-        model, cfg = load_trained_model(run_dir, device)
-        rows.append({"run_id": run_id, **measure(model, data_for(cfg), cfg)})
-    return pd.DataFrame(rows)
+    return measure_each_run(runs, lambda run, model, data, cfg: {"run_id": run["run_id"], **measure(model, data, cfg)},
+                            device)

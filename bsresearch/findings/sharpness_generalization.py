@@ -1,11 +1,11 @@
 """Sharpness against generalization (Keskar et al. 2017; Dinh et al. 2017; Jiang et al. 2020;
 Andriushchenko et al. 2023): over runs that differ in batch size and learning rate, which measures rank
-the runs by their generalization gap? Analysis and figure; no torch import.
+the runs by their generalization gap? No torch import.
 
     table = rank_correlations(ok, "gap_loss", MEASURES, axes=("batch_size", "lr"))
     test = finding_test(table)                      # the pre-registered verdict
-    correlation_plot(ax, table)
-    gap_scatter(ax, ok, "sharpness_worst_rho0.05", "gap_loss")
+    figures.correlation_plot(ax, table)
+    figures.gap_scatter(ax, ok, "sharpness_worst_rho0.05", "gap_loss")
 
 Kendall's tau between each measure and the gap, over all runs ("all") and, as Jiang et al.'s granulated
 coefficient, within slices where only one axis varies ("fixed lr": the runs sharing an lr and a seed,
@@ -13,6 +13,8 @@ ranked by batch size; the mean of tau over those slices). Intervals: percentile 
 seed keeps all its runs, which share their initial weights). The predicted sign is positive for every
 sharpness measure (sharper, larger gap); distance from initialisation and B_simple carry no prediction.
 Setting and pre-registered test: docs/protocols.md#sharpness-generalization.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.sharpness_generalization (`figures` above).
 """
 from __future__ import annotations
 
@@ -20,13 +22,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import NullFormatter
 
 from ..config import ConfigError
-from ..plots.sweeps import axis_label
+from .verdict import Verdict
 
 # The measures the toolkit records per run (metrics.json keys of the after-training registry, and the
 # final history's distance from initialisation), with the sign predicted for their relation to the gap.
@@ -144,7 +144,7 @@ def _verdict(low: float, high: float, predicted: int) -> str:
 @dataclass(frozen=True)
 class FindingTest:
     """The pre-registered verdict over a rank_correlations table (with axes batch_size and lr)."""
-    verdict: str          # reproduced | partly | not reproduced | not testable
+    verdict: Verdict
     reason: str           # which measures and scopes decided it
     deciding: pd.DataFrame  # the rows of the deciding measures, every scope
 
@@ -162,53 +162,11 @@ def finding_test(table: pd.DataFrame, deciding: Sequence[str] = DECIDING,
     undefined = [f"{r.measure} ({r.scope})" for r in rows.itertuples() if not math.isfinite(r.tau)]
     if missing or undefined:
         what = f"not in the table: {', '.join(missing)}" if missing else f"tau undefined: {', '.join(undefined)}"
-        return FindingTest("not testable", what, rows)
+        return FindingTest(Verdict.NOT_TESTABLE, what, rows)
     if (rows["holds"] == "yes").all():
-        return FindingTest("reproduced", f"{' and '.join(deciding)} hold in every scope", rows)
+        return FindingTest(Verdict.REPRODUCED, f"{' and '.join(deciding)} hold in every scope", rows)
     held = table[(table["predicted"] > 0) & (table["holds"] == "yes")]
     if len(held):
-        return FindingTest("partly", "holds: " + ", ".join(f"{r.measure} ({r.scope})" for r in held.itertuples()), rows)
-    return FindingTest("not reproduced", "no sharpness measure holds in any scope", rows)
-
-
-# ----------------------------------------------------------------------------- figures
-def correlation_plot(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
-    """Kendall tau with its bootstrap interval per measure (rows), one marker per scope; 0 marked."""
-    measures = list(dict.fromkeys(table["measure"]))
-    scopes = list(dict.fromkeys(table["scope"]))
-    for j, scope in enumerate(scopes):
-        part = table[table["scope"] == scope].set_index("measure").reindex(measures)
-        y = np.arange(len(measures)) + (j - (len(scopes) - 1) / 2) * 0.22
-        err = np.vstack([part["tau"] - part["low"], part["high"] - part["tau"]])
-        ax.errorbar(part["tau"], y, xerr=np.nan_to_num(err), fmt="o", ms=4, capsize=2, label=scope)
-    ax.axvline(0, color="0.5", lw=0.8)
-    ax.set_yticks(np.arange(len(measures)), measures)
-    ax.invert_yaxis()
-    ax.set(xlabel="Kendall tau with the generalization gap", xlim=(-1, 1))
-    ax.legend(fontsize="small")
-    return ax
-
-
-def gap_scatter(ax: plt.Axes, runs: pd.DataFrame, measure: str, gap: str = "gap_loss", hue: str = "batch_size",
-                style: str = "lr", legend: bool = True) -> plt.Axes:
-    """The gap against one measure, one point per run: colour by `hue` (batch size), marker by `style` (lr).
-    A measure that is positive and spans more than a factor 10 gets a log x axis."""
-    data = runs[[measure, gap, hue, style]].apply(pd.to_numeric, errors="coerce").dropna()
-    markers = "osD^vP*X"
-    hues, styles = sorted(data[hue].unique()), sorted(data[style].unique())
-    for i, h in enumerate(hues):
-        for j, v in enumerate(styles):
-            part = data[(data[hue] == h) & (data[style] == v)]
-            ax.plot(part[measure], part[gap], markers[j % len(markers)], color=f"C{i}", ms=4, alpha=0.8, ls="none")
-    x = data[measure].to_numpy(float)
-    if len(x) and x.min() > 0 and x.max() > 10 * x.min():
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    handles = [plt.Line2D([], [], marker="o", color=f"C{i}", ls="none", ms=4, label=f"B = {h:g}")
-               for i, h in enumerate(hues)]
-    handles += [plt.Line2D([], [], marker=markers[j % len(markers)], color="0.3", ls="none", ms=4,
-                           label=f"{style} = {v:g}") for j, v in enumerate(styles)]
-    if legend:
-        ax.legend(handles=handles, fontsize="x-small")
-    ax.set(xlabel=axis_label(measure), ylabel=axis_label(gap))
-    return ax
+        return FindingTest(Verdict.PARTLY, "holds: " + ", ".join(f"{r.measure} ({r.scope})" for r in held.itertuples()),
+                           rows)
+    return FindingTest(Verdict.NOT_REPRODUCED, "no sharpness measure holds in any scope", rows)

@@ -1,25 +1,26 @@
 """Smith, Kindermans, Ying & Le (2018), "Don't Decay the Learning Rate, Increase the Batch Size": growing
 the batch by a factor at the milestones where a step schedule would divide the lr by that factor reaches
-the same test accuracy with fewer parameter updates. Analysis and figure; no torch import.
+the same test accuracy with fewer parameter updates. No torch import.
 
     verdict = compare_schedules(rows, "test_acc", margin=0.01)   # rows: sweep.runs_per_variant
-    curves_by_schedule(ax, history, x="epoch")
+    figures.curves_by_schedule(ax, history, x="epoch")
 
 Runs of the two variants (`decay`: schedule step; `ramp`: batch_schedule step, constant lr) share the
 milestones, the epoch budget and the seeds. Setting and pre-registered test:
 docs/protocols.md#smith-kindermans.
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.smith_kindermans (`figures` above).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..config import ConfigError
-from ..plots.sweeps import axis_label
 from ..stats import welch_interval
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class ScheduleComparison:
     steps_ramp: float       # mean parameter updates of a ramp run
     steps_decay: float
     margin: float           # equivalence margin, the metric's units
-    verdict: str            # reproduced | partly | not reproduced | inconclusive | not testable
+    verdict: Verdict        # may be INCONCLUSIVE: the interval straddles -margin (the protocol adds seeds)
 
     @property
     def steps_ratio(self) -> float:
@@ -57,30 +58,15 @@ def compare_schedules(rows: pd.DataFrame, metric: str = "test_acc", margin: floa
     steps_a = float(a["steps"].mean()) if len(a) else math.nan
     steps_b = float(b["steps"].mean()) if len(b) else math.nan
     if d.n_a < 2 or d.n_b < 2 or not math.isfinite(d.low):
-        verdict = "not testable"
+        verdict = Verdict.NOT_TESTABLE
     elif not steps_a < steps_b:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     elif -margin <= d.low and d.high <= margin:
-        verdict = "reproduced"
+        verdict = Verdict.REPRODUCED
     elif d.low > -margin:
-        verdict = "partly"
+        verdict = Verdict.PARTLY
     elif d.high < -margin:
-        verdict = "not reproduced"
+        verdict = Verdict.NOT_REPRODUCED
     else:
-        verdict = "inconclusive"
+        verdict = Verdict.INCONCLUSIVE
     return ScheduleComparison(d.diff, d.low, d.high, d.n_a, d.n_b, steps_a, steps_b, margin, verdict)
-
-
-# ----------------------------------------------------------------------------- figure
-def curves_by_schedule(ax: plt.Axes, history: pd.DataFrame, y: str = "test_acc", x: str = "epoch",
-                       variant: str = "variant") -> plt.Axes:
-    """Mean `y` over seeds against `x` (epochs or steps), one line per schedule, the range over seeds shaded."""
-    for i, (name, group) in enumerate(history.groupby(variant, sort=True)):
-        curve = group.groupby(x)[y].agg(["mean", "min", "max"]).reset_index()
-        ax.plot(curve[x], curve["mean"], color=f"C{i}", label=str(name))
-        ax.fill_between(curve[x], curve["min"], curve["max"], color=f"C{i}", alpha=0.2, lw=0)
-    if x == "step":
-        ax.set_xscale("log")
-    ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
-    ax.legend(fontsize="small")
-    return ax

@@ -5,7 +5,8 @@ and PDF plus a caption file stating where the numbers came from (sweep, commit, 
 
 Modules: sweeps (metric vs batch size or lr, learning curves, steps to target and its critical-batch fit,
 variant colours and interval error bars; re-exported here) and systems (throughput, memory, recommendation).
-Each finding's own figures live with its analysis in bsresearch.findings.<name>.
+Each finding's own figures are in plots.findings.<name>, beside its analysis bsresearch.findings.<name>
+(plots import the analysis; the analysis never imports plots).
 """
 from __future__ import annotations
 

@@ -1,0 +1,49 @@
+"""Figures of a language model's critical batch size by branching (Merrill et al. 2025);
+each function draws on the Axes it is given, from the tables and tests of bsresearch.findings.lm_cbs.
+
+cbs_vs_tokens, ratio_vs_k
+
+Setting and pre-registered test: docs/protocols.md#lm-cbs.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ...findings.lm_cbs import EPS
+from .. import log2_batch_axis
+
+
+def cbs_vs_tokens(ax: plt.Axes, table: pd.DataFrame, cbs: pd.DataFrame, unit: str = "sequences") -> plt.Axes:
+    """The CBS (each seed, grey; geometric mean with its interval, blue) and B_simple (mean with its
+    interval, orange) against the tokens trained at the checkpoint, both in examples per batch (`unit`)."""
+    jitter = 1 + 0.04 * (cbs["seed"] - cbs["seed"].mean()) / max(1.0, float(cbs["seed"].std(ddof=0) or 1.0))
+    ax.scatter(cbs["checkpoint"] * jitter, cbs["cbs"], s=10, color="0.5", alpha=0.6, linewidths=0,
+               label="CBS, each seed")
+    x = table["checkpoint"].to_numpy(float)
+    mean = table["cbs_gmean"].to_numpy(float)
+    ax.errorbar(x, mean, yerr=np.vstack([mean - table["cbs_low"], table["cbs_high"] - mean]), fmt="o-", color="C0",
+                capsize=3, label="CBS by branching: geometric mean, t interval")
+    if "b_simple_mean" in table:
+        b = table["b_simple_mean"].to_numpy(float)
+        yerr = np.nan_to_num(np.vstack([b - table["b_simple_low"], table["b_simple_high"] - b]))
+        ax.errorbar(x * 1.03, b, yerr=yerr, fmt="s--", color="C1", capsize=3,
+                    label="B_simple (noise scale): mean, t interval")
+    ax.set_xscale("log")
+    log2_batch_axis(ax, "y")
+    ax.set(xlabel="tokens trained at the checkpoint", ylabel=f"batch size ({unit})")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def ratio_vs_k(ax: plt.Axes, ratios: pd.DataFrame, eps: float = EPS) -> plt.Axes:
+    """L_k / L_1 against k, one line per checkpoint (mean over seeds), and the tolerance 1 + eps."""
+    for i, (checkpoint, g) in enumerate(ratios.groupby("checkpoint", sort=True)):
+        ax.plot(g["k"], g["ratio_mean"], "o-", color=plt.cm.viridis(i / max(1, ratios["checkpoint"].nunique() - 1)),
+                label=f"{checkpoint:,.0f} tokens")
+    ax.axhline(1 + eps, color="0.3", linestyle="--", linewidth=0.8, label=f"tolerance 1 + {eps:g}")
+    log2_batch_axis(ax, "x")
+    ax.set(xlabel="k (branch batch / original batch)", ylabel="loss after the window / loss at k = 1")
+    ax.legend(fontsize=7)
+    return ax
