@@ -4,8 +4,9 @@
 the same training loop (loop.py) and callbacks: its own initial weights (state.new_state, its own init
 generator), its own data order (its own BatchSampler and data generator; batches gathered per member),
 its own lr at every step (config.lr_at), its own optimizer hyperparameters, evaluation schedule, budget
-and divergence check. What is fused is this module's engine, `StackEngine`: the members' parameters
-stacked into one (K, P) tensor (fused/layers.py), one batched forward and backward pass, one optimizer
+and divergence check. What is fused is the loop's engine (fused/engine.py): the members' parameters
+stacked into one (K, P) tensor, one batched forward and backward pass (the built-in models' batched layers,
+this module's `StackEngine`, or any other model through torch.func.vmap, `generic.VmapEngine`), one optimizer
 update for all (fused/optim.py). A member that stops has its row written back into its own TrainState
 (weights, BatchNorm statistics, optimizer state) and leaves the stack.
 
@@ -36,10 +37,10 @@ from ..state import new_state
 from ..train import LOSS_CHECK_EVERY, Components, components, run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
+from .engine import FusedEngine
 from .grouping import CPU_FUSE_MAX_BATCH_OTHER
 from .layers import StackedModel
 from .memory import cuda_group_size
-from .optim import FusedOptimizer
 
 CPU_PASS_EXAMPLES = 1024  # members x examples per training forward/backward pass on the CPU (cache-sized)
 
@@ -151,7 +152,7 @@ def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts
     """generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
     engine the group would train with."""
     copies = [_new_member(i, cfg, None, data, device, parts.task) for i, cfg in enumerate(cfgs)]
-    engine: StackEngine | generic.VmapEngine = StackEngine(copies, data, device) if stacked else \
+    engine: FusedEngine = StackEngine(copies, data, device) if stacked else \
         generic.VmapEngine(copies, data, parts.loss, parts.task, device)
     lrs = [C.lr_at(m.cfg, 0, data.n_train) for m in copies]
     alone = ModelEngine(data, parts.loss, parts.task)
@@ -168,7 +169,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
                  group_id: str | None, parts: Components, stacked: bool) -> None:
     """Train `members` together with the one training loop, each member's result in m.result. An
     out-of-memory error with more than one member still training is raised, for train_group to split."""
-    engine: StackEngine | generic.VmapEngine | _OutOfMemory
+    engine: FusedEngine | _OutOfMemory
     try:
         engine = StackEngine(members, data, device) if stacked else \
             generic.VmapEngine(members, data, parts.loss, parts.task, device)
@@ -200,59 +201,41 @@ class _OutOfMemory:
         pass
 
 
-class StackEngine:
-    """The loop's engine for a fused group: the members' trainable state as one stack (flat (K, P)
-    parameters, BatchNorm buffers, one optimizer), in the order of `self.members`."""
-    can_split = True
+class StackEngine(FusedEngine):
+    """The loop's engine for a fused group of the built-in mlp and cnn1d: the members' parameters as one flat
+    (K, P) leaf through the batched layers (fused/layers.py), their BatchNorm buffers stacked beside it."""
 
     def __init__(self, members: list[Member], data: Dataset, device: torch.device):
-        self.members = list(members)
-        self.data = data
-        self.micro_batch_size = members[0].cfg.micro_batch_size
+        super().__init__(members, data)
         self.model = StackedModel(members[0].state.model, data.input_shape)
         flat, self.buffers = self.model.stack([m.state.model for m in members], device)
-        self.initial = flat.clone()
+        self._start(flat)
         self.flat = flat.requires_grad_(True)
-        self.optimizer = FusedOptimizer.for_members([m.cfg for m in members], flat)
 
-    def _rows(self, members: list[Member]) -> list[int]:
-        return [next(r for r, s in enumerate(self.members) if s is m) for m in members]
+    def _parameters(self) -> torch.Tensor:
+        return self.flat.detach()
 
-    def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
-        """One optimizer update of every member on its own next batch; the members' batch losses (K,).
-
-        On the CPU the forward/backward passes go over consecutive slices of the members, at most
-        CPU_PASS_EXAMPLES examples each (activations stay in cache); the update is one for all members.
-        """
-        data = self.data
-        k = len(members)
-        idx = torch.stack([next(m.state.indices) for m in members])            # (K, B)
-        micro_batches = idx.split(self.micro_batch_size, dim=1) if self.micro_batch_size else (idx,)
-        per_pass = k
-        if self.flat.device.type == "cpu":
-            per_pass = max(1, CPU_PASS_EXAMPLES // micro_batches[0].shape[1])
+    def _zero_grad(self) -> None:
         self.flat.grad = None
-        total = torch.zeros(k, device=self.flat.device)
-        for lo in range(0, k, per_pass):
-            n = min(per_pass, k - lo)
-            flat = self.flat if n == k else self.flat.narrow(0, lo, n)
-            buffers = {key: [t.narrow(0, lo, n) for t in stats] for key, stats in self.buffers.items()}
-            for micro in micro_batches:
-                micro = micro[lo:lo + n]
-                logits = self.model.forward(flat, buffers, data.x_train[micro])
-                # classes as dim 1: log_softmax then runs along the batch, much faster than over 10 classes
-                loss = F.cross_entropy(logits.transpose(1, 2), data.y_train[micro], reduction="none").mean(1)
-                if len(micro_batches) > 1:
-                    loss = loss * (micro.shape[1] / idx.shape[1])
-                loss.sum().backward()
-                total[lo:lo + n] += loss.detach()
+
+    def _gradient(self) -> torch.Tensor:
         assert self.flat.grad is not None
-        lr = torch.tensor(lrs, device=self.flat.device).view(-1, 1)
-        self.optimizer.update(self.flat, self.flat.grad, lr)
-        for m in members:
-            m.state.step += 1
-            m.state.examples_seen += idx.shape[1]
-        return total
+        return self.flat.grad
+
+    def _members_per_pass(self, micro_batch_size: int, k: int) -> int:
+        """On the CPU at most CPU_PASS_EXAMPLES examples per pass (the activations stay in cache)."""
+        return max(1, CPU_PASS_EXAMPLES // micro_batch_size) if self.flat.device.type == "cpu" else k
+
+    def _losses(self, lo: int, n: int, micro: torch.Tensor) -> torch.Tensor:
+        flat = self.flat if n == len(self.flat) else self.flat.narrow(0, lo, n)
+        buffers = {key: [t.narrow(0, lo, n) for t in stats] for key, stats in self.buffers.items()}
+        logits = self.model.forward(flat, buffers, self.data.x_train[micro])
+        # classes as dim 1: log_softmax then runs along the batch, much faster than over 10 classes
+        return F.cross_entropy(logits.transpose(1, 2), self.data.y_train[micro], reduction="none").mean(1)
+
+    def _keep(self, index: torch.Tensor) -> None:
+        self.flat = self.flat.detach()[index].requires_grad_(True)
+        self.buffers = {key: [t[index] for t in stats] for key, stats in self.buffers.items()}
 
     @torch.no_grad()
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
@@ -270,46 +253,13 @@ class StackEngine:
         return out
 
     @torch.no_grad()
-    def weight_stats(self, members: list[Member]) -> list[tuple[float, float]]:
-        """(L2 distance from the initial weights, L2 norm of the weights) of `members`."""
-        index = torch.tensor(self._rows(members), device=self.flat.device)
-        flat = self.flat.detach()[index]
-        distance = ((flat - self.initial[index]) ** 2).sum(1).sqrt()
-        norm = (flat ** 2).sum(1).sqrt()
-        return list(zip(distance.tolist(), norm.tolist()))
-
-    def remove(self, members: list[Member]) -> None:
-        """Write the members' rows back into their TrainState, then drop them from the stack."""
-        rows = self._rows(members)
-        for m, row in zip(members, rows):
-            self._unstack(m, row)
-        keep = [r for r in range(len(self.members)) if r not in set(rows)]
-        index = torch.tensor(keep, dtype=torch.long, device=self.flat.device)
-        self.flat = self.flat.detach()[index].requires_grad_(True)
-        self.initial = self.initial[index]
-        self.buffers = {key: [t[index] for t in stats] for key, stats in self.buffers.items()}
-        self.optimizer.keep(index)
-        self.members = [self.members[r] for r in keep]
-
-    @torch.no_grad()
     def _unstack(self, member: Member, row: int) -> None:
-        """Write row `row` (weights, BatchNorm statistics, optimizer state) into the member's TrainState."""
-        state, cfg = member.state, member.cfg
-        self.model.load_member(state.model, self.flat.detach(), self.buffers, row)
+        """Row `row`'s weights and BatchNorm statistics into the member's model, its optimizer state after."""
+        model = member.state.model
+        self.model.load_member(model, self.flat.detach(), self.buffers, row)
         opt = self.optimizer
         firsts = self.model.rows_to_torch(opt.buf[row:row + 1])
         seconds = self.model.rows_to_torch(opt.sq[row:row + 1]) if opt.sq is not None else [None] * len(firsts)
-        params = dict(state.model.named_parameters())
-        torch_opt = state.optimizer
-        for slot, first, second in zip(self.model.slots, firsts, seconds):
-            p = params[slot.name]
-            if opt.kind == "sgd":
-                if cfg.momentum != 0 and opt.step > 0:
-                    torch_opt.state[p] = {"momentum_buffer": first[0].clone()}
-            elif opt.step > 0:
-                assert second is not None
-                torch_opt.state[p] = {"step": torch.tensor(float(opt.step)), "exp_avg": first[0].clone(),
-                                      "exp_avg_sq": second[0].clone()}
-        if state.step > 0:
-            for group in torch_opt.param_groups:
-                group["lr"] = C.lr_at(cfg, state.step - 1, state.sampler.n)
+        params = dict(model.named_parameters())
+        self._write_optimizer(member, ((params[slot.name], first[0], second[0] if second is not None else None)
+                                       for slot, first, second in zip(self.model.slots, firsts, seconds)))
