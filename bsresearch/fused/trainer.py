@@ -7,8 +7,14 @@ its own lr at every step (config.lr_at), its own optimizer hyperparameters, eval
 and divergence check. What is fused is the loop's engine (fused/engine.py): the members' parameters
 stacked into one (K, P) tensor, one batched forward and backward pass (the built-in models' batched layers,
 this module's `StackEngine`, or any other model through torch.func.vmap, `generic.VmapEngine`), one optimizer
-update for all (fused/optim.py). A member that stops has its row written back into its own TrainState
-(weights, BatchNorm statistics, optimizer state) and leaves the stack.
+update for all (fused/optim.py). A member that stops has its row written back into its own TrainState (weights,
+BatchNorm statistics, optimizer state) and leaves the stack.
+
+Out of memory: `train_group` trains its members in chunks, on CUDA of the size the memory model allows
+(fused/memory.py), and keeps the one queue of them. A chunk of several members that runs out of memory is
+split in two and its unfinished members start again from scratch (their results do not change); a member
+alone that runs out of memory ends with state "oom", recorded in its status.json as train.run records it,
+never raised. Finished members keep their results.
 
 Differences from train.run, by design: `train_seconds` of a member is its share of the fused steps'
 time (each step's time divided by the members in it), so the members' times add up to the group's;
@@ -32,7 +38,7 @@ from ..loop import Loop, Member, RunResult, StepHooks
 from ..losses import Task
 from ..models import model_for
 from ..rundir import RunDir
-from ..runtime import check_precision, prepare_process, resolve_device
+from ..runtime import check_precision, is_out_of_memory, oom_message, prepare_process, provenance, resolve_device
 from ..state import new_state
 from ..train import LOSS_CHECK_EVERY, Components, components, run
 from . import generic
@@ -51,8 +57,10 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
 
     All configs must be fusable with the first (fusion_blocker), else ConfigError before any work.
     Finished run directories are returned as they are. On CUDA the group is first cut to the size the
-    memory model allows (fused/memory.py); an out-of-memory error splits a group in two and retrains its
-    unfinished members from scratch (their results do not change).
+    memory model allows (fused/memory.py); an out-of-memory error splits a chunk in two and retrains its
+    unfinished members from scratch (their results do not change), down to single members, whose "oom" is
+    their result (module docstring). Running out of memory in the setup (the data or the model on the
+    device) is every unfinished member's "oom", as it is a run's in train.run.
     """
     cfgs = list(cfgs)
     if not cfgs:
@@ -75,7 +83,23 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
             todo.append(i)
     if not todo:
         return [r for r in results if r is not None]
+    try:
+        _train(cfgs, dirs, todo, results, progress, group_id)
+    except Exception as exc:   # the data or the first model did not fit on the device
+        if not is_out_of_memory(exc):
+            raise
+        device = resolve_device(cfgs[todo[0]].device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        for i in todo:
+            if results[i] is None:
+                results[i] = _out_of_memory(cfgs[i], dirs[i], device, group_id, oom_message(exc))
+    return [r for r in results if r is not None]
 
+
+def _train(cfgs: list[RunConfig], dirs: Sequence[str | Path | None], todo: list[int], results: list[RunResult | None],
+           progress: bool | None, group_id: str | None) -> None:
+    """train_group's members `todo` (indices into cfgs and dirs), each result into `results`."""
     # --- setup: everything that can be wrong with the input fails here, before any training
     cfg0 = cfgs[todo[0]]
     device = resolve_device(cfg0.device)
@@ -102,25 +126,39 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     if reason is not None:  # each member trains alone, as train.run trains it, and its status says why
         for i in todo:
             results[i] = _alone(cfgs[i], dirs[i], progress, reason)
-        return [r for r in results if r is not None]
+        return
 
+    # --- the queue: chunks of the members, each trained fused; a chunk that runs out of memory is halved
     limit = cuda_group_size(cfg0, device) or len(todo)  # on CUDA, from the memory model
     queue = [todo[i:i + limit] for i in range(0, len(todo), limit)]
     while queue:
-        group = queue.pop(0)
-        members = [_new_member(i, cfgs[i], dirs[i], data, device, parts.task) for i in group]
+        chunk = queue.pop(0)
+        members: list[Member] = []
+        retry: list[int] = []
+        message = ""
         try:
+            for i in chunk:
+                members.append(_new_member(i, cfgs[i], dirs[i], data, device, parts.task))
             _train_fused(members, data, device, progress, group_id, parts, stacked)
-        except torch.OutOfMemoryError:  # more than one member: halve, and start those members again
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            retry = [m.index for m in members if m.result is None]
-            half = len(retry) // 2
-            queue[:0] = [retry[:half], retry[half:]]
+        except Exception as exc:   # the loop raises out of memory only while several members train
+            if not is_out_of_memory(exc):
+                raise
+            done = {m.index for m in members if m.result is not None}
+            retry = [i for i in chunk if i not in done]
+            message = oom_message(exc)   # not the error: its traceback holds the chunk's tensors
         for m in members:
             if m.result is not None:
                 results[m.index] = m.result
-    return [r for r in results if r is not None]
+        if not retry:
+            continue
+        members = []   # the states of the chunk that did not fit, freed before its halves start
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if len(retry) > 1:   # halve, and start those members again
+            half = len(retry) // 2
+            queue[:0] = [retry[:half], retry[half:]]
+        else:   # a member alone whose model did not fit on the device: its result, as in train.run
+            results[retry[0]] = _out_of_memory(cfgs[retry[0]], dirs[retry[0]], device, group_id, message)
 
 
 def _new_member(index: int, cfg: RunConfig, run_dir: str | Path | None, data: Dataset, device: torch.device,
@@ -129,6 +167,18 @@ def _new_member(index: int, cfg: RunConfig, run_dir: str | Path | None, data: Da
     tokens = task.tokens_per_example
     return Member(index, cfg, new_state(cfg, data, device), rd, C.total_steps(cfg, data.n_train, tokens),
                   set(C.eval_steps(cfg, data.n_train, tokens)))
+
+
+def _out_of_memory(cfg: RunConfig, run_dir: str | Path | None, device: torch.device, group_id: str | None,
+                   message: str) -> RunResult:
+    """A member that ran out of memory before its training started (the data or its model on the device): state
+    "oom" in its run directory (config.json and status.json, as train.run writes them then), and its result."""
+    error = f"out of memory while loading the data or building the model on {device}: {message}"
+    rd = RunDir(run_dir) if run_dir is not None else None
+    if rd:
+        rd.write_config(cfg.to_dict(), {"run_id": C.run_id(cfg)})
+        rd.write_status("oom", error=error, traceback=None, provenance=provenance(device), group=group_id)
+    return RunResult("oom", {}, [], rd.path if rd else None, error)
 
 
 def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, reason: str) -> RunResult:
@@ -168,13 +218,13 @@ def _calibrate(cfgs: list[RunConfig], data: Dataset, device: torch.device, parts
 def _train_fused(members: list[Member], data: Dataset, device: torch.device, progress: bool | None,
                  group_id: str | None, parts: Components, stacked: bool) -> None:
     """Train `members` together with the one training loop, each member's result in m.result. An
-    out-of-memory error with more than one member still training is raised, for train_group to split."""
+    out-of-memory error with more than one member still training is raised, for train_group's queue to split."""
     engine: FusedEngine | _OutOfMemory
     try:
         engine = StackEngine(members, data, device) if stacked else \
             generic.VmapEngine(members, data, parts.loss, parts.task, device)
-    except torch.OutOfMemoryError as exc:
-        if len(members) > 1:
+    except Exception as exc:
+        if len(members) > 1 or not is_out_of_memory(exc):
             raise
         engine = _OutOfMemory(exc)  # the stack of one did not fit: the loop records oom, as train.run would
     callbacks = [Evaluation(), Divergence(), Progress(progress), Recording({"group": group_id})]
@@ -185,7 +235,7 @@ class _OutOfMemory:
     """The engine of a member whose stack did not fit in memory: whatever the loop asks raises that error."""
     can_split = False
 
-    def __init__(self, exc: torch.OutOfMemoryError) -> None:
+    def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
     def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
