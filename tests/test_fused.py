@@ -315,11 +315,38 @@ def test_group_size_from_the_memory_model():
     assert group_size_for(fit, 32, free_bytes=1.0) == 1
 
 
+@pytest.mark.parametrize("micro_batch_size, measured", [(None, [16, 32]), (8, [4, 8])])
+def test_cuda_group_size_measures_a_step_at_half_and_the_full_micro_batch(monkeypatch, micro_batch_size, measured):
+    """fused.memory.cuda_group_size with a fake measurement (1000 bytes fixed + 100 per example) and fake free
+    memory: K = free x (1 - 0.2) / (2 x the predicted peak of one step), the sizes measured at most the
+    micro-batch (the step a member runs)."""
+    import pandas as pd
+
+    import bsresearch.systems.memory as system_memory
+    from bsresearch.fused.memory import cuda_group_size
+    sizes = []
+
+    def measure_memory(workload, batch_sizes, device):
+        sizes.extend(batch_sizes)
+        return pd.DataFrame({"batch_size": batch_sizes, "peak_bytes": [1000 + 100 * b for b in batch_sizes],
+                             "status": "ok"})
+
+    micro = micro_batch_size or 32
+    per_member = 2.0 * (1000 + 100 * micro)
+    monkeypatch.setattr(system_memory, "measure_memory", measure_memory)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * per_member / 0.8, 10 ** 12))
+    cfg = tiny_config(device="cuda", micro_batch_size=micro_batch_size)
+    assert cuda_group_size(cfg, torch.device("cuda")) == 10 and sizes == measured
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (per_member / 2, 10 ** 12))
+    assert cuda_group_size(cfg, torch.device("cuda")) == 1        # too big alone: tried, and records oom
+    assert cuda_group_size(cfg, torch.device("cpu")) is None       # no limit on a CPU
+
+
 @requires_cuda
 def test_cuda_group_size_is_positive():
     from bsresearch.fused.memory import cuda_group_size
-    size = cuda_group_size(tiny_config(device="cuda"), torch.device("cuda"))
-    assert size is not None and size >= 1
+    size = cuda_group_size(tiny_config(device="cuda", batch_size=64), torch.device("cuda"))
+    assert size is not None and size > 100  # a 16-unit MLP step takes kilobytes; a GPU holds very many
 
 
 def test_divergence_checked_in_windows_as_on_cuda(monkeypatch):

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compared, requires_cuda
+from conftest import compared
 
 from bsresearch import results
 from bsresearch.cli import main
 from bsresearch.config import ConfigError
 from bsresearch.fused import grouping
-from bsresearch.fused.grouping import group_configs, group_id, members_that_fit
+from bsresearch.fused.grouping import group_configs, group_id
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import expand, is_locked, load_spec, run_sweep
 from bsresearch.sweep.task import is_complete, wait_for_exit
@@ -131,20 +131,6 @@ def test_the_fused_trainers_blocker_in_a_sweep_plan(tmp_path):
     alone = run_sweep(write_spec(tmp_path, "ckpt", {"lr": [0.05, 0.2]}, checkpoint_every=10), runs_root=tmp_path,
                       dry_run=True)
     assert alone.groups == {} and all("checkpoint_every" in p.fusion for p in alone.planned)
-
-
-def test_members_that_fit_the_free_memory():
-    assert members_that_fit(10e9, 1e9) == 8          # 20% of the free memory left unplanned
-    assert members_that_fit(10e9, 1e9, margin=0.0) == 10
-    assert members_that_fit(1e9, 5e9) == 1            # too big alone: tried, and records oom
-
-
-@requires_cuda
-def test_cuda_group_size_from_the_memory_model(tiny):
-    import torch
-    cfg = tiny(device="cuda", batch_size=64)
-    k = grouping.cuda_group_size(cfg, torch.device("cuda"))
-    assert k > 100  # a 16-unit MLP step takes kilobytes; a GPU holds very many
 
 
 # ----------------------------------------------------------------------------- sweeps

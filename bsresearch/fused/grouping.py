@@ -12,8 +12,9 @@ group). A group of one is an ordinary run, and the plan says why it was left alo
 Group size:
 - CPU: at most CPU_FUSE_MAX runs (see its comment);
 - CUDA: the runner plans up to GPU_FUSE_MAX; the worker, which sees the GPU, trains them with
-  fused.train_group, in chunks of the size the memory model predicts fits, and a chunk that still runs out
-  of memory is split in two and retried, down to single runs, which record "oom" (fused/trainer.py).
+  fused.train_group, in chunks of the size the memory model predicts fits (fused/memory.py), and a chunk
+  that still runs out of memory is split in two and retried, down to single runs, which record "oom"
+  (fused/trainer.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..config import RunConfig
 
@@ -49,7 +49,6 @@ CPU_FUSE_MAX_BATCH: dict[tuple[str, str], int] = {("cnn1d", "plain"): 512, ("cnn
 CPU_FUSE_MAX_BATCH_OTHER = 64
 # On CUDA this is only the planning bound: the worker cuts a group to what the memory model says fits.
 GPU_FUSE_MAX = 128
-MEMORY_MARGIN = 0.2   # fraction of the free GPU memory left unplanned (allocator rounding, the dataset, cuDNN)
 NO_FUSED_TRAINER = "the fused trainer (bsresearch.fused.compat) is not installed"
 
 
@@ -149,28 +148,3 @@ def cpu_batch_too_large(cfg: RunConfig) -> str | None:
 def default_fuse_max(device: str) -> int:
     """The planning bound on a group's size for a config's device ('cpu', 'cuda', 'cuda:N')."""
     return CPU_FUSE_MAX if device == "cpu" else GPU_FUSE_MAX
-
-
-# ----------------------------------------------------------------------------- executing a group
-def members_that_fit(free_bytes: float, member_bytes: float, margin: float = MEMORY_MARGIN) -> int:
-    """How many members fit in `free_bytes` when each needs `member_bytes` (at least one: a member too
-    big on its own is tried and records "oom")."""
-    if member_bytes <= 0:
-        return GPU_FUSE_MAX
-    return max(1, int(free_bytes * (1.0 - margin) // member_bytes))
-
-
-def cuda_group_size(cfg: RunConfig, device: Any) -> int:
-    """Members of `cfg`'s shape that fit on CUDA `device` at once, from the systems memory model: the peak
-    bytes of one member's training step (parameters, gradients, optimizer state, activations), fitted
-    at two batch sizes, against the device's free memory. A member's step is what fusing multiplies."""
-    import torch
-
-    from ..systems import fit_memory_table, measure_memory, workload_for
-    batch = cfg.micro_batch_size or cfg.batch_size
-    table = measure_memory(workload_for(cfg), [batch, 2 * batch], device)
-    if (table["status"] != "ok").any():
-        return 1
-    member_bytes = fit_memory_table(table).predict(batch)
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    return members_that_fit(free_bytes, member_bytes)
