@@ -27,7 +27,7 @@ from .losses import Loss, Task, class_indices, loss_for, task_of
 from .measure.functional import measuring
 from .models import model_for
 from .rundir import RunDir
-from .runtime import autocast, check_precision, is_out_of_memory, prepare_process, resolve_device
+from .runtime import autocast, check_precision, is_out_of_memory, prepare_process, provenance, resolve_device
 from .state import TrainState, batch_schedule, callback_states, load_checkpoint, new_state
 from .trajectory import Trajectory
 
@@ -115,6 +115,19 @@ def finished_result(run_dir: str | Path | None) -> RunResult | None:
     if rd and rd.path.is_dir() and rd.is_finished():
         return RunResult(rd.state() or "ok", rd.metrics(), rd.history_rows(), rd.path)
     return None
+
+
+def out_of_memory_result(cfg: RunConfig, run_dir: str | Path | None, device: torch.device, message: str,
+                         **status: Any) -> RunResult:
+    """The result of a run that ran out of memory before its training started (its data or its model on the
+    device): state "oom", written to its run directory (config.json too: results.load reads a run without one
+    as pending; `status` adds fields to status.json, a fused group's id)."""
+    error = f"out of memory while loading the data or building the model on {device}: {message}"
+    rd = RunDir(run_dir) if run_dir is not None else None
+    if rd:
+        rd.write_config(cfg.to_dict(), {"run_id": C.run_id(cfg)})
+        rd.write_status("oom", error=error, traceback=None, provenance=provenance(device), **status)
+    return RunResult("oom", {}, [], rd.path if rd else None, error)
 
 
 def _shape(t: object) -> str:

@@ -39,6 +39,14 @@ def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
                          C.adam_beta2_at(cfg, cfg.batch_size))
 
 
+def micro_batch_loss(loss: torch.Tensor, n_micro: int, n_batch: int) -> torch.Tensor:
+    """A micro-batch's mean loss weighted by its share of the batch, `loss * (n_micro / n_batch)`, so that the
+    gradients accumulated over a batch's micro-batches are the whole batch's mean-loss gradient; the loss
+    itself when the micro-batch is the whole batch (no accumulation). The one place this rule is written:
+    training_step and the fused engines (fused/engine.py) apply it, member by member there."""
+    return loss if n_micro == n_batch else loss * (n_micro / n_batch)
+
+
 def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                   batches: Sequence[tuple[torch.Tensor, torch.Tensor]], precision: str = "fp32",
                   scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
@@ -48,8 +56,8 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     0-d tensor, not synchronised).
 
     `batches` are the micro-batches of one batch (a single (x, y) without accumulation). Each micro-batch's
-    mean loss is weighted by its share of the batch, so the accumulated gradient equals the whole batch's
-    mean-loss gradient (BatchNorm aside: its statistics then come from micro-batches). The model stays in
+    mean loss is weighted by its share of the batch (micro_batch_loss), so the accumulated gradient equals the
+    whole batch's mean-loss gradient (BatchNorm aside: its statistics then come from micro-batches). The model stays in
     its current mode. Gradients are set to None first and kept after the update, so a step's memory is
     the trainer's. `after_backward(i)` runs after micro-batch i's backward pass, `before_update()` after
     the last one, before the optimizer (and GradScaler, for fp16) update: the in-loop noise-scale
@@ -61,8 +69,7 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     for i, (x, y) in enumerate(batches):
         with autocast(precision, x.device):
             loss = loss_fn(model(x), y)
-        if len(batches) > 1:
-            loss = loss * (len(y) / n_examples)
+        loss = micro_batch_loss(loss, len(y), n_examples)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         if after_backward is not None:
             after_backward(i)

@@ -29,8 +29,8 @@ from .engine import ModelEngine
 from .loop import Callback, RunResult
 from .models import model_for
 from .rundir import RunDir, check_writable
-from .runsetup import finished_result, run_setup
-from .runtime import is_out_of_memory, model_randomness, oom_message, provenance, resolve_device
+from .runsetup import finished_result, out_of_memory_result, run_setup
+from .runtime import is_out_of_memory, model_randomness, oom_message, resolve_device
 from .state import load_checkpoint
 
 __all__ = ["RunResult", "load_trained_model", "run"]
@@ -60,7 +60,10 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        return _out_of_memory_at_setup(cfg, rd, exc)
+        device = resolve_device(cfg.device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return out_of_memory_result(cfg, run_dir, device, oom_message(exc))
     own = [Evaluation(), Divergence(), *([Snapshots(trajectory)] if trajectory else []), NoiseScale(),
            Progress(progress), Recording()]
     # dropout repeats with the seed, and across a resume
@@ -69,17 +72,6 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
         setup.loop([member], ModelEngine(setup.data, setup.loss, setup.task), [*own, *callbacks, Checkpointing()]).run()
     assert member.result is not None
     return member.result
-
-
-def _out_of_memory_at_setup(cfg: RunConfig, rd: RunDir | None, exc: BaseException) -> RunResult:
-    device = resolve_device(cfg.device)
-    error = f"out of memory while loading the data or building the model on {device}: {oom_message(exc)}"
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    if rd:  # config.json too: results.load reads a run without one as "pending"
-        rd.write_config(cfg.to_dict(), {"run_id": C.run_id(cfg)})
-        rd.write_status("oom", error=error, traceback=None, provenance=provenance(device))
-    return RunResult("oom", {}, [], rd.path if rd else None, error)
 
 
 def load_trained_model(run_dir: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, RunConfig]:

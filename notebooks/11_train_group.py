@@ -15,7 +15,7 @@
 # id in `status.json`. A sweep (`bsresearch sweep SPEC`, `--fuse auto`) executes this notebook with
 # papermill, once per group, injecting the members' configs and run directories after the parameters
 # cell. On CUDA the members are trained in chunks the memory model says fit, and a chunk that still runs
-# out of memory is split in two and retried (`bsresearch.fused.grouping.train_splitting_on_oom`).
+# out of memory is split in two and retried, down to single runs, which record "oom".
 
 # %% tags=["parameters"]
 from typing import Optional
@@ -32,11 +32,11 @@ import json
 import pandas as pd
 
 from bsresearch.config import RunConfig
-from bsresearch.fused.grouping import train_splitting_on_oom
+from bsresearch.fused import train_group
 
 # every member's config, field by field: a bad value stops here with a message naming the field
 cfgs = [RunConfig.from_dict(d) for d in json.loads(configs_json)]
-results = train_splitting_on_oom(cfgs, run_dirs, group_id=group_id, progress=progress)
+results = train_group(cfgs, run_dirs, progress=progress, group_id=group_id)
 
 # %%
 # one line per member: its state and final numbers (the curves are in each run directory's history.csv)

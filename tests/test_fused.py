@@ -196,6 +196,92 @@ def test_out_of_memory_alone_is_recorded(monkeypatch, tmp_path):
     assert RunDir(tmp_path / "2").state() == "oom"
 
 
+def test_out_of_memory_splits_chunks_down_to_a_lone_member_whose_oom_stands(monkeypatch, tmp_path):
+    """train_group's queue, the one there is (the sweep worker and the group notebook call train_group): a
+    simulated OOM with more than 2 members at once, and always with seed 1 among them. Chunks halve, their
+    members start again from scratch; seed 1 alone records "oom" (never raised); the others end as their
+    separate runs."""
+    chunks = []
+    real_step = fused_trainer.StackEngine.step
+
+    def step(self, members, *args):
+        if members[0].state.step == 0:
+            chunks.append(tuple(m.cfg.seed for m in members))
+        if len(members) > 2 or any(m.cfg.seed == 1 for m in members):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated). Tried to allocate 2.00 GiB")
+        return real_step(self, members, *args)
+
+    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
+    cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1)) for s in range(5)]
+    dirs = [tmp_path / str(s) for s in range(5)]
+    results = train_group(cfgs, dirs, progress=False, group_id="g-x")
+    assert chunks == [(0, 1, 2, 3, 4), (0, 1), (0,), (1,), (2, 3, 4), (2,), (3, 4)]
+    assert [r.state for r in results] == ["ok", "oom", "ok", "ok", "ok"]
+    assert results[1].error == "out of memory at step 0: CUDA out of memory (simulated). Tried to allocate 2.00 GiB"
+    status = RunDir(dirs[1]).status()
+    assert status["state"] == "oom" and status["group"] == "g-x" and "Tried to allocate" in status["error"]
+    for i in (0, 2, 3, 4):
+        assert_same_run(results[i], train.run(cfgs[i], progress=False))
+        assert RunDir(dirs[i]).state() == "ok"
+
+
+def test_a_member_that_finished_before_its_chunk_ran_out_of_memory_keeps_its_result(monkeypatch):
+    """Seed 0 stops at step 10; at step 12 the two others, still together, run out of memory: seed 0 is not
+    trained again, the two others start again from scratch, each alone."""
+    chunks = []
+    real_step = fused_trainer.StackEngine.step
+
+    def step(self, members, *args):
+        if members[0].state.step == 0:
+            chunks.append(tuple(m.cfg.seed for m in members))
+        if len(members) > 1 and members[0].state.step == 12:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_step(self, members, *args)
+
+    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
+    check_group([tiny_config(seed=0, budget_amount=10), tiny_config(seed=1), tiny_config(seed=2, lr=0.05)])
+    assert chunks == [(0, 1, 2), (1,), (2,)]
+
+
+def test_out_of_memory_building_a_members_model_splits_and_alone_is_recorded(monkeypatch, tmp_path):
+    """A member whose model does not fit on the device (new_state raises): its chunks split around it, and
+    alone it records "oom" as train.run records a model that does not fit (config.json and status.json)."""
+    real_new_state = fused_trainer.new_state
+    built = []
+
+    def new_state(cfg, data, device):
+        built.append(cfg.seed)
+        if cfg.seed == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_new_state(cfg, data, device)
+
+    monkeypatch.setattr(fused_trainer, "new_state", new_state)
+    cfgs = [tiny_config(seed=s) for s in range(3)]
+    dirs = [tmp_path / str(s) for s in range(3)]
+    results = train_group(cfgs, dirs, progress=False, group_id="g-y")
+    assert built == [0, 1, 0, 1, 1, 2]
+    assert [r.state for r in results] == ["ok", "oom", "ok"]
+    assert results[1].error == "out of memory while loading the data or building the model on cpu: " \
+                               "CUDA out of memory (simulated)"
+    status = RunDir(dirs[1]).status()
+    assert status["state"] == "oom" and status["group"] == "g-y" and RunDir(dirs[1]).config()["seed"] == 1
+    for i in (0, 2):
+        assert_same_run(results[i], train.run(cfgs[i], progress=False))
+
+
+def test_out_of_memory_in_the_setup_is_every_members_oom(monkeypatch, tmp_path):
+    """The data does not fit on the device: every unfinished member ends "oom", recorded, not raised."""
+    def dataset_for(cfg, device):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(fused_trainer, "dataset_for", dataset_for)
+    dirs = [tmp_path / str(s) for s in range(2)]
+    results = train_group([tiny_config(seed=s) for s in range(2)], dirs, progress=False, group_id="g-z")
+    assert [r.state for r in results] == ["oom", "oom"]
+    assert [RunDir(d).status()["state"] for d in dirs] == ["oom", "oom"]
+    assert "while loading the data" in str(results[0].error)
+
+
 @pytest.mark.parametrize("batch_size", [32, 80])   # 80: the calibration's fused step fails first
 def test_failure_is_recorded_per_member(monkeypatch, tmp_path, batch_size):
     def step(self, members, *args):
@@ -231,11 +317,38 @@ def test_group_size_from_the_memory_model():
     assert group_size_for(fit, 32, free_bytes=1.0) == 1
 
 
+@pytest.mark.parametrize("micro_batch_size, measured", [(None, [16, 32]), (8, [4, 8])])
+def test_cuda_group_size_measures_a_step_at_half_and_the_full_micro_batch(monkeypatch, micro_batch_size, measured):
+    """fused.memory.cuda_group_size with a fake measurement (1000 bytes fixed + 100 per example) and fake free
+    memory: K = free x (1 - 0.2) / (2 x the predicted peak of one step), the sizes measured at most the
+    micro-batch (the step a member runs)."""
+    import pandas as pd
+
+    import bsresearch.systems.memory as system_memory
+    from bsresearch.fused.memory import cuda_group_size
+    sizes = []
+
+    def measure_memory(workload, batch_sizes, device):
+        sizes.extend(batch_sizes)
+        return pd.DataFrame({"batch_size": batch_sizes, "peak_bytes": [1000 + 100 * b for b in batch_sizes],
+                             "status": "ok"})
+
+    micro = micro_batch_size or 32
+    per_member = 2.0 * (1000 + 100 * micro)
+    monkeypatch.setattr(system_memory, "measure_memory", measure_memory)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * per_member / 0.8, 10 ** 12))
+    cfg = tiny_config(device="cuda", micro_batch_size=micro_batch_size)
+    assert cuda_group_size(cfg, torch.device("cuda")) == 10 and sizes == measured
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (per_member / 2, 10 ** 12))
+    assert cuda_group_size(cfg, torch.device("cuda")) == 1        # too big alone: tried, and records oom
+    assert cuda_group_size(cfg, torch.device("cpu")) is None       # no limit on a CPU
+
+
 @requires_cuda
 def test_cuda_group_size_is_positive():
     from bsresearch.fused.memory import cuda_group_size
-    size = cuda_group_size(tiny_config(device="cuda"), torch.device("cuda"))
-    assert size is not None and size >= 1
+    size = cuda_group_size(tiny_config(device="cuda", batch_size=64), torch.device("cuda"))
+    assert size is not None and size > 100  # a 16-unit MLP step takes kilobytes; a GPU holds very many
 
 
 def test_divergence_checked_in_windows_as_on_cuda(monkeypatch):

@@ -1,8 +1,8 @@
 """Fused groups in sweeps, with a stand-in fused trainer (tests/fused_stand_in: train.run per member, the
 numbers the real one must give), so grouping, tasks, workers, executors, kill -9, resume and
 --retry-failed are tested on their own: which runs group and why the others do not, a group through
-the inline and the local executor (papermill and the group template), OOM splitting, --fuse off as
-before, and a killed group keeping its finished members byte for byte."""
+the inline and the local executor (papermill and the group template), --fuse off as before, and a killed
+group keeping its finished members byte for byte. (Out of memory in a group: tests/test_fused.py.)"""
 from __future__ import annotations
 
 import importlib.util
@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compared, requires_cuda
+from conftest import compared
 
 from bsresearch import results
 from bsresearch.cli import main
 from bsresearch.config import ConfigError
 from bsresearch.fused import grouping
-from bsresearch.fused.grouping import group_configs, group_id, members_that_fit, train_splitting_on_oom
+from bsresearch.fused.grouping import group_configs, group_id
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import expand, is_locked, load_spec, run_sweep
 from bsresearch.sweep.task import is_complete, wait_for_exit
-from bsresearch.train import RunResult, run
+from bsresearch.train import run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -131,51 +131,6 @@ def test_the_fused_trainers_blocker_in_a_sweep_plan(tmp_path):
     alone = run_sweep(write_spec(tmp_path, "ckpt", {"lr": [0.05, 0.2]}, checkpoint_every=10), runs_root=tmp_path,
                       dry_run=True)
     assert alone.groups == {} and all("checkpoint_every" in p.fusion for p in alone.planned)
-
-
-def test_oom_splits_the_group_until_it_fits_and_a_lone_oom_stands(tiny, tmp_path):
-    """Simulated OOM: more than 2 members at once runs out of memory; a member with batch 64 always does."""
-    sizes = []
-
-    def fake_train_group(cfgs, run_dirs=None, progress=None, group_id=None):
-        sizes.append(len(cfgs))
-        too_big = len(cfgs) > 2 or any(c.batch_size == 64 for c in cfgs)
-        return [RunResult("oom" if too_big else "ok", {"seed": c.seed}, [], None) for c in cfgs]
-
-    cfgs = [tiny(seed=s) for s in range(5)]
-    results = train_splitting_on_oom(cfgs, None, train_group=fake_train_group)
-    assert sizes == [5, 3, 2, 1, 2] and [r.state for r in results] == ["ok"] * 5
-    assert [r.metrics["seed"] for r in results] == [0, 1, 2, 3, 4]
-    sizes.clear()
-    results = train_splitting_on_oom([tiny(seed=0), tiny(seed=1, batch_size=64)], None, train_group=fake_train_group)
-    assert sizes == [2, 1, 1] and [r.state for r in results] == ["ok", "oom"]
-
-    import torch
-
-    def raising(cfgs, run_dirs=None, progress=None, group_id=None):
-        if len(cfgs) > 1 or cfgs[0].seed == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return [RunResult("ok", {}, [], Path(run_dirs[0]))]
-
-    dirs = [tmp_path / "a", tmp_path / "b"]
-    results = train_splitting_on_oom([tiny(seed=0), tiny(seed=1)], dirs, group_id="g-x", train_group=raising)
-    assert [r.state for r in results] == ["ok", "oom"]
-    status = RunDir(dirs[1]).status()
-    assert status["state"] == "oom" and status["group"] == "g-x" and "Tried to allocate" in status["error"]
-
-
-def test_members_that_fit_the_free_memory():
-    assert members_that_fit(10e9, 1e9) == 8          # 20% of the free memory left unplanned
-    assert members_that_fit(10e9, 1e9, margin=0.0) == 10
-    assert members_that_fit(1e9, 5e9) == 1            # too big alone: tried, and records oom
-
-
-@requires_cuda
-def test_cuda_group_size_from_the_memory_model(tiny):
-    import torch
-    cfg = tiny(device="cuda", batch_size=64)
-    k = grouping.cuda_group_size(cfg, torch.device("cuda"))
-    assert k > 100  # a 16-unit MLP step takes kilobytes; a GPU holds very many
 
 
 # ----------------------------------------------------------------------------- sweeps

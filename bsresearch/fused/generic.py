@@ -27,13 +27,12 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, vmap
 
-from .. import config as C
 from ..data import Dataset, eval_chunk_size
-from ..loop import Member, StepHooks
+from ..loop import Member
 from ..losses import Loss, Task
 from ..runtime import synchronize
 from .attention import batched_attention
-from .optim import FusedOptimizer
+from .engine import FusedEngine
 
 # The parameters' .grad are views of one flat buffer, which is the point; autograd warns that such a grad does
 # not follow its "layout contract" (the performance it means is not lost here: the views are dense rows).
@@ -108,45 +107,42 @@ class _Stack:
         return {name: leaf.detach()[index] for name, leaf in self.leaves.items()}
 
 
-class VmapEngine:
-    """The loop's engine for a fused group of any model `probe` accepts (module docstring)."""
-    can_split = True
+class VmapEngine(FusedEngine):
+    """The loop's engine for a fused group of any model `probe` accepts (module docstring): the members'
+    parameters as views of one flat (K, P) tensor, their loss vmapped over the members; what every fused
+    engine does alike is fused/engine.py's FusedEngine."""
 
     def __init__(self, members: list[Member], data: Dataset, loss: Loss, task: Task, device: torch.device):
-        self.members = list(members)
-        self.data, self.loss, self.task = data, loss, task
+        super().__init__(members, data)
+        self.loss, self.task = loss, task
         self.model = members[0].state.model
-        self.micro_batch_size = members[0].cfg.micro_batch_size
         self.stack = _Stack([m.state.model for m in members], device)
-        self.initial = self.stack.flat.clone()
-        self.optimizer = FusedOptimizer.for_members([m.cfg for m in members], self.stack.flat)
+        self._start(self.stack.flat)
         self.one = self.stack.loss_fn(self.model, loss)
 
-    def _rows(self, members: list[Member]) -> list[int]:
-        return [next(r for r, s in enumerate(self.members) if s is m) for m in members]
+    def _parameters(self) -> torch.Tensor:
+        return self.stack.flat
 
-    def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
-        """One update of every member on its own next batch (micro-batches accumulate); losses (K,)."""
-        stack, data = self.stack, self.data
-        idx = torch.stack([next(m.state.indices) for m in members])            # (K, B)
-        micro_batches = idx.split(self.micro_batch_size, dim=1) if self.micro_batch_size else (idx,)
-        stack.grad.zero_()
-        total = torch.zeros(len(members), device=stack.flat.device)
-        for micro in micro_batches:
-            with batched_attention():
-                losses = vmap(self.one, randomness="error")(stack.leaves, data.x_train[micro], data.y_train[micro])
-            if len(micro_batches) > 1:
-                losses = losses * (micro.shape[1] / idx.shape[1])
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
-                losses.sum().backward()
-            total += losses.detach()
-        lr = torch.tensor(lrs, device=stack.flat.device, dtype=stack.flat.dtype).view(-1, 1)
-        self.optimizer.update(stack.flat, stack.grad, lr)
-        for m in members:
-            m.state.step += 1
-            m.state.examples_seen += idx.shape[1]
-        return total
+    def _zero_grad(self) -> None:
+        self.stack.grad.zero_()
+
+    def _gradient(self) -> torch.Tensor:
+        return self.stack.grad
+
+    def _losses(self, lo: int, n: int, micro: torch.Tensor) -> torch.Tensor:
+        """All members in one pass (lo 0, n all): the vmapped loss, each member on its own batch."""
+        with batched_attention():
+            return vmap(self.one, randomness="error")(self.stack.leaves, self.data.x_train[micro],
+                                                      self.data.y_train[micro])
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
+            loss.backward()
+
+    def _keep(self, index: torch.Tensor) -> None:
+        self.stack.flat = self.stack.flat[index]
+        self.stack.rebuild()
 
     @torch.no_grad()
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
@@ -175,46 +171,20 @@ class VmapEngine:
         return out
 
     @torch.no_grad()
-    def weight_stats(self, members: list[Member]) -> list[tuple[float, float]]:
-        index = torch.tensor(self._rows(members), device=self.stack.flat.device)
-        flat = self.stack.flat[index]
-        distance = ((flat - self.initial[index]) ** 2).sum(1).sqrt()
-        return list(zip(distance.tolist(), (flat ** 2).sum(1).sqrt().tolist()))
-
-    def remove(self, members: list[Member]) -> None:
-        """Write the members' rows into their TrainState (weights, optimizer state); drop them."""
-        rows = self._rows(members)
-        for m, row in zip(members, rows):
-            self._unstack(m, row)
-        keep = [r for r in range(len(self.members)) if r not in set(rows)]
-        index = torch.tensor(keep, dtype=torch.long, device=self.stack.flat.device)
-        self.stack.flat = self.stack.flat[index]
-        self.stack.rebuild()
-        self.initial = self.initial[index]
-        self.optimizer.keep(index)
-        self.members = [self.members[r] for r in keep]
-
-    @torch.no_grad()
     def _unstack(self, member: Member, row: int) -> None:
-        state, cfg, opt = member.state, member.cfg, self.optimizer
-        params = dict(state.model.named_parameters())
+        """Row `row`'s weights into the member's model, parameter by parameter, with its optimizer state."""
+        opt = self.optimizer
+        params = dict(member.state.model.named_parameters())
+        moments = []
         offset = 0
         for name, shape in zip(self.stack.names, self.stack.shapes):
             n = int(torch.Size(shape).numel())
             p = params[name]
             p.copy_(self.stack.flat[row, offset:offset + n].view(shape))
-            first = opt.buf[row, offset:offset + n].view(shape).clone()
-            if opt.kind == "sgd":
-                if cfg.momentum != 0 and opt.step > 0:
-                    state.optimizer.state[p] = {"momentum_buffer": first}
-            elif opt.step > 0:
-                assert opt.sq is not None
-                state.optimizer.state[p] = {"step": torch.tensor(float(opt.step)), "exp_avg": first,
-                                            "exp_avg_sq": opt.sq[row, offset:offset + n].view(shape).clone()}
+            moments.append((p, opt.buf[row, offset:offset + n].view(shape),
+                            opt.sq[row, offset:offset + n].view(shape) if opt.sq is not None else None))
             offset += n
-        if state.step > 0:
-            for group in state.optimizer.param_groups:
-                group["lr"] = C.lr_at(cfg, state.step - 1, state.sampler.n)
+        self._write_optimizer(member, moments)
 
 
 def _seconds(step: Callable[[], object], device: torch.device) -> float:

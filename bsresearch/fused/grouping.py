@@ -1,4 +1,4 @@
-"""Which runs train together, how many at once, and training a group that splits itself on OOM.
+"""Which runs train together, and how many at once.
 
 No torch import at module level: the sweep runner plans groups without it.
 
@@ -11,22 +11,19 @@ group). A group of one is an ordinary run, and the plan says why it was left alo
 
 Group size:
 - CPU: at most CPU_FUSE_MAX runs (see its comment);
-- CUDA: the runner plans up to GPU_FUSE_MAX; the worker, which sees the GPU, trains them in chunks of the
-  size the systems memory model predicts fits (`cuda_group_size`), and a chunk that still runs out of
-  memory is split in two and retried (`train_splitting_on_oom`), down to single runs, which record "oom".
+- CUDA: the runner plans up to GPU_FUSE_MAX; the worker, which sees the GPU, trains them with
+  fused.train_group, in chunks of the size the memory model predicts fits (fused/memory.py), and a chunk
+  that still runs out of memory is split in two and retried, down to single runs, which record "oom"
+  (fused/trainer.py).
 """
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from ..config import RunConfig
-from ..rundir import RunDir
 
 Blocker = Callable[[RunConfig, RunConfig], "str | None"]
 
@@ -52,7 +49,6 @@ CPU_FUSE_MAX_BATCH: dict[tuple[str, str], int] = {("cnn1d", "plain"): 512, ("cnn
 CPU_FUSE_MAX_BATCH_OTHER = 64
 # On CUDA this is only the planning bound: the worker cuts a group to what the memory model says fits.
 GPU_FUSE_MAX = 128
-MEMORY_MARGIN = 0.2   # fraction of the free GPU memory left unplanned (allocator rounding, the dataset, cuDNN)
 NO_FUSED_TRAINER = "the fused trainer (bsresearch.fused.compat) is not installed"
 
 
@@ -152,68 +148,3 @@ def cpu_batch_too_large(cfg: RunConfig) -> str | None:
 def default_fuse_max(device: str) -> int:
     """The planning bound on a group's size for a config's device ('cpu', 'cuda', 'cuda:N')."""
     return CPU_FUSE_MAX if device == "cpu" else GPU_FUSE_MAX
-
-
-# ----------------------------------------------------------------------------- executing a group
-def members_that_fit(free_bytes: float, member_bytes: float, margin: float = MEMORY_MARGIN) -> int:
-    """How many members fit in `free_bytes` when each needs `member_bytes` (at least one: a member too
-    big on its own is tried and records "oom")."""
-    if member_bytes <= 0:
-        return GPU_FUSE_MAX
-    return max(1, int(free_bytes * (1.0 - margin) // member_bytes))
-
-
-def cuda_group_size(cfg: RunConfig, device: Any) -> int:
-    """Members of `cfg`'s shape that fit on CUDA `device` at once, from the systems memory model: the peak
-    bytes of one member's training step (parameters, gradients, optimizer state, activations), fitted
-    at two batch sizes, against the device's free memory. A member's step is what fusing multiplies."""
-    import torch
-
-    from ..systems import fit_memory_table, measure_memory, workload_for
-    batch = cfg.micro_batch_size or cfg.batch_size
-    table = measure_memory(workload_for(cfg), [batch, 2 * batch], device)
-    if (table["status"] != "ok").any():
-        return 1
-    member_bytes = fit_memory_table(table).predict(batch)
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    return members_that_fit(free_bytes, member_bytes)
-
-
-def train_splitting_on_oom(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path] | None = None,
-                           group_id: str | None = None, progress: bool | None = False,
-                           train_group: Callable | None = None, chunk_size: int | None = None) -> list[Any]:
-    """Train a group with fused.train_group; a chunk that runs out of memory (a member's state "oom", or
-    torch.OutOfMemoryError raised) is split in two and each half retried, down to single runs, whose
-    "oom" then stands. chunk_size: members at once (default: all on CPU, the memory model's on CUDA).
-    run_dirs: one per member, or None to write nothing. Returns one RunResult per member, in order."""
-    import torch
-
-    from ..runtime import resolve_device
-    from ..train import RunResult
-    train = train_group or importlib.import_module(__package__ or "bsresearch.fused").train_group
-    cfgs = list(cfgs)
-    device = resolve_device(cfgs[0].device)
-    if chunk_size is None:
-        chunk_size = cuda_group_size(cfgs[0], device) if device.type == "cuda" else len(cfgs)
-    results: list[Any] = [None] * len(cfgs)
-    queue = [list(range(k, min(k + chunk_size, len(cfgs)))) for k in range(0, len(cfgs), chunk_size)]
-    while queue:
-        chunk = queue.pop(0)
-        dirs = None if run_dirs is None else [run_dirs[k] for k in chunk]
-        try:
-            out = train([cfgs[k] for k in chunk], dirs, progress=progress, group_id=group_id)
-        except torch.OutOfMemoryError as exc:  # raised rather than recorded: recorded here, as train_group would
-            error = f"out of memory with {len(chunk)} members at once: {str(exc).splitlines()[0]}"
-            paths = [None] * len(chunk) if dirs is None else [Path(d) for d in dirs]
-            out = [RunResult("oom", {}, [], path, error) for path in paths]
-            if len(chunk) == 1 and dirs is not None:
-                RunDir(dirs[0]).write_status("oom", error=error, group=group_id)
-        for k, r in zip(chunk, out):
-            results[k] = r
-        oom = [k for k, r in zip(chunk, out) if r.state == "oom"]
-        if len(chunk) > 1 and oom:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            half = (len(oom) + 1) // 2
-            queue[:0] = [oom[:half], oom[half:]]
-    return results

@@ -6,6 +6,11 @@ same (micro-)batch size. The single run's peak comes from systems.fit_memory ove
 (micro-)batch sizes; STACKED_OVERHEAD covers what the batched program adds (the unfolded convolution
 inputs, the per-member parameter views). An out-of-memory error still splits the group (trainer.py):
 this estimate only avoids starting with a group that cannot fit.
+
+The one model of a group's size (train_group cuts its members into chunks of it). It measures the step a
+member runs, at its micro-batch and half of it, never above it: a measurement at a larger batch could itself
+run out of memory for a run that fits; and it counts what a fit of measured peaks can miss (its largest
+residual) and what stacking adds (STACKED_OVERHEAD), so a first chunk rarely has to be split.
 """
 from __future__ import annotations
 

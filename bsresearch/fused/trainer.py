@@ -4,10 +4,17 @@
 the same training loop (loop.py) and callbacks: its own initial weights (state.new_state, its own init
 generator), its own data order (its own BatchSampler and data generator; batches gathered per member),
 its own lr at every step (config.lr_at), its own optimizer hyperparameters, evaluation schedule, budget
-and divergence check. What is fused is this module's engine, `StackEngine`: the members' parameters
-stacked into one (K, P) tensor (fused/layers.py), one batched forward and backward pass, one optimizer
-update for all (fused/optim.py). A member that stops has its row written back into its own TrainState
-(weights, BatchNorm statistics, optimizer state) and leaves the stack.
+and divergence check. What is fused is the loop's engine (fused/engine.py): the members' parameters
+stacked into one (K, P) tensor, one batched forward and backward pass (the built-in models' batched layers,
+this module's `StackEngine`, or any other model through torch.func.vmap, `generic.VmapEngine`), one optimizer
+update for all (fused/optim.py). A member that stops has its row written back into its own TrainState (weights,
+BatchNorm statistics, optimizer state) and leaves the stack.
+
+Out of memory: `train_group` trains its members in chunks, on CUDA of the size the memory model allows
+(fused/memory.py), and keeps the one queue of them. A chunk of several members that runs out of memory is
+split in two and its unfinished members start again from scratch (their results do not change); a member
+alone that runs out of memory ends with state "oom", recorded in its status.json as train.run records it,
+never raised. Finished members keep their results.
 
 Differences from train.run, by design: `train_seconds` of a member is its share of the fused steps'
 time (each step's time divided by the members in it), so the members' times add up to the group's;
@@ -30,14 +37,15 @@ from ..engine import CROSS_ENTROPY, ModelEngine, evaluate_batches
 from ..loop import Member, RunResult, StepHooks
 from ..models import model_for
 from ..rundir import RunDir
-from ..runsetup import RunSetup, finished_result, run_setup
+from ..runsetup import RunSetup, finished_result, out_of_memory_result, run_setup
+from ..runtime import is_out_of_memory, oom_message, resolve_device
 from ..train import run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
+from .engine import FusedEngine
 from .grouping import CPU_FUSE_MAX_BATCH_OTHER
 from .layers import StackedModel
 from .memory import cuda_group_size
-from .optim import FusedOptimizer
 
 CPU_PASS_EXAMPLES = 1024  # members x examples per training forward/backward pass on the CPU (cache-sized)
 
@@ -48,8 +56,10 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
 
     All configs must be fusable with the first (fusion_blocker), else ConfigError before any work.
     Finished run directories are returned as they are. On CUDA the group is first cut to the size the
-    memory model allows (fused/memory.py); an out-of-memory error splits a group in two and retrains its
-    unfinished members from scratch (their results do not change).
+    memory model allows (fused/memory.py); an out-of-memory error splits a chunk in two and retrains its
+    unfinished members from scratch (their results do not change), down to single members, whose "oom" is
+    their result (module docstring). Running out of memory in the setup (the data or the model on the
+    device) is every unfinished member's "oom", as it is a run's in train.run.
     """
     cfgs = list(cfgs)
     if not cfgs:
@@ -66,7 +76,23 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
         return [r for r in results if r is not None]
+    try:
+        _train(cfgs, dirs, todo, results, progress, group_id)
+    except Exception as exc:   # the data or the first model did not fit on the device
+        if not is_out_of_memory(exc):
+            raise
+        device = resolve_device(cfgs[todo[0]].device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        for i in todo:
+            if results[i] is None:
+                results[i] = out_of_memory_result(cfgs[i], dirs[i], device, oom_message(exc), group=group_id)
+    return [r for r in results if r is not None]
 
+
+def _train(cfgs: list[RunConfig], dirs: Sequence[str | Path | None], todo: list[int], results: list[RunResult | None],
+           progress: bool | None, group_id: str | None) -> None:
+    """train_group's members `todo` (indices into cfgs and dirs), each result into `results`."""
     # --- setup: everything that can be wrong with the input fails here, before any training
     cfg0 = cfgs[todo[0]]
     parts = run_setup(cfg0)
@@ -90,25 +116,40 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
     if reason is not None:  # each member trains alone, as train.run trains it, and its status says why
         for i in todo:
             results[i] = _alone(cfgs[i], dirs[i], progress, reason)
-        return [r for r in results if r is not None]
+        return
 
+    # --- the queue: chunks of the members, each trained fused; a chunk that runs out of memory is halved
     limit = cuda_group_size(cfg0, device) or len(todo)  # on CUDA, from the memory model
     queue = [todo[i:i + limit] for i in range(0, len(todo), limit)]
     while queue:
-        group = queue.pop(0)
-        members = [parts.member(i, cfgs[i], dirs[i], resume=False) for i in group]
+        chunk = queue.pop(0)
+        members: list[Member] = []
+        retry: list[int] = []
+        message = ""
         try:
+            for i in chunk:
+                members.append(parts.member(i, cfgs[i], dirs[i], resume=False))
             _train_fused(members, data, device, progress, group_id, parts, stacked)
-        except torch.OutOfMemoryError:  # more than one member: halve, and start those members again
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            retry = [m.index for m in members if m.result is None]
-            half = len(retry) // 2
-            queue[:0] = [retry[:half], retry[half:]]
+        except Exception as exc:   # the loop raises out of memory only while several members train
+            if not is_out_of_memory(exc):
+                raise
+            done = {m.index for m in members if m.result is not None}
+            retry = [i for i in chunk if i not in done]
+            message = oom_message(exc)   # not the error: its traceback holds the chunk's tensors
         for m in members:
             if m.result is not None:
                 results[m.index] = m.result
-    return [r for r in results if r is not None]
+        if not retry:
+            continue
+        members = []   # the states of the chunk that did not fit, freed before its halves start
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if len(retry) > 1:   # halve, and start those members again
+            half = len(retry) // 2
+            queue[:0] = [retry[:half], retry[half:]]
+        else:   # a member alone whose model did not fit on the device: its result, as in train.run
+            results[retry[0]] = out_of_memory_result(cfgs[retry[0]], dirs[retry[0]], device, message,
+                                                     group=group_id)
 
 
 def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, reason: str) -> RunResult:
@@ -133,7 +174,7 @@ def calibrate_group(cfgs: list[RunConfig], data: Dataset, device: torch.device, 
     generic.calibrate on fresh copies of the group's members (their training is untouched), fused by the
     engine the group would train with."""
     copies = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
-    engine: StackEngine | generic.VmapEngine = StackEngine(copies, data, device) if stacked else \
+    engine: FusedEngine = StackEngine(copies, data, device) if stacked else \
         generic.VmapEngine(copies, data, parts.loss, parts.task, device)
     lrs = [C.lr_at(m.cfg, 0, data.n_train) for m in copies]
     alone = ModelEngine(data, parts.loss, parts.task)
@@ -149,13 +190,13 @@ def calibrate_group(cfgs: list[RunConfig], data: Dataset, device: torch.device, 
 def _train_fused(members: list[Member], data: Dataset, device: torch.device, progress: bool | None,
                  group_id: str | None, parts: RunSetup, stacked: bool) -> None:
     """Train `members` together with the one training loop, each member's result in m.result. An
-    out-of-memory error with more than one member still training is raised, for train_group to split."""
-    engine: StackEngine | generic.VmapEngine | _OutOfMemory
+    out-of-memory error with more than one member still training is raised, for train_group's queue to split."""
+    engine: FusedEngine | _OutOfMemory
     try:
         engine = StackEngine(members, data, device) if stacked else \
             generic.VmapEngine(members, data, parts.loss, parts.task, device)
-    except torch.OutOfMemoryError as exc:
-        if len(members) > 1:
+    except Exception as exc:
+        if len(members) > 1 or not is_out_of_memory(exc):
             raise
         engine = _OutOfMemory(exc)  # the stack of one did not fit: the loop records oom, as train.run would
     callbacks = [Evaluation(), Divergence(), Progress(progress), Recording({"group": group_id})]
@@ -166,7 +207,7 @@ class _OutOfMemory:
     """The engine of a member whose stack did not fit in memory: whatever the loop asks raises that error."""
     can_split = False
 
-    def __init__(self, exc: torch.OutOfMemoryError) -> None:
+    def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
     def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
@@ -182,59 +223,41 @@ class _OutOfMemory:
         pass
 
 
-class StackEngine:
-    """The loop's engine for a fused group: the members' trainable state as one stack (flat (K, P)
-    parameters, BatchNorm buffers, one optimizer), in the order of `self.members`."""
-    can_split = True
+class StackEngine(FusedEngine):
+    """The loop's engine for a fused group of the built-in mlp and cnn1d: the members' parameters as one flat
+    (K, P) leaf through the batched layers (fused/layers.py), their BatchNorm buffers stacked beside it."""
 
     def __init__(self, members: list[Member], data: Dataset, device: torch.device):
-        self.members = list(members)
-        self.data = data
-        self.micro_batch_size = members[0].cfg.micro_batch_size
+        super().__init__(members, data)
         self.model = StackedModel(members[0].state.model, data.input_shape)
         flat, self.buffers = self.model.stack([m.state.model for m in members], device)
-        self.initial = flat.clone()
+        self._start(flat)
         self.flat = flat.requires_grad_(True)
-        self.optimizer = FusedOptimizer.for_members([m.cfg for m in members], flat)
 
-    def _rows(self, members: list[Member]) -> list[int]:
-        return [next(r for r, s in enumerate(self.members) if s is m) for m in members]
+    def _parameters(self) -> torch.Tensor:
+        return self.flat.detach()
 
-    def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
-        """One optimizer update of every member on its own next batch; the members' batch losses (K,).
-
-        On the CPU the forward/backward passes go over consecutive slices of the members, at most
-        CPU_PASS_EXAMPLES examples each (activations stay in cache); the update is one for all members.
-        """
-        data = self.data
-        k = len(members)
-        idx = torch.stack([next(m.state.indices) for m in members])            # (K, B)
-        micro_batches = idx.split(self.micro_batch_size, dim=1) if self.micro_batch_size else (idx,)
-        per_pass = k
-        if self.flat.device.type == "cpu":
-            per_pass = max(1, CPU_PASS_EXAMPLES // micro_batches[0].shape[1])
+    def _zero_grad(self) -> None:
         self.flat.grad = None
-        total = torch.zeros(k, device=self.flat.device)
-        for lo in range(0, k, per_pass):
-            n = min(per_pass, k - lo)
-            flat = self.flat if n == k else self.flat.narrow(0, lo, n)
-            buffers = {key: [t.narrow(0, lo, n) for t in stats] for key, stats in self.buffers.items()}
-            for micro in micro_batches:
-                micro = micro[lo:lo + n]
-                logits = self.model.forward(flat, buffers, data.x_train[micro])
-                # classes as dim 1: log_softmax then runs along the batch, much faster than over 10 classes
-                loss = F.cross_entropy(logits.transpose(1, 2), data.y_train[micro], reduction="none").mean(1)
-                if len(micro_batches) > 1:
-                    loss = loss * (micro.shape[1] / idx.shape[1])
-                loss.sum().backward()
-                total[lo:lo + n] += loss.detach()
+
+    def _gradient(self) -> torch.Tensor:
         assert self.flat.grad is not None
-        lr = torch.tensor(lrs, device=self.flat.device).view(-1, 1)
-        self.optimizer.update(self.flat, self.flat.grad, lr)
-        for m in members:
-            m.state.step += 1
-            m.state.examples_seen += idx.shape[1]
-        return total
+        return self.flat.grad
+
+    def _members_per_pass(self, micro_batch_size: int, k: int) -> int:
+        """On the CPU at most CPU_PASS_EXAMPLES examples per pass (the activations stay in cache)."""
+        return max(1, CPU_PASS_EXAMPLES // micro_batch_size) if self.flat.device.type == "cpu" else k
+
+    def _losses(self, lo: int, n: int, micro: torch.Tensor) -> torch.Tensor:
+        flat = self.flat if n == len(self.flat) else self.flat.narrow(0, lo, n)
+        buffers = {key: [t.narrow(0, lo, n) for t in stats] for key, stats in self.buffers.items()}
+        logits = self.model.forward(flat, buffers, self.data.x_train[micro])
+        # classes as dim 1: log_softmax then runs along the batch, much faster than over 10 classes
+        return F.cross_entropy(logits.transpose(1, 2), self.data.y_train[micro], reduction="none").mean(1)
+
+    def _keep(self, index: torch.Tensor) -> None:
+        self.flat = self.flat.detach()[index].requires_grad_(True)
+        self.buffers = {key: [t[index] for t in stats] for key, stats in self.buffers.items()}
 
     @torch.no_grad()
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
@@ -252,46 +275,13 @@ class StackEngine:
         return out
 
     @torch.no_grad()
-    def weight_stats(self, members: list[Member]) -> list[tuple[float, float]]:
-        """(L2 distance from the initial weights, L2 norm of the weights) of `members`."""
-        index = torch.tensor(self._rows(members), device=self.flat.device)
-        flat = self.flat.detach()[index]
-        distance = ((flat - self.initial[index]) ** 2).sum(1).sqrt()
-        norm = (flat ** 2).sum(1).sqrt()
-        return list(zip(distance.tolist(), norm.tolist()))
-
-    def remove(self, members: list[Member]) -> None:
-        """Write the members' rows back into their TrainState, then drop them from the stack."""
-        rows = self._rows(members)
-        for m, row in zip(members, rows):
-            self._unstack(m, row)
-        keep = [r for r in range(len(self.members)) if r not in set(rows)]
-        index = torch.tensor(keep, dtype=torch.long, device=self.flat.device)
-        self.flat = self.flat.detach()[index].requires_grad_(True)
-        self.initial = self.initial[index]
-        self.buffers = {key: [t[index] for t in stats] for key, stats in self.buffers.items()}
-        self.optimizer.keep(index)
-        self.members = [self.members[r] for r in keep]
-
-    @torch.no_grad()
     def _unstack(self, member: Member, row: int) -> None:
-        """Write row `row` (weights, BatchNorm statistics, optimizer state) into the member's TrainState."""
-        state, cfg = member.state, member.cfg
-        self.model.load_member(state.model, self.flat.detach(), self.buffers, row)
+        """Row `row`'s weights and BatchNorm statistics into the member's model, its optimizer state after."""
+        model = member.state.model
+        self.model.load_member(model, self.flat.detach(), self.buffers, row)
         opt = self.optimizer
         firsts = self.model.rows_to_torch(opt.buf[row:row + 1])
         seconds = self.model.rows_to_torch(opt.sq[row:row + 1]) if opt.sq is not None else [None] * len(firsts)
-        params = dict(state.model.named_parameters())
-        torch_opt = state.optimizer
-        for slot, first, second in zip(self.model.slots, firsts, seconds):
-            p = params[slot.name]
-            if opt.kind == "sgd":
-                if cfg.momentum != 0 and opt.step > 0:
-                    torch_opt.state[p] = {"momentum_buffer": first[0].clone()}
-            elif opt.step > 0:
-                assert second is not None
-                torch_opt.state[p] = {"step": torch.tensor(float(opt.step)), "exp_avg": first[0].clone(),
-                                      "exp_avg_sq": second[0].clone()}
-        if state.step > 0:
-            for group in torch_opt.param_groups:
-                group["lr"] = C.lr_at(cfg, state.step - 1, state.sampler.n)
+        params = dict(model.named_parameters())
+        self._write_optimizer(member, ((params[slot.name], first[0], second[0] if second is not None else None)
+                                       for slot, first, second in zip(self.model.slots, firsts, seconds)))

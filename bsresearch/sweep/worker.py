@@ -130,10 +130,10 @@ def execute_group(task: GroupTask) -> list[RunOutcome]:
 
 
 def _run_group_library(task: GroupTask, members: list[RunTask]) -> None:
-    from ..fused.grouping import train_splitting_on_oom
+    from ..fused import train_group  # it splits a chunk that runs out of memory, and records a lone member's oom
     try:
-        train_splitting_on_oom([RunConfig.from_dict(m.config) for m in members], [m.run_dir for m in members],
-                               group_id=task.group_id, progress=False)
+        train_group([RunConfig.from_dict(m.config) for m in members], [m.run_dir for m in members],
+                    progress=False, group_id=task.group_id)
     except Exception as exc:  # noqa: BLE001 - e.g. ConfigError at setup: the members fail, the sweep goes on
         error, trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
         for m in members:
