@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import requires_cuda, tiny_config
 
-from bsresearch import train
+from bsresearch import runsetup, train
 from bsresearch.callbacks import LOSS_CHECK_EVERY
 from bsresearch.config import ConfigError
 from bsresearch.fused import fusion_blocker, train_group
@@ -246,7 +246,7 @@ def test_a_member_that_finished_before_its_chunk_ran_out_of_memory_keeps_its_res
 def test_out_of_memory_building_a_members_model_splits_and_alone_is_recorded(monkeypatch, tmp_path):
     """A member whose model does not fit on the device (new_state raises): its chunks split around it, and
     alone it records "oom" as train.run records a model that does not fit (config.json and status.json)."""
-    real_new_state = fused_trainer.new_state
+    real_new_state = runsetup.new_state
     built = []
 
     def new_state(cfg, data, device):
@@ -255,7 +255,7 @@ def test_out_of_memory_building_a_members_model_splits_and_alone_is_recorded(mon
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_new_state(cfg, data, device)
 
-    monkeypatch.setattr(fused_trainer, "new_state", new_state)
+    monkeypatch.setattr(runsetup, "new_state", new_state)
     cfgs = [tiny_config(seed=s) for s in range(3)]
     dirs = [tmp_path / str(s) for s in range(3)]
     results = train_group(cfgs, dirs, progress=False, group_id="g-y")
@@ -274,7 +274,7 @@ def test_out_of_memory_in_the_setup_is_every_members_oom(monkeypatch, tmp_path):
     def dataset_for(cfg, device):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(fused_trainer, "dataset_for", dataset_for)
+    monkeypatch.setattr(runsetup, "dataset_for", dataset_for)
     dirs = [tmp_path / str(s) for s in range(2)]
     results = train_group([tiny_config(seed=s) for s in range(2)], dirs, progress=False, group_id="g-z")
     assert [r.state for r in results] == ["oom", "oom"]
