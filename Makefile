@@ -98,10 +98,10 @@ docs: install
 docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-# The run notebook's parameters cell regenerated from bsresearch/config.py; each notebooks/*.ipynb rewritten
+# The run notebook's parameters cell regenerated from the field comments in bsresearch/config.py (fieldhelp.py); each notebooks/*.ipynb rewritten
 # from its .py, or the .py from the .ipynb, whichever is newer; outputs removed
 clean-notebooks: install
-	$(BIN)/python -c "import pathlib, bsresearch.config as c; p = pathlib.Path('notebooks/01_train.py'); \
+	$(BIN)/python -c "import pathlib, bsresearch.fieldhelp as c; p = pathlib.Path('notebooks/01_train.py'); \
 	  p.write_text(c.template_with_parameters(p.read_text()))"
 	$(BIN)/jupytext --sync notebooks/[0-9]*.py
 	$(BIN)/jupyter nbconvert --clear-output --inplace --log-level=WARN --ClearMetadataPreprocessor.enabled=True \

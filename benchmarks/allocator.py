@@ -37,10 +37,11 @@ SETTINGS = ("default", "retained")
 
 def child(setting: str, cases: list[tuple[str, int]], seconds: float, threads: int) -> dict[str, dict[str, float]]:
     """Per case: the best step time (ms) of three timings and the minor page faults while timing."""
-    from bsresearch.config import RunConfig, scaled_lr
+    from bsresearch.config import RunConfig
     from bsresearch.data import dataset_for
     from bsresearch.engine import train_step
     from bsresearch.runtime import retain_freed_memory, set_threads
+    from bsresearch.schedule import scaled_lr
     from bsresearch.state import new_state
 
     set_threads(threads)

@@ -31,9 +31,10 @@ from common import benchmark_parser, interleaved, start, time_steps, write_resul
 from cpu_step import cpu_name  # noqa: E402
 
 from bsresearch import models  # noqa: E402
-from bsresearch.config import RunConfig, scaled_lr  # noqa: E402
+from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.engine import train_step  # noqa: E402
+from bsresearch.schedule import scaled_lr  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
 CLASSES = (models.MatmulConv1d, models.BatchNorm1dByRows, models.GhostBatchNorm)

@@ -36,9 +36,10 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 
-from bsresearch.config import RunConfig, scaled_lr  # noqa: E402
+from bsresearch.config import RunConfig
 from bsresearch.data import DatasetUnavailable, dataset_for  # noqa: E402
 from bsresearch.engine import train_step  # noqa: E402
+from bsresearch.schedule import scaled_lr  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
 DATASET = {"cnn1d": "mnist1d", "mlp": "mnist1d", "convnet": "fashion_mnist"}

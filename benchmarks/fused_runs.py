@@ -36,13 +36,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 
-from bsresearch.config import RunConfig, lr_at  # noqa: E402
+from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.engine import train_step  # noqa: E402
 from bsresearch.fused import generic  # noqa: E402
 from bsresearch.fused.compat import STACKED_MODELS  # noqa: E402
 from bsresearch.fused.trainer import StackEngine, calibrate_group  # noqa: E402
 from bsresearch.runsetup import run_setup  # noqa: E402
+from bsresearch.schedule import lr_at  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
 

@@ -20,11 +20,12 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 
-from bsresearch.config import RunConfig, scaled_lr  # noqa: E402
+from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.engine import train_step  # noqa: E402
 from bsresearch.models import build_model  # noqa: E402
 from bsresearch.runtime import make_generator  # noqa: E402
+from bsresearch.schedule import scaled_lr  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
 

@@ -11,18 +11,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from .config import (  # noqa: E402
-    ConfigError,
-    RunConfig,
-    accumulation_steps,
-    eval_steps,
-    lr_at,
-    run_id,
-    scaled_lr,
-    steps_per_epoch,
-    total_steps,
-    warmup_steps,
-)
+from .config import ConfigError, RunConfig, accumulation_steps, run_id  # noqa: E402
+from .schedule import eval_steps, lr_at, scaled_lr, steps_per_epoch, total_steps, warmup_steps  # noqa: E402
 
 # name -> module that defines it (imported on first access: these modules import torch)
 _LAZY = {

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from . import config as C
+from . import schedule
 from .data import Dataset, resident_dataset_for
 from .loop import Callback, Loop, Member, RunResult, StepHooks
 from .measure.registry import take_measurements
@@ -43,7 +44,7 @@ LOSS_CHECK_EVERY = {"cpu": 1, "cuda": 16}  # steps between divergence checks by 
 
 
 class Evaluation(Callback):
-    """Evaluate members at their eval steps (config.eval_steps); a member with budget 'target' whose train
+    """Evaluate members at their eval steps (schedule.eval_steps); a member with budget 'target' whose train
     loss reached target_loss stops there."""
 
     def before_step(self, loop: Loop) -> None:
@@ -289,8 +290,8 @@ class Recording(Callback):
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         for m in loop.active:
             if m.rd:
-                m.rd.write_config(m.cfg.to_dict(), {**C.derived(m.cfg, loop.data.n_train, loop.task.tokens_per_example),
-                                                    **loop.task.describe()})
+                derived = schedule.derived(m.cfg, loop.data.n_train, loop.task.tokens_per_example)
+                m.rd.write_config(m.cfg.to_dict(), {**derived, **loop.task.describe()})
                 m.rd.write_status("running", started=started, resumed_from=m.resumed_from, error=None, traceback=None,
                                   provenance=provenance(loop.device), **self.status)
 

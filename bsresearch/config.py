@@ -1,14 +1,15 @@
-"""RunConfig: every knob of one training run, validated on construction, plus the values derived from it.
+"""RunConfig: every knob of one training run, its vocabulary (the accepted names), and its validation on
+construction; the run id.
 
 This module does not import torch, so analysis code (results, stats, plots) can read configs anywhere.
-Every derived quantity (the learning rate actually used, steps per epoch, total steps, warmup steps,
-the evaluation steps) is a named function of the config, here and nowhere else.
+The numbers a run follows once its data is known (the lr at each step, the batch schedule, the step
+budget, evaluation steps, the derived values in config.json) are schedule.py's; the comment beside each
+field below is its description (fieldhelp.py reads it for the command line and the run notebook).
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import hashlib
 import json
 import math
@@ -277,89 +278,13 @@ def reference_sources(cfg: RunConfig) -> dict[str, dict[str, str]]:
     return out
 
 
-# ----------------------------------------------------------------------------- derived values
-def scale_lr(lr: float, base_batch_size: int, batch_size: int, rule: str) -> float:
-    """The lr at batch_size from lr at base_batch_size: x ratio (linear), x sqrt(ratio) (sqrt), as is (none)."""
-    ratio = batch_size / base_batch_size
-    return lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[rule]
-
-
-def scaled_lr(cfg: RunConfig) -> float:
-    """Learning rate actually used, from the base lr and the batch-size scaling rule."""
-    return scale_lr(cfg.lr, cfg.base_batch_size, cfg.batch_size, cfg.lr_scaling)
-
-
-def adam_beta2_at(cfg: RunConfig, batch_size: int) -> float:
-    """Adam's beta2 for an update of `batch_size` examples: adam_beta2, or with beta2_scaling half_life
-    adam_beta2 ** (batch_size / base_batch_size), so that the second-moment average forgets half its weight
-    after the same number of examples (tokens) at every batch size (Marek et al. 2025)."""
-    if cfg.beta2_scaling == "half_life":
-        return cfg.adam_beta2 ** (batch_size / cfg.base_batch_size)
-    return cfg.adam_beta2
+# ----------------------------------------------------------------------------- what the config alone says
+# (validation needs these; the numbers that also need the data are schedule.py's)
 
 
 def accumulation_steps(cfg: RunConfig) -> int:
     """Micro-batches per optimizer update (1 without gradient accumulation)."""
     return cfg.batch_size // (cfg.micro_batch_size or cfg.batch_size)
-
-
-def bn_statistics_batch(cfg: RunConfig) -> int | None:
-    """Examples each BatchNorm statistic is computed over in training (None without BatchNorm).
-
-    Micro-batching changes this (statistics come from each micro-batch); ghost batches make it smaller still.
-    """
-    if not cfg.batchnorm:
-        return None
-    size = cfg.micro_batch_size or cfg.batch_size
-    return min(size, cfg.ghost_batch_size) if cfg.ghost_batch_size else size
-
-
-def steps_per_epoch(cfg: RunConfig, n_train: int) -> int:
-    """Optimizer updates per pass over the training set at the (initial) batch size; the last partial
-    batch is dropped."""
-    check_batch_fits(cfg, n_train)
-    return n_train // cfg.batch_size
-
-
-def batch_phases(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> list[tuple[int, int]]:
-    """(first step, batch size) of each phase of the batch schedule; one phase for a constant batch.
-
-    batch_schedule=step (Smith, Kindermans, Ying & Le 2018: increase the batch instead of decaying the lr):
-    at each milestone of lr_decay_at, a fraction of the budget in epochs, the batch size multiplies by
-    batch_growth. A phase runs until the epochs done (each step of batch B counting 1/(n_train // B) of an
-    epoch, as with a constant batch) reach its milestone, rounded up to whole steps.
-
-    batch_schedule=tokens (batch-size warmup, and branches into larger batches; Merrill et al. 2025): the
-    batch is batch_size until batch_at_tokens[0] tokens have been trained, then batch_sizes[0] until
-    batch_at_tokens[1], and so on to the budget in tokens; each phase rounds up to whole steps, and the lr
-    follows lr_scaling at each phase's batch size.
-    """
-    return [(start, size) for start, size, _ in _phase_steps(cfg, n_train, tokens_per_example)]
-
-
-@functools.lru_cache(maxsize=256)  # the training loop asks at every step; a config is frozen and hashable
-def _phase_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> tuple[tuple[int, int, int], ...]:
-    """(first step, batch size, steps) of each phase of the batch schedule."""
-    if cfg.batch_schedule == "constant":
-        return ((0, cfg.batch_size, 0),)
-    check_batch_fits(cfg, n_train)
-    if cfg.batch_schedule == "tokens":
-        out, start, done = [], 0, 0.0
-        for size, bound in zip((cfg.batch_size, *cfg.batch_sizes), (*cfg.batch_at_tokens, cfg.budget_amount)):
-            per_step = size * tokens_per_example
-            steps = max(0, math.ceil(round((bound - done) / per_step, 9)))
-            out.append((start, size, steps))
-            start, done = start + steps, done + steps * per_step
-        return tuple(out)
-    bounds = [*cfg.lr_decay_at, 1.0]
-    phases, start, epochs_done = [], 0, 0.0
-    for k, bound in enumerate(bounds):
-        size = phase_batch_size(cfg, k)
-        per_epoch = n_train // size
-        steps = max(0, math.ceil(round((bound * cfg.budget_amount - epochs_done) * per_epoch, 9)))
-        phases.append((start, size, steps))
-        start, epochs_done = start + steps, epochs_done + steps / per_epoch
-    return tuple(phases)
 
 
 def phase_batch_size(cfg: RunConfig, phase: int) -> int:
@@ -378,72 +303,6 @@ def batch_sizes_of(cfg: RunConfig) -> tuple[int, ...]:
     return (cfg.batch_size,)
 
 
-def batch_size_at(cfg: RunConfig, step: int, n_train: int, tokens_per_example: int = 1) -> int:
-    """Examples in the update that follows `step` completed updates (the batch schedule's phase)."""
-    return next(size for start, size, _ in reversed(_phase_steps(cfg, n_train, tokens_per_example))
-                if step >= start)
-
-
-def total_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> int:
-    """The step budget: the one place where epochs, examples, tokens or a target become a number of steps.
-
-    For budget=target this is the cap (max_steps); the run stops earlier when the target is reached.
-    With a batch schedule (budget in epochs) it is the sum of the phases' steps. A budget in tokens counts
-    tokens_per_example per example (the targets' elements: a sequence's length for a language model).
-    """
-    if cfg.batch_schedule != "constant":
-        start, _, steps = _phase_steps(cfg, n_train, tokens_per_example)[-1]
-        return max(1, start + steps)
-    if cfg.budget == "target":
-        return cfg.max_steps
-    if cfg.budget == "steps":
-        return max(1, round(cfg.budget_amount))
-    if cfg.budget == "examples":
-        return max(1, math.ceil(cfg.budget_amount / cfg.batch_size))
-    if cfg.budget == "tokens":
-        return max(1, math.ceil(cfg.budget_amount / (cfg.batch_size * tokens_per_example)))
-    return max(1, math.ceil(cfg.budget_amount * steps_per_epoch(cfg, n_train)))
-
-
-def warmup_steps(cfg: RunConfig, n_train: int) -> int:
-    """Steps of linear warmup (warmup_epochs converted with steps_per_epoch)."""
-    return round(cfg.warmup_epochs * steps_per_epoch(cfg, n_train))
-
-
-def lr_at(cfg: RunConfig, step: int, n_train: int, tokens_per_example: int = 1) -> float:
-    """Learning rate for the update that follows `step` completed updates (step counts from 0).
-
-    Linear warmup from peak/W to the peak over W steps, then the schedule over the remaining steps.
-    """
-    peak = scaled_lr(cfg) if cfg.batch_schedule != "tokens" else \
-        scale_lr(cfg.lr, cfg.base_batch_size, batch_size_at(cfg, step, n_train, tokens_per_example), cfg.lr_scaling)
-    warm = warmup_steps(cfg, n_train)
-    if step < warm:
-        return peak * (step + 1) / warm
-    total = total_steps(cfg, n_train, tokens_per_example)
-    progress = (step - warm) / max(1, total - warm)
-    if cfg.schedule == "cosine":
-        return peak * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    if cfg.schedule == "step":
-        return peak * cfg.lr_decay_factor ** sum(progress >= m for m in cfg.lr_decay_at)
-    return peak
-
-
-def eval_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> list[int]:
-    """Steps (completed updates) after which the model is evaluated; always includes 0 and the last step."""
-    last = total_steps(cfg, n_train, tokens_per_example)
-    if cfg.eval_schedule == "every":
-        steps = set(range(0, last + 1, cfg.eval_every))
-    else:
-        n_decades = math.log10(max(last, 1))
-        points = round(n_decades * cfg.eval_per_decade)
-        steps = {round(10 ** (i / cfg.eval_per_decade)) for i in range(points + 1)}
-    steps |= set(snapshot_steps(cfg, n_train, tokens_per_example))
-    if cfg.batch_schedule == "tokens":   # where the batch changes (a branch point)
-        steps |= {start for start, _ in batch_phases(cfg, n_train, tokens_per_example)}
-    return sorted({0, last} | {s for s in steps if s <= last})
-
-
 def trajectory_key(cfg: RunConfig) -> str | None:
     """The trajectory a run follows up to its trajectory_end: runs with the same key pass through the same
     states there, so one may start from another's saved state (bsresearch/trajectory.py). None where the
@@ -458,64 +317,6 @@ def trajectory_key(cfg: RunConfig) -> str | None:
     if sources:
         d["sources"] = {name: source["sha256"] for name, source in sources.items()}
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def trajectory_end(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> int:
-    """The last step a run shares with its trajectory: where its batch first changes, or its last step."""
-    if cfg.batch_schedule == "tokens":
-        return _phase_steps(cfg, n_train, tokens_per_example)[0][2]
-    return total_steps(cfg, n_train, tokens_per_example)
-
-
-def snapshot_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> list[int]:
-    """The steps at which the trajectory's state is saved (snapshot_at_tokens at the first batch size)."""
-    return [max(1, math.ceil(round(t / (cfg.batch_size * tokens_per_example), 9))) for t in cfg.snapshot_at_tokens]
-
-
-def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[str, Any]:
-    """The derived values written next to the config in config.json (sources: the file and sha256 behind
-    each reference)."""
-    return {
-        "n_train": n_train,
-        "tokens_per_example": tokens_per_example,
-        "batch_tokens": cfg.batch_size * tokens_per_example,
-        "effective_lr": scaled_lr(cfg),
-        "steps_per_epoch": steps_per_epoch(cfg, n_train),
-        "total_steps": total_steps(cfg, n_train, tokens_per_example),
-        "warmup_steps": warmup_steps(cfg, n_train),
-        "accumulation_steps": accumulation_steps(cfg),
-        "bn_statistics_batch": bn_statistics_batch(cfg),
-        **({"bn_batches": bn_batches(cfg)} if cfg.ghost_batch_size else {}),
-        "batch_phases": [list(p) for p in batch_phases(cfg, n_train, tokens_per_example)],
-        **({"adam_beta2": [adam_beta2_at(cfg, b) for b in batch_sizes_of(cfg)]} if cfg.optimizer != "sgd" else {}),
-        **({"trajectory": trajectory_key(cfg), "trajectory_end": trajectory_end(cfg, n_train, tokens_per_example),
-            "snapshot_steps": snapshot_steps(cfg, n_train, tokens_per_example)} if trajectory_key(cfg) else {}),
-        "run_id": run_id(cfg),
-        **({"sources": reference_sources(cfg)} if any(is_reference(getattr(cfg, f)) for f in REFERENCE_FIELDS)
-           else {}),
-    }
-
-
-def check_data_size(cfg: RunConfig, n_train: int) -> None:
-    """Every batch of the run, and the train-loss evaluation set, fit in n_train examples (ConfigError)."""
-    check_batch_fits(cfg, n_train)
-    for name in ("eval_train_size", "measure_train_size"):
-        if getattr(cfg, name) and getattr(cfg, name) > n_train:
-            raise ConfigError(f"{name} {getattr(cfg, name)} exceeds the training set size {n_train}")
-
-
-def check_batch_fits(cfg: RunConfig, n_train: int) -> None:
-    if cfg.batch_size > n_train:
-        raise ConfigError(f"batch_size {cfg.batch_size} exceeds the training set size {n_train} "
-                          f"(dataset {cfg.dataset!r}, train_size {cfg.train_size})")
-    if cfg.batch_schedule == "step":
-        largest = phase_batch_size(cfg, len(cfg.lr_decay_at))
-        if largest > n_train:
-            raise ConfigError(f"batch_schedule: the batch grows to {largest} (batch_size {cfg.batch_size} x "
-                              f"batch_growth {cfg.batch_growth:g}^{len(cfg.lr_decay_at)}), more than the training "
-                              f"set size {n_train}")
-    if cfg.batch_schedule == "tokens" and max(cfg.batch_sizes) > n_train:
-        raise ConfigError(f"batch_sizes: {max(cfg.batch_sizes)} exceeds the training set size {n_train}")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -837,70 +638,3 @@ def _unknown_message(key: str) -> str:
     return f"unknown config field {key!r}{did_you_mean(key, FIELD_NAMES)}; accepted fields: {', '.join(FIELD_NAMES)}"
 
 
-def field_help() -> dict[str, str]:
-    """Field name -> the comment written beside it in this file (used by the CLI and notebooks)."""
-    import inspect
-    src = inspect.getsource(RunConfig)
-    out = {}
-    for line in src.splitlines():
-        m = re.match(r"\s+(\w+): [^=]+=[^#]*#\s*(.*)", line)
-        if m and m.group(1) in FIELD_NAMES:
-            out[m.group(1)] = m.group(2).strip()
-    return out
-
-
-
-def _field_sections() -> list[tuple[str, list[str]]]:
-    """(section title, field names) in the order RunConfig's body lists them ('# --- data' starts one)."""
-    import inspect
-    sections: list[tuple[str, list[str]]] = []
-    for line in inspect.getsource(RunConfig).splitlines():
-        title = re.match(r"\s+# --- (.+)", line)
-        field = re.match(r"\s+(\w+): ", line)
-        if title and title.group(1) != "serialisation":
-            sections.append((title.group(1), []))
-        elif field and field.group(1) in FIELD_NAMES and sections:
-            sections[-1][1].append(field.group(1))
-    return sections
-
-
-def _annotation(hint: Any) -> str:
-    """A field's type as the run notebook's parameters cell writes it (papermill reads Optional[X], not X | None)."""
-    args = typing.get_args(hint)
-    if type(None) in args:
-        return f"Optional[{_annotation(next(a for a in args if a is not type(None)))}]"
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return f"list[{typing.get_args(hint)[0].__name__}]"
-    if origin is dict:
-        return "dict"
-    return hint.__name__
-
-
-def parameters_cell() -> str:
-    """The source of notebooks/01_train's `parameters` cell: every RunConfig field with its type, its default
-    and the comment beside it in this file, grouped as here. Generated (`make clean-notebooks` writes it),
-    so the descriptions live in one place; a test checks the notebook holds exactly this."""
-    hints, defaults, helps = _type_hints(), RunConfig().to_dict(), field_help()
-    lines = ["# Every RunConfig field with its type and default (bsresearch/config.py, where this cell is generated",
-             "# from); papermill injects a sweep run's values after this cell.",
-             "from typing import Optional", ""]
-    for title, names in _field_sections():
-        lines.append(f"# --- {title}")
-        for name in names:
-            value = defaults[name]
-            shown = json.dumps(value) if isinstance(value, str) else repr(value)
-            code = f"{name}: {_annotation(hints[name])} = {shown}"
-            lines.append(f"{code:<39} # {helps[name]}")
-    return "\n".join(lines)
-
-
-PARAMETERS_MARKER = '# %% tags=["parameters"]\n'
-
-
-def template_with_parameters(text: str) -> str:
-    """The run notebook's text (jupytext percent format) with its parameters cell's generated part, the
-    lines up to its first blank line after the fields, replaced by parameters_cell()."""
-    start = text.index(PARAMETERS_MARKER) + len(PARAMETERS_MARKER)
-    end = text.index("\n\n# --- where the run is written", start)
-    return text[:start] + parameters_cell() + text[end:]

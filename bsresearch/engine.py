@@ -6,7 +6,7 @@ eval mode; `ModelEngine` runs a member of the loop with them.
 
 Conventions (docs/design.md#conventions): batch size = examples per optimizer update; micro-batches only
 split the work (gradient accumulation); the loss is a mean over the batch; the learning rate of every step
-comes from the loop (config.lr_at).
+comes from the loop (schedule.lr_at).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
-from . import config as C
+from . import schedule
 from .config import RunConfig
 from .data import EVAL_CHUNK, Data, eval_chunk_size, in_chunks
 from .loop import Member, StepHooks
@@ -40,7 +40,7 @@ def train_step(state: TrainState, cfg: RunConfig, data: Data, lr: float, loss: L
     for group in state.optimizer.param_groups:
         group["lr"] = lr
         if "betas" in group:   # Adam's beta2 follows the batch size where beta2_scaling asks (a batch schedule)
-            group["betas"] = (group["betas"][0], C.adam_beta2_at(cfg, len(y)))
+            group["betas"] = (group["betas"][0], schedule.adam_beta2_at(cfg, len(y)))
     batches = list(zip(x.split(cfg.micro_batch_size), y.split(cfg.micro_batch_size))) if cfg.micro_batch_size \
         else [(x, y)]
     value = training_step(state.model, state.optimizer, batches, cfg.precision, state.scaler, loss,

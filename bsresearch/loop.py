@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 import torch.nn as nn
 
-from . import config as C
+from . import schedule
 from .config import RunConfig
 from .data import Data
 from .losses import Task
@@ -89,8 +89,8 @@ class Member:
     cfg: RunConfig
     state: TrainState
     rd: RunDir | None
-    total: int                      # config.total_steps
-    evals: set[int]                 # config.eval_steps
+    total: int                      # schedule.total_steps
+    evals: set[int]                 # schedule.eval_steps
     resumed_from: int | None = None  # the step a resumable checkpoint brought it to
     wall_offset: float = 0.0        # wall seconds spent before a resume
     restored: dict[str, Any] = field(default_factory=dict, repr=False)  # callbacks' states from that checkpoint
@@ -203,7 +203,7 @@ class Loop:
                                "examples": state.examples_seen}
         if task.kind == "sequence":
             row["tokens"] = state.examples_seen * task.tokens_per_example
-        row["lr"] = C.lr_at(cfg, max(state.step - 1, 0), n_train, task.tokens_per_example)
+        row["lr"] = schedule.lr_at(cfg, max(state.step - 1, 0), n_train, task.tokens_per_example)
         if cfg.batch_schedule != "constant":
             row["current_batch_size"] = state.indices.size_at(max(state.step - 1, 0))
         for split, (loss, accuracy) in (("train", train), ("test", test)):
@@ -279,7 +279,7 @@ class Loop:
                 if not self.active:
                     break
                 n_train, tokens = self.data.n_train, self.task.tokens_per_example
-                lrs = [C.lr_at(m.cfg, m.state.step, n_train, tokens) for m in self.active]
+                lrs = [schedule.lr_at(m.cfg, m.state.step, n_train, tokens) for m in self.active]
                 losses = self.engine.step(self.active, lrs, [self._hooks(m) for m in self.active])
                 self.step += 1
                 for cb in self.callbacks:

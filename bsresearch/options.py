@@ -10,7 +10,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .config import FIELD_NAMES, ConfigError, RunConfig, field_help
+from .config import FIELD_NAMES, ConfigError, RunConfig
+from .fieldhelp import field_help
 
 
 def config_from_args(config_file: str | None, overrides: dict[str, str | None]) -> RunConfig:

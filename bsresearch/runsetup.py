@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from . import config as C
+from . import schedule
 from .config import ConfigError, RunConfig
 from .data import Data, Dataset, dataset_for
 from .loop import Callback, Engine, Loop, Member, RunResult
@@ -60,8 +61,8 @@ class RunSetup:
         n_train, tokens = self.data.n_train, self.task.tokens_per_example
         state = state or new_state(cfg, self.data, self.device)
         state.indices.size_at = batch_schedule(cfg, n_train, tokens)   # a schedule in tokens needs the task's
-        member = Member(index, cfg, state, rd, C.total_steps(cfg, n_train, tokens),
-                        set(C.eval_steps(cfg, n_train, tokens)))
+        member = Member(index, cfg, state, rd, schedule.total_steps(cfg, n_train, tokens),
+                        set(schedule.eval_steps(cfg, n_train, tokens)))
         checkpoint = self._checkpoint_to_resume(cfg, rd if resume else None, trajectory)
         if checkpoint is not None:
             state.load_state_dict(checkpoint["state"])
@@ -103,7 +104,7 @@ def run_setup(cfg: RunConfig, data: Data | None = None, model: nn.Module | None 
     check_precision(cfg.precision, device)
     prepare_process(cfg.threads)
     data = data if data is not None else dataset_for(cfg, device)
-    C.check_data_size(cfg, data.n_train)
+    schedule.check_data_size(cfg, data.n_train)
     if model is None:
         model = model_for(cfg, data, torch.Generator().manual_seed(0)).to(device)
     return RunSetup.checked(model, data, loss_for(cfg.loss), cfg.precision, cfg.model, f"dataset {cfg.dataset}")

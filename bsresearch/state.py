@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from . import config as C
+from . import schedule
 from .config import ConfigError, RunConfig
 from .data import BatchIndices, BatchSampler, Data
 from .models import model_for
@@ -77,8 +78,8 @@ class TrainState:
 
 
 def batch_schedule(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> Callable[[int], int]:
-    """step -> the batch size of the update after it (config.batch_size_at): what BatchIndices draws."""
-    return functools.partial(C.batch_size_at, cfg, n_train=n_train, tokens_per_example=tokens_per_example)
+    """step -> the batch size of the update after it (schedule.batch_size_at): what BatchIndices draws."""
+    return functools.partial(schedule.batch_size_at, cfg, n_train=n_train, tokens_per_example=tokens_per_example)
 
 
 def new_state(cfg: RunConfig, data: Data, device: torch.device, model: nn.Module | None = None,

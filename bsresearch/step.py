@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import config as C
+from . import schedule
 from .config import OPTIMIZERS, ConfigError, RunConfig
 from .runtime import autocast
 
@@ -33,10 +33,10 @@ def optimizer_for(name: str, params: Iterable[torch.Tensor], lr: float = 0.0, mo
 
 
 def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer cfg names, with lr 0: the caller sets every step's lr (the loop from `config.lr_at`), and
-    Adam's beta2 for the step's batch size (`config.adam_beta2_at`)."""
+    """The optimizer cfg names, with lr 0: the caller sets every step's lr (the loop from `schedule.lr_at`), and
+    Adam's beta2 for the step's batch size (`schedule.adam_beta2_at`)."""
     return optimizer_for(cfg.optimizer, model.parameters(), 0.0, cfg.momentum, cfg.nesterov, cfg.weight_decay,
-                         C.adam_beta2_at(cfg, cfg.batch_size))
+                         schedule.adam_beta2_at(cfg, cfg.batch_size))
 
 
 def micro_batch_loss(loss: torch.Tensor, n_micro: int, n_batch: int) -> torch.Tensor:

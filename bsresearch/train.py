@@ -10,7 +10,7 @@ checkpoints and resume, the noise-scale EMA, progress, and the run directory.
 Conventions (docs/design.md#conventions):
 - batch size = examples per optimizer update; micro-batches only split the work (gradient accumulation);
 - the loss is a mean over the batch (cross-entropy unless the config names another);
-- the learning rate at each step is `config.lr_at(cfg, step, n_train)`, nothing else sets it;
+- the learning rate at each step is `schedule.lr_at(cfg, step, n_train)`, nothing else sets it;
 - init, data order and measurement probes draw from separate generators (runtime.Generators).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Runs whose configs agree on everything except their budget and what they do after their batch first changes
 (`config.trajectory_key`: a constant lr after warmup, evaluations every N steps, a budget in tokens) train
-through the same states up to `config.trajectory_end`. A run that lists `snapshot_at_tokens` saves its whole
+through the same states up to `schedule.trajectory_end`. A run that lists `snapshot_at_tokens` saves its whole
 state at those points into its sweep's store, RUNS/<sweep>/.trajectories/<key>/step_<S>.pt, and a run of the
 same trajectory starts from the latest saved state at or before its trajectory end instead of from step 0.
 That is how a critical-batch-size sweep branches (Merrill et al. 2025): one run at a small batch, and from
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config as C
+from . import schedule
 from .config import RunConfig
 
 STORE = ".trajectories"  # RUNS/<sweep>/.trajectories/<trajectory key>/step_<S>.pt
@@ -44,8 +45,8 @@ class Trajectory:
         key = C.trajectory_key(cfg)
         if key is None or not cfg.snapshot_at_tokens:
             return None
-        end = C.trajectory_end(cfg, n_train, tokens_per_example)
-        saves = tuple(s for s in C.snapshot_steps(cfg, n_train, tokens_per_example) if s <= end)
+        end = schedule.trajectory_end(cfg, n_train, tokens_per_example)
+        saves = tuple(s for s in schedule.snapshot_steps(cfg, n_train, tokens_per_example) if s <= end)
         return cls(Path(run_dir).parent / STORE / key, end, saves)
 
     def path(self, step: int) -> Path:

@@ -9,6 +9,7 @@ import bsresearch.callbacks as CB
 import bsresearch.data as D
 import bsresearch.train as T
 from bsresearch import config as C
+from bsresearch import schedule
 from bsresearch.rundir import RunDir
 from bsresearch.train import run
 
@@ -26,11 +27,11 @@ def test_phases_steps_and_batch_size_at_each_step():
     cfg = ramp()
     # to 1.2 epochs at 32 (8 steps/epoch): ceil(9.6) = 10 steps, 1.25 epochs; to 3 at 64 (4 per epoch): 7;
     # to 4 at 128: 2
-    assert C.batch_phases(cfg, N) == [(0, 32), (10, 64), (17, 128)]
-    assert C.total_steps(cfg, N) == 19
-    assert [C.batch_size_at(cfg, s, N) for s in (0, 9, 10, 16, 17, 18)] == [32, 32, 64, 64, 128, 128]
-    assert C.lr_at(cfg, 19, N) == C.lr_at(cfg, 0, N) == cfg.lr  # the lr does not decay
-    assert C.batch_phases(tiny_config(), N) == [(0, 32)]
+    assert schedule.batch_phases(cfg, N) == [(0, 32), (10, 64), (17, 128)]
+    assert schedule.total_steps(cfg, N) == 19
+    assert [schedule.batch_size_at(cfg, s, N) for s in (0, 9, 10, 16, 17, 18)] == [32, 32, 64, 64, 128, 128]
+    assert schedule.lr_at(cfg, 19, N) == schedule.lr_at(cfg, 0, N) == cfg.lr  # the lr does not decay
+    assert schedule.batch_phases(tiny_config(), N) == [(0, 32)]
 
 
 @pytest.mark.parametrize("changes, message", [

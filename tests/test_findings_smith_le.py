@@ -290,8 +290,8 @@ def test_agreement_plot_marks_divergence():
 def fake_sweep(runs_root, spec_file, rng):
     """The spec's points as finished run directories with made-up numbers shaped like Smith & Le's claim:
     accuracy peaks at B = 1.6 lr N (lr/B ratios along a diagonal agree), runs with lr > 1 diverge."""
-    from bsresearch.config import derived
     from bsresearch.rundir import RunDir
+    from bsresearch.schedule import derived
     from bsresearch.sweep.runner import write_manifest
     from bsresearch.sweep.spec import expand, load_spec
     spec = load_spec(spec_file)

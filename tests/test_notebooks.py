@@ -104,7 +104,7 @@ def test_a_saved_executed_notebook_is_not_what_the_checks_read(tmp_path):
 def test_template_parameters_are_every_runconfig_field_with_a_comment():
     # the file as saved: every field, papermill-parseable, each with a comment, and a valid RunConfig; the
     # fields' part is generated from config.py, so their descriptions live there only
-    from bsresearch.config import parameters_cell as generated
+    from bsresearch.fieldhelp import parameters_cell as generated
     nb = nbformat.read(TEMPLATE, as_version=4)
     cell = parameters_cell(nb)
     assert cell.source.startswith(generated() + "\n"), \

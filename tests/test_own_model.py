@@ -12,6 +12,7 @@ import torch
 from conftest import EXAMPLES, killed_at
 
 from bsresearch import config as C
+from bsresearch import schedule
 from bsresearch.cli import main
 from bsresearch.config import ConfigError, RunConfig
 from bsresearch.data import StreamedDataset, dataset_for
@@ -137,7 +138,7 @@ def test_the_run_id_covers_the_reference_and_the_content_of_its_file(user_file):
     assert C.run_id(cfg.replace(model_kwargs={"hidden": 8})) != first
     user_file.write_text(USER_CODE + "\n# an edit\n")
     assert C.run_id(cfg) != first   # a changed model file is a different run
-    sources = C.derived(cfg, 240)["sources"]
+    sources = schedule.derived(cfg, 240)["sources"]
     assert sources["model"]["file"] == str(user_file)
     assert sources["model"]["sha256"] == sources["dataset"]["sha256"] and len(sources["model"]["sha256"]) == 64
     assert C.run_id(RunConfig()) == "c55c894255"   # built-in configs keep the ids they always had

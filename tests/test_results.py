@@ -12,8 +12,9 @@ import pytest
 import scipy.stats
 
 from bsresearch import results, stats
-from bsresearch.config import ConfigError, RunConfig, derived, run_id
+from bsresearch.config import ConfigError, RunConfig, run_id
 from bsresearch.rundir import RunDir, atomic_write_json
+from bsresearch.schedule import derived
 from bsresearch.sweep import runner
 
 BASE = dict(dataset="synthetic", train_size=256, model="mlp", budget="target", target_loss=0.1, max_steps=5000)

@@ -14,6 +14,7 @@ from conftest import tiny_config
 
 import bsresearch.data as D
 from bsresearch import config as C
+from bsresearch import schedule
 from bsresearch.config import ConfigError
 from bsresearch.fused import train_group
 from bsresearch.rundir import RunDir
@@ -33,17 +34,17 @@ def warmup(**changes):
 def test_phases_in_tokens_round_up_to_whole_steps():
     cfg = warmup()
     # 200/8 = 25 steps; (600-200)/32 = 12.5 -> 13 steps (416 tokens, to 616); (1400-616)/64 = 12.25 -> 13
-    assert C.batch_phases(cfg, N) == [(0, 8), (25, 32), (38, 64)]
-    assert C.total_steps(cfg, N) == 51
+    assert schedule.batch_phases(cfg, N) == [(0, 8), (25, 32), (38, 64)]
+    assert schedule.total_steps(cfg, N) == 51
     # with 16 tokens per example (sequences): 200/(8*16) = 1.5625 -> 2 steps
-    assert C.batch_phases(cfg, N, tokens_per_example=16)[:2] == [(0, 8), (2, 32)]
-    assert [C.batch_size_at(cfg, s, N) for s in (0, 24, 25, 37, 38, 50)] == [8, 8, 32, 32, 64, 64]
+    assert schedule.batch_phases(cfg, N, tokens_per_example=16)[:2] == [(0, 8), (2, 32)]
+    assert [schedule.batch_size_at(cfg, s, N) for s in (0, 24, 25, 37, 38, 50)] == [8, 8, 32, 32, 64, 64]
 
 
 def test_the_lr_follows_lr_scaling_at_each_phase_s_batch():
     cfg = warmup(lr=0.1, lr_scaling="sqrt")
-    assert [C.lr_at(cfg, s, N) for s in (0, 25, 38)] == pytest.approx([0.1, 0.2, 0.1 * 8 ** 0.5])
-    assert C.lr_at(warmup(lr=0.1), 38, N) == 0.1   # lr_scaling none: the lr stays
+    assert [schedule.lr_at(cfg, s, N) for s in (0, 25, 38)] == pytest.approx([0.1, 0.2, 0.1 * 8 ** 0.5])
+    assert schedule.lr_at(warmup(lr=0.1), 38, N) == 0.1   # lr_scaling none: the lr stays
 
 
 def test_the_batches_drawn_follow_the_schedule_and_count_the_budget(tmp_path, monkeypatch):
@@ -80,13 +81,14 @@ def test_bad_token_schedules_are_one_clear_error(changes, message):
 # ----------------------------------------------------------------------------- Adam's beta2
 def test_adam_beta2_and_its_half_life_scaling():
     cfg = tiny_config(optimizer="adam", adam_beta2=0.95, base_batch_size=32, beta2_scaling="half_life")
-    assert C.adam_beta2_at(cfg, 32) == 0.95
-    assert C.adam_beta2_at(cfg, 8) == pytest.approx(0.95 ** 0.25)
+    assert schedule.adam_beta2_at(cfg, 32) == 0.95
+    assert schedule.adam_beta2_at(cfg, 8) == pytest.approx(0.95 ** 0.25)
     # the same half-life in examples: ln(1/2)/ln(beta2) steps of B examples
-    half_life = [torch.log(torch.tensor(0.5, dtype=torch.float64)) / torch.log(torch.tensor(C.adam_beta2_at(cfg, b),
-                 dtype=torch.float64)) * b for b in (1, 8, 32, 256)]
+    beta2 = [schedule.adam_beta2_at(cfg, b) for b in (1, 8, 32, 256)]
+    half_life = [torch.log(torch.tensor(0.5, dtype=torch.float64)) / torch.log(torch.tensor(x, dtype=torch.float64)) * b
+                 for b, x in zip((1, 8, 32, 256), beta2)]
     assert [float(h) for h in half_life] == pytest.approx([float(half_life[0])] * 4)
-    assert C.adam_beta2_at(cfg.replace(beta2_scaling="none"), 8) == 0.95
+    assert schedule.adam_beta2_at(cfg.replace(beta2_scaling="none"), 8) == 0.95
     with pytest.raises(ConfigError, match="for optimizer adam or adamw"):
         tiny_config(adam_beta2=0.95)
     with pytest.raises(ConfigError, match="adam_beta2 must be in"):
@@ -142,8 +144,8 @@ def test_runs_of_one_trajectory_share_its_key_and_its_end():
     assert C.trajectory_key(trajectory()) == C.trajectory_key(branch()) == C.trajectory_key(branch(at=240, size=64))
     assert C.trajectory_key(trajectory(lr=2e-2)) != C.trajectory_key(trajectory())
     assert C.trajectory_key(trajectory(snapshot_at_tokens=(), schedule="cosine")) is None   # lr depends on the budget
-    assert C.trajectory_end(branch(), N) == 50 and C.trajectory_end(trajectory(), N) == 100
-    assert C.snapshot_steps(branch(), N) == [30, 50]
+    assert schedule.trajectory_end(branch(), N) == 50 and schedule.trajectory_end(trajectory(), N) == 100
+    assert schedule.snapshot_steps(branch(), N) == [30, 50]
     with pytest.raises(ConfigError, match="snapshot_at_tokens needs a trajectory"):
         trajectory(eval_schedule="log")
 

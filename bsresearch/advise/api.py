@@ -18,7 +18,7 @@ objects are never trained or modified):
   EMA along a short training run, trained by the one training loop (loop.py) with the noise-scale callback;
 and recommends the batch that maximises examples/s x statistical efficiency 1 / (1 + B / B_simple)
 (systems.recommend), with its accumulation plan and the learning rate the linear or sqrt rule gives
-there (config.scale_lr), flagged when the batch is beyond the critical batch (B > B_simple).
+there (schedule.scale_lr), flagged when the batch is beyond the critical batch (B > B_simple).
 
 What advise measures and how is an AdviseConfig (batch sizes, memory budget, the lr rule, how many examples
 and draws, timing repeats, seed, device); advise() takes one, or its fields as keyword arguments.
@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 
 from ..callbacks import NoiseScale
-from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, adam_beta2_at, did_you_mean, scale_lr
+from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, did_you_mean
 from ..data import Dataset, dataset_for
 from ..engine import ModelEngine
 from ..loading import check_model
@@ -52,6 +52,7 @@ from ..measure.noise import gradient_noise_scale, two_batch_pairs, two_batch_sum
 from ..models import model_for
 from ..runsetup import RunSetup, dry_run
 from ..runtime import make_generator, resolve_device
+from ..schedule import adam_beta2_at, scale_lr
 from ..sizes import parse_bytes
 from ..state import new_state
 from ..step import optimizer_for

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.nn as nn
 
-from .. import config as C
+from .. import schedule
 from ..data import Dataset
 from ..loop import Member, StepHooks
 from ..step import micro_batch_loss
@@ -147,4 +147,4 @@ class FusedEngine:
                                       "exp_avg_sq": second.clone()}
         if state.step > 0:
             for group in torch_opt.param_groups:
-                group["lr"] = C.lr_at(cfg, state.step - 1, state.sampler.n)
+                group["lr"] = schedule.lr_at(cfg, state.step - 1, state.sampler.n)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import config as C
+from .. import schedule
 from ..config import RunConfig
 
 ADAM_BETA1 = 0.9  # torch.optim's default, as step.make_optimizer uses it; beta2 is per member
@@ -31,7 +31,7 @@ class FusedOptimizer:
     weight_decay: torch.Tensor     # (K, 1)
     momentum: torch.Tensor         # (K, 1), SGD
     nesterov: torch.Tensor         # (K, 1) bool, SGD
-    beta2: torch.Tensor            # (K, 1), Adam (config.adam_beta2_at the member's batch size)
+    beta2: torch.Tensor            # (K, 1), Adam (schedule.adam_beta2_at the member's batch size)
     buf: torch.Tensor              # SGD momentum buffer / Adam first moment, (K, P)
     sq: torch.Tensor | None        # Adam second moment, (K, P)
     step: int = 0                  # updates done (members move in lockstep)
@@ -59,7 +59,8 @@ class FusedOptimizer:
             return torch.tensor(values, dtype=dtype, device=flat.device).view(-1, 1)
         return cls(kind, column([c.weight_decay for c in cfgs]), column([c.momentum for c in cfgs]),
                    column([c.nesterov for c in cfgs], torch.bool),
-                   column([C.adam_beta2_at(c, c.batch_size) for c in cfgs], torch.float64), torch.zeros_like(flat),
+                   column([schedule.adam_beta2_at(c, c.batch_size) for c in cfgs], torch.float64),
+                   torch.zeros_like(flat),
                    torch.zeros_like(flat) if kind != "sgd" else None)
 
     def keep(self, index: torch.Tensor) -> None:

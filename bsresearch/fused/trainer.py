@@ -3,7 +3,7 @@
 `train_group(cfgs, run_dirs)` gives every member exactly what `train.run(cfg, run_dir)` gives it, through
 the same training loop (loop.py) and callbacks: its own initial weights (state.new_state, its own init
 generator), its own data order (its own BatchSampler and data generator; batches gathered per member),
-its own lr at every step (config.lr_at), its own optimizer hyperparameters, evaluation schedule, budget
+its own lr at every step (schedule.lr_at), its own optimizer hyperparameters, evaluation schedule, budget
 and divergence check. What is fused is the loop's engine (fused/engine.py): the members' parameters
 stacked into one (K, P) tensor, one batched forward and backward pass (the built-in models' batched layers,
 this module's `StackEngine`, or any other model through torch.func.vmap, `generic.VmapEngine`), one optimizer
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import config as C
+from .. import schedule
 from ..callbacks import Divergence, Evaluation, Progress, Recording
 from ..config import ConfigError, RunConfig
 from ..data import Dataset
@@ -101,7 +101,7 @@ def _train(cfgs: list[RunConfig], dirs: Sequence[str | Path | None], todo: list[
         raise ConfigError(f"train_group: dataset {cfg0.dataset!r} came as a map-style Dataset, which is streamed; a "
                           f"fused group needs its data resident (data_loading resident, or tensors from the factory)")
     for i in todo:
-        C.check_data_size(cfgs[i], data.n_train)
+        schedule.check_data_size(cfgs[i], data.n_train)
     stacked = cfg0.model in STACKED_MODELS and cfg0.loss == "cross_entropy"   # fused/layers.py's own program
     reason = None if stacked else generic.probe(model_for(cfg0, data, torch.Generator().manual_seed(0)).to(device),
                                                 *data.first(min(2, data.n_train)), parts.loss)
@@ -176,7 +176,7 @@ def calibrate_group(cfgs: list[RunConfig], data: Dataset, device: torch.device, 
     copies = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     engine: FusedEngine = StackEngine(copies, data, device) if stacked else \
         generic.VmapEngine(copies, data, parts.loss, parts.task, device)
-    lrs = [C.lr_at(m.cfg, 0, data.n_train) for m in copies]
+    lrs = [schedule.lr_at(m.cfg, 0, data.n_train) for m in copies]
     alone = ModelEngine(data, parts.loss, parts.task)
     loners = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     def fused() -> object:

@@ -11,11 +11,11 @@ One run (`run_cost`):
             + examples trained x train FLOPs per example / FLOP_RATE                (the arithmetic)
             + evaluations x examples evaluated x forward FLOPs per example / FLOP_RATE
 
-- steps and examples from config.total_steps and config.batch_phases, the one place a budget becomes steps:
+- steps and examples from schedule.total_steps and schedule.batch_phases, the one place a budget becomes steps:
   a budget in epochs, steps, examples or tokens is exact; budget target counts max_steps, the cap (the run
   may stop much earlier, but when is unknown before it runs; runs of one sweep usually share the target,
   and their caps are what a spec's overrides set per batch size); a batch schedule counts each phase at its
-  batch size. Evaluations: config.eval_steps, up to the same bound.
+  batch size. Evaluations: schedule.eval_steps, up to the same bound.
 - FLOPs per example: for the built-in models, multiply-adds counted from the architecture and the built-in
   dataset's input shape (`forward_macs`, checked against systems.flops.count_flops by a test); for a user's
   model or data, UNKNOWN_FORWARD_MACS. A user's data's tokens per example and sizes are unknown before it
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .. import config as C
+from .. import schedule
 from ..config import ConfigError, RunConfig
 
 # Per-step overhead of one (micro-)batch on one CPU thread: Python, kernel launches, the optimizer update.
@@ -106,9 +107,9 @@ def run_cost(cfg: RunConfig) -> RunCost:
     n_train, n_test = data_sizes(cfg)
     n_train = max(n_train, *C.batch_sizes_of(cfg))   # a batch larger than the data is rejected elsewhere
     try:
-        steps = C.total_steps(cfg, n_train)
-        phases = C.batch_phases(cfg, n_train)
-        evaluations = len(C.eval_steps(cfg, n_train))
+        steps = schedule.total_steps(cfg, n_train)
+        phases = schedule.batch_phases(cfg, n_train)
+        evaluations = len(schedule.eval_steps(cfg, n_train))
     except ConfigError:   # only for data the config does not fit, which check_data reports before any run
         steps, phases, evaluations = cfg.max_steps, [(0, cfg.batch_size)], 2
     ends = [start for start, _ in phases[1:]] + [steps]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import ConfigError, RunConfig, check_data_size
+from ..config import ConfigError, RunConfig
 from ..rundir import (
     FINISHED_STATES,
     MANIFEST,
@@ -44,6 +44,7 @@ from ..rundir import (
     now,
     storage_error,
 )
+from ..schedule import check_data_size
 from . import supervise
 from .cost import longest_first, task_seconds
 from .executors import check_dask, default_workers, make_executor, visible_gpus

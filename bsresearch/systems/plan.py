@@ -4,7 +4,7 @@ A plan splits each optimizer update of `batch_size` examples into `accumulation_
 `micro_batch_size` examples. The micro-batch divides the batch exactly, so the accumulated gradient is
 the full batch's (bsresearch.train weights each micro-batch's mean loss by its share), and
 `cfg.replace(micro_batch_size=plan.micro_batch_size)` is a RunConfig the trainer accepts. BatchNorm
-statistics then come from micro-batches (config.bn_statistics_batch records it).
+statistics then come from micro-batches (schedule.bn_statistics_batch records it).
 """
 from __future__ import annotations
 
