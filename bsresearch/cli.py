@@ -116,7 +116,8 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add
     lambda sub: __import__("bsresearch.systems.cli", fromlist=["add_bench"]).add_bench(sub),
     lambda sub: __import__("bsresearch.sweep.cli", fromlist=["add_parser"]).add_parser(sub),
     lambda sub: __import__("bsresearch.report", fromlist=["add_parser"]).add_parser(sub),
-    lambda sub: __import__("bsresearch.advise.cli", fromlist=["add_parser"]).add_parser(sub)]
+    lambda sub: __import__("bsresearch.advise.cli", fromlist=["add_parser"]).add_parser(sub),
+    lambda sub: __import__("bsresearch.project", fromlist=["add_parser"]).add_parser(sub)]
 
 
 def build_parser() -> argparse.ArgumentParser:

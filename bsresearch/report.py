@@ -1,10 +1,12 @@
 """`bsresearch report SPEC`: execute the spec's analysis notebook into REPORTS/<name>/.
 
-The notebook gets four parameters (sweep, runs_dir, out_dir, spec_path) and the spec's
-`analysis_parameters`, runs with out_dir as its working directory and writes its figures (PNG, PDF and
-a caption file each) and tables there. A report is drawn from a committed source tree only (the captions
-name the commit), unless allow_dirty. The executed notebook is kept next to them as <notebook>.ipynb
-and <notebook>.html.
+The notebook (the spec's `analysis:`, else the packaged generic sweep report, templates.SWEEP_REPORT) gets
+four parameters (sweep, runs_dir, out_dir, spec_path) and the spec's `analysis_parameters`, runs with
+out_dir as its working directory and writes its figures (PNG, PDF and a caption file each) and tables
+there. A reproduction (a spec in the repository's experiments/) is drawn from a committed source tree only
+(the captions name the commit), unless allow_dirty; any other spec draws whatever the state of its project,
+and the captions say what it was (source.drawn_at). The executed notebook is kept next to them as
+<notebook>.ipynb and <notebook>.html.
 No torch import here; the notebook's kernel imports what it needs.
 """
 from __future__ import annotations
@@ -14,9 +16,10 @@ import os
 import sys
 from pathlib import Path
 
+from . import templates
 from .config import ConfigError
 from .rundir import MANIFEST
-from .source import git_commit, is_dirty
+from .source import git_commit, is_dirty, is_reproduction
 from .sweep.kernels import execute_notebook
 from .sweep.spec import SweepSpec, load_spec
 
@@ -24,17 +27,15 @@ from .sweep.spec import SweepSpec, load_spec
 def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", reports_root: str | Path = "reports",
                timeout: float = 1800.0, kernel: str = "python3", html: bool = True, partial: bool = False,
                allow_dirty: bool = False) -> Path:
-    """Execute the analysis notebook of `spec`; returns the report folder. Raises ConfigError when the spec
-    has no analysis notebook, the sweep has no runs, a finished run's result file is damaged (naming the
-    run and the file), runs are still pending or running (unless `partial`), or the source tree has
-    uncommitted changes (unless `allow_dirty`: the captions then say so); RuntimeError when a notebook
-    cell fails (the executed notebook, with the error in it, is kept)."""
+    """Execute the analysis notebook of `spec` (without `analysis:`, the packaged generic sweep report);
+    returns the report folder. Raises ConfigError when the sweep has no runs, a finished run's result file
+    is damaged (naming the run and the file), runs are still pending or running (unless `partial`), or a
+    reproduction's source tree has uncommitted changes (unless `allow_dirty`: the captions then say so);
+    RuntimeError when a notebook cell fails (the executed notebook, with the error in it, is kept)."""
     if not timeout > 0:
         raise ConfigError(f"timeout must be a positive number of seconds per cell; got {timeout!r}")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
-    if spec.analysis is None:
-        raise ConfigError(f"analysis: spec {spec.name!r} names no analysis notebook; add "
-                          f"'analysis: ../notebooks/10_sweep_report.ipynb'")
+    analysis = spec.analysis or packaged_report(spec)
     sweep_dir = Path(runs_root).resolve() / spec.name
     if spec.has_runs and not (sweep_dir / MANIFEST).exists():
         raise ConfigError(f"no sweep {spec.name!r} under {sweep_dir.parent}: run `bsresearch sweep "
@@ -42,29 +43,30 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     if spec.has_runs:
         check_sweep_for_report(spec, runs_root, partial)
     commit = git_commit()  # checked last: mistakes in the input are named first
-    if is_dirty(commit) and not allow_dirty:
-        raise ConfigError(f"the source tree has uncommitted changes (commit {commit}): a report must trace to a "
-                          f"commit; commit (or stash) them first, or pass --allow-dirty and the captions say so")
+    if is_dirty(commit) and not allow_dirty and is_reproduction(spec.path):
+        raise ConfigError(f"the source tree has uncommitted changes (commit {commit}): a reproduction's report "
+                          f"must trace to a commit; commit (or stash) them first, or pass --allow-dirty and the "
+                          f"captions say so")
     out_dir = Path(reports_root).resolve() / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    output = out_dir / spec.analysis.name
-    in_progress = out_dir / f".{spec.analysis.stem}.partial.ipynb"
+    output = out_dir / analysis.name
+    in_progress = out_dir / f".{analysis.stem}.partial.ipynb"
     parameters = {"sweep": spec.name, "runs_dir": str(sweep_dir.parent), "out_dir": str(out_dir),
                   "spec_path": str(spec.path) if spec.path else None, **spec.analysis_parameters}
 
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     try:
-        execute_notebook(spec.analysis, in_progress, parameters, out_dir, kernel, timeout, progress_bar=False,
+        execute_notebook(analysis, in_progress, parameters, out_dir, kernel, timeout, progress_bar=False,
                          coalesce_streams=True, shutdown_kernel="immediate")
     except pm.PapermillExecutionError as exc:
-        raise RuntimeError(f"{spec.analysis.name} cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
+        raise RuntimeError(f"{analysis.name} cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(the executed notebook is {output})") from None
     except CellTimeoutError:
-        raise RuntimeError(f"{spec.analysis.name}: a cell ran past the {timeout:g} s timeout (--timeout); "
+        raise RuntimeError(f"{analysis.name}: a cell ran past the {timeout:g} s timeout (--timeout); "
                            f"the notebook executed so far is {output}") from None
     except DeadKernelError:
-        raise RuntimeError(f"{spec.analysis.name}: the kernel died (killed, or out of memory); the notebook "
+        raise RuntimeError(f"{analysis.name}: the kernel died (killed, or out of memory); the notebook "
                            f"executed so far is {output}") from None
     finally:
         if in_progress.exists():
@@ -72,6 +74,15 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     if html:
         export_html(output)
     return out_dir
+
+
+def packaged_report(spec: SweepSpec) -> Path:
+    """The packaged generic sweep report, for a spec without `analysis:`."""
+    try:
+        return templates.notebook(templates.SWEEP_REPORT)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"analysis: spec {spec.name!r} names no analysis notebook and {exc}; name one with "
+                          f"'analysis: PATH.ipynb'") from None
 
 
 def check_sweep_for_report(spec: SweepSpec, runs_root: str | Path, partial: bool) -> None:
@@ -123,7 +134,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partial", action="store_true",
                    help="report although some runs are still pending or running (say so first)")
     p.add_argument("--allow-dirty", action="store_true",
-                   help="draw from a source tree with uncommitted changes (the captions say so)")
+                   help="draw a reproduction (a spec in the repository's experiments/) from a source tree with "
+                        "uncommitted changes (the captions say so)")
     p.set_defaults(handler=_cmd_report)
 
 

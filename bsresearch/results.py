@@ -11,8 +11,8 @@ intervals) are in bsresearch.stats.
 
 Columns of `load`: sweep, run_id, label, state, error, notebook_error, every RunConfig field (tuples stay
 tuples), the derived values of config.json (effective_lr, total_steps, n_train, ...), every final metric of
-metrics.json (nested measurement results flattened as "name.key"), git_commit, device_name, started,
-ended, run_dir. A point of the sweep that has not run yet has state "pending".
+metrics.json (nested measurement results flattened as "name.key"), git_commit, bsresearch_version, device_name,
+started, ended, run_dir. A point of the sweep that has not run yet has state "pending".
 """
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any
     for k, v in coords.items():  # the spec's own coordinates, e.g. the variant name
         row.setdefault(k, v)
     prov = status.get("provenance") or {}
-    row.update(git_commit=prov.get("git_commit"), device_name=prov.get("device_name"),
+    row.update(git_commit=prov.get("git_commit"), bsresearch_version=prov.get("bsresearch"),
+               device_name=prov.get("device_name"),
                started=status.get("started"), ended=status.get("ended"), fused_group=status.get("group"),
                run_dir=str(run_dir))
     return row
@@ -261,9 +262,13 @@ def budget_description(runs: pd.DataFrame) -> str:
 
 
 def provenance_caption(runs: pd.DataFrame) -> str:
-    """"Sweep demo (9 runs, seeds 0-2); commit 1a2b3c; budget: ..." for a figure's caption file."""
+    """"Sweep demo (9 runs, seeds 0-2); commit 1a2b3c; budget: ..." for a figure's caption file. Runs of
+    an installed bsresearch (no git checkout) name its version instead of a commit."""
     sweeps = ", ".join(map(str, dict.fromkeys(runs["sweep"]))) if "sweep" in runs else "?"
-    commits = sorted({str(c) for c in runs.get("git_commit", pd.Series(dtype=object)).dropna()}) or ["unknown"]
+    commits = sorted({str(c) for c in runs.get("git_commit", pd.Series(dtype=object)).dropna()})
+    versions = sorted({str(v) for v in runs.get("bsresearch_version", pd.Series(dtype=object)).dropna()})
+    if not commits:
+        commits = [f"unknown (bsresearch {', '.join(versions)}, not a git checkout)"] if versions else ["unknown"]
     seeds = sorted(int(s) for s in runs["seed"].dropna().unique()) if "seed" in runs else []
     seed_text = f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if seeds else ""
     return (f"Sweep {sweeps} ({len(runs)} runs{seed_text}); commit {', '.join(commits)}; "

@@ -77,16 +77,15 @@ plt.show()
 # worker processes; finished runs are kept, so running the cell again trains only what is missing.
 
 # %%
-spec = parse_spec({"name": sweep, "analysis": str(project_path("notebooks/10_sweep_report.ipynb")),
-                   "base": base, "grid": {"batch_size": batch_sizes}, "seeds": seeds})
+spec = parse_spec({"name": sweep, "base": base, "grid": {"batch_size": batch_sizes}, "seeds": seeds})
 report = run_sweep(spec, runs, executor="local", engine="library", workers=workers)
 print(report.summary())
 
 # %% [markdown]
 # ## Its report
-# `notebooks/10_sweep_report` over the sweep: final losses (or accuracies, for a classifier) against batch size
-# with 95% intervals over seeds, learning curves, a summary table. A report made from uncommitted code says so
-# in every caption.
+# The generic sweep report (`notebooks/10_sweep_report`, packaged with bsresearch) over the sweep: final losses
+# (or accuracies, for a classifier) against batch size with 95% intervals over seeds, learning curves, a summary
+# table. A report made from uncommitted code says so in every caption.
 
 # %%
 folder = run_report(spec, runs, project_path(reports_dir), allow_dirty=True)

@@ -12,8 +12,9 @@
 # Reads a sweep's run directories into a table (one row per run), and draws the figures a report cites:
 # the final metrics against batch size (mean and 95% interval over seeds), any measurement taken at the
 # end (sharpness, Hessian eigenvalue), learning curves, and, when the learning rate was tuned per batch
-# size on a target budget, steps to the target with the critical-batch fit. Each figure is saved as PNG
-# and PDF with a caption file (sweep, commit, budget kind); the summary table as CSV and Markdown.
+# size on a target budget, steps to the target with the critical-batch fit. Losses are in the runs' own
+# unit (nats, nats per token, mean squared error: what the model's output and targets make). Each figure is
+# saved as PNG and PDF with a caption file (sweep, commit, budget kind); the summary table as CSV and Markdown.
 #
 # `bsresearch report experiments/<spec>.yaml` executes this notebook into `reports/<name>/`.
 
@@ -27,6 +28,7 @@ spec_path: Optional[str] = None     # the spec file, for the record
 
 # %%
 import matplotlib.pyplot as plt
+import pandas as pd
 from IPython.display import display
 
 from bsresearch import results, stats
@@ -66,16 +68,20 @@ save_figure(fig, out / "metrics_vs_batch",
 plt.show()
 
 # %%
-# measurements taken at the end of training, if the sweep asked for any
-measured = [c for c in ok.columns if c.startswith(("keskar_phi_", "hessian_top_eigenvalue", "sharpness_"))
-            and not c.endswith(("_std_error", "_residual", "_converged")) and ok[c].notna().any()]
+# measurements taken at the end of training, if the sweep asked for any: every number they record (noise scale,
+# Hessian eigenvalue and trace, Keskar's phi, sharpness), without standard errors and diagnostics
+kinds = ("noise_b_simple", "noise_b_noise", "hessian_top_eigenvalue", "hessian_trace", "keskar_phi_", "sharpness_",
+         "m_sharpness_")
+measured = [c for c in ok.columns if c.startswith(kinds) and not c.endswith(("_std_error", "_residual", "_converged"))
+            and pd.api.types.is_numeric_dtype(ok[c]) and ok[c].notna().any()]
 if measured:
-    fig, axes = figure_grid(len(measured[:3]))
-    for ax, metric in zip(axes, measured[:3]):
+    fig, axes = figure_grid(len(measured))
+    for ax, metric in zip(axes, measured):
         metric_vs_batch(ax, ok, metric, hue=hue)
-        ax.set_yscale("log")
+        if (ok[metric].dropna() > 0).all():
+            ax.set_yscale("log")
     save_figure(fig, out / "measurements_vs_batch",
-                "Measurements of the final weights against batch size (" + ", ".join(measured[:3]) +
+                "Measurements of the final weights against batch size (" + ", ".join(measured) +
                 "); mean and 95% interval over seeds.", runs=ok)
     plt.show()
 else:

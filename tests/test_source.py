@@ -49,15 +49,41 @@ def test_report_refuses_a_dirty_tree_before_any_work(tmp_path, monkeypatch):
     nbformat.write(nb, tmp_path / "a.ipynb")
     (tmp_path / "s.yaml").write_text(f"name: s\nanalysis: {tmp_path / 'a.ipynb'}\n")
     monkeypatch.setattr(report, "git_commit", lambda: "0123456789ab-dirty")
+    monkeypatch.setattr(report, "is_reproduction", lambda path: True)   # as a spec in the checkout's experiments/
     with pytest.raises(ConfigError, match=r"uncommitted changes \(commit 0123456789ab-dirty\).*--allow-dirty"):
         report.run_report(tmp_path / "s.yaml", tmp_path / "runs", tmp_path / "reports")
     assert not (tmp_path / "reports").exists()
 
 
+def test_only_the_repositorys_own_specs_are_reproductions(tmp_path):
+    assert source.is_reproduction(source.PACKAGE_ROOT.parent / "experiments" / "demo.yaml") == \
+        (source.checkout() is not None)
+    assert not source.is_reproduction(tmp_path / "experiments" / "demo.yaml")
+    assert not source.is_reproduction(None)   # a spec made in Python
+
+
+def _commits(package, project=None):
+    """git_commit as if the package's checkout had commit `package` and the project drawn in `project`."""
+    return lambda path=source.PACKAGE_ROOT: package if path == source.PACKAGE_ROOT else project
+
+
 def test_a_caption_names_the_commit_and_flags_uncommitted_changes(monkeypatch):
-    monkeypatch.setattr(source, "git_commit", lambda: "0123456789ab")
+    monkeypatch.setattr(source, "project_root", lambda: source.PACKAGE_ROOT.parent)   # drawn in the repository
+    monkeypatch.setattr(source, "git_commit", _commits("0123456789ab"))
     assert source.drawn_at() == "Drawn at commit 0123456789ab."
-    monkeypatch.setattr(source, "git_commit", lambda: "0123456789ab-dirty")
-    assert "0123456789ab WITH UNCOMMITTED CHANGES (--allow-dirty)" in source.drawn_at()
-    monkeypatch.setattr(source, "git_commit", lambda: None)
-    assert "unknown" in source.drawn_at()
+    monkeypatch.setattr(source, "git_commit", _commits("0123456789ab-dirty"))
+    assert "0123456789ab WITH UNCOMMITTED CHANGES" in source.drawn_at()
+
+
+def test_a_caption_drawn_in_a_project_names_its_state_and_the_version(monkeypatch, tmp_path):
+    from bsresearch import __version__
+    monkeypatch.setattr(source, "project_root", lambda: tmp_path)   # a project of the user's
+    monkeypatch.setattr(source, "git_commit", _commits(None, None))   # an installed bsresearch, no git here
+    assert source.drawn_at() == (f"Drawn with bsresearch {__version__} in a project that is not a git repository: "
+                                 f"not reproducible from a commit.")
+    monkeypatch.setattr(source, "git_commit", _commits(None, "abcdefabcdef-dirty"))
+    assert source.drawn_at() == (f"Drawn with bsresearch {__version__} in a project at commit abcdefabcdef WITH "
+                                 f"UNCOMMITTED CHANGES: not reproducible from a commit.")
+    monkeypatch.setattr(source, "git_commit", _commits("0123456789ab", "abcdefabcdef"))   # from a checkout
+    assert source.drawn_at() == f"Drawn with bsresearch {__version__} (commit 0123456789ab) at project commit " \
+                                f"abcdefabcdef."

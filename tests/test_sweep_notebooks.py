@@ -153,9 +153,9 @@ def test_report_without_runs_or_analysis_is_a_clear_error(tmp_path):
     from bsresearch.config import ConfigError
     with pytest.raises(ConfigError, match="run `bsresearch sweep"):
         run_report(SMOKE, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
-    spec = tmp_path / "s.yaml"
+    spec = tmp_path / "s.yaml"   # no analysis: the packaged generic report, once the sweep has run
     spec.write_text("name: s\nbase: {dataset: synthetic}\n")
-    with pytest.raises(ConfigError, match="analysis: spec 's' names no analysis notebook"):
+    with pytest.raises(ConfigError, match="no sweep 's' under"):
         run_report(spec, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
 
 

@@ -108,7 +108,8 @@ BAD = [
     ({"analysis": "smoke.yaml"}, "analysis: must be a notebook"),
     ({"timeout": 0}, "timeout: must be a positive number of seconds"),
     ({"analysis_parameters": [1]}, "analysis_parameters: must be a mapping of parameter names to values"),
-    ({"analysis_parameters": {"noise_sweep": ""}}, "analysis_parameters: given, but the spec names no analysis"),
+    ({"analysis_parameters": {"noise_sweep": ""}},   # no analysis: the packaged generic report's parameters
+     "analysis_parameters.noise_sweep: not a parameter of 10_sweep_report.ipynb"),
     ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"sweep": "x"}},
      "analysis_parameters.sweep: set by `bsresearch report` itself"),
     ({"analysis": "../notebooks/23_steps_to_target.ipynb", "analysis_parameters": {"noise_swep": ""}},

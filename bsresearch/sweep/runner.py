@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import templates
 from ..config import ConfigError, RunConfig
 from ..rundir import (
     FINISHED_STATES,
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 RETRYABLE_STATES = ("failed", "oom", "timeout", "died")
 FUSE_MODES = ("auto", "off")
 RUN_TEMPLATE = "01_train.ipynb"     # the run template whose work the group template does for many runs
-GROUP_TEMPLATE = Path(__file__).resolve().parents[2] / "notebooks" / "11_train_group.ipynb"
+GROUP_TEMPLATE = templates.folder() / f"{templates.GROUP_TEMPLATE}.ipynb"   # the packaged group template
 GROUPS_DIR = "groups"               # RUNS/<name>/groups/<group_id>/: a fused group's notebook and log
 
 
@@ -309,11 +310,12 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     todo = [p for p in planned if p.action == "run"]
     gpus = () if remote else visible_gpus()
     workers = workers or default_workers(len(todo), gpus)
+    notebook = run_template(spec) if engine == "papermill" else spec.notebook
     if fuse == "auto":
-        planned = assign_groups(planned, workers, fuse_max, engine, spec.notebook, gpus)
+        planned = assign_groups(planned, workers, fuse_max, engine, notebook, gpus)
         todo = [p for p in planned if p.action == "run"]
     per_run = float(timeout or spec.timeout)
-    tasks = make_tasks(todo, sweep_dir, engine, str(spec.notebook) if spec.notebook else None, per_run, gpus)
+    tasks = make_tasks(todo, sweep_dir, engine, str(notebook) if notebook else None, per_run, gpus)
     if executor != "dask" and len(tasks) < len(todo):  # fused: fewer tasks than runs, no idle slots
         workers = max(1, min(workers, len(tasks)))
     start = time.monotonic()
@@ -418,6 +420,17 @@ def _check_fuse(fuse: str, fuse_max: int | None, engine: str) -> None:
                           "missing; use --fuse off or --engine library")
 
 
+def run_template(spec: SweepSpec) -> Path:
+    """The notebook papermill executes for each run: the spec's `notebook:`, else the packaged run template."""
+    if spec.notebook is not None:
+        return spec.notebook
+    try:
+        return templates.notebook(templates.RUN_TEMPLATE)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"notebook: spec {spec.name!r} names no run template and {exc}; name one with "
+                          f"'notebook: PATH.ipynb', or use --engine library") from None
+
+
 def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | None, timeout: float | None) -> None:
     if engine not in ("papermill", "library"):
         raise ConfigError(f"engine must be papermill or library; got {engine!r}")
@@ -426,9 +439,8 @@ def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | N
                           "(or dask) to execute notebooks with papermill")
     if engine == "papermill" and importlib.util.find_spec("papermill") is None:
         raise ConfigError("the papermill engine needs papermill (pip install papermill), or use --engine library")
-    if engine == "papermill" and spec.notebook is None:
-        raise ConfigError(f"notebook: spec {spec.name!r} names no run template to execute; add "
-                          f"'notebook: ../notebooks/01_train.ipynb' or use --engine library")
+    if engine == "papermill":
+        run_template(spec)   # a wheel installed without its notebooks: say so before any work
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be a positive integer; got {workers}")
     if timeout is not None and not timeout > 0:

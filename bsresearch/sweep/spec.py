@@ -6,8 +6,10 @@ A spec (every key but `name` is optional):
 
     name: keskar                 # runs go to RUNS/<name>/<run_id>/, reports to REPORTS/<name>/
     description: one line for people
-    notebook: ../notebooks/01_train.ipynb     # run template executed by papermill (relative to this file)
-    analysis: ../notebooks/10_sweep_report.ipynb  # executed by `bsresearch report`
+    notebook: ../notebooks/01_train.ipynb     # run template executed by papermill (relative to this file;
+                                              # without it: the packaged run template, templates.py)
+    analysis: ../notebooks/10_sweep_report.ipynb  # executed by `bsresearch report` (without it: the
+                                              # packaged generic sweep report, for a spec with runs)
     analysis_parameters: {noise_sweep: ""}    # extra values for the analysis notebook's parameters cell
     timeout: 1800                # seconds per run; a run past it is killed and recorded as "timeout"
     base: {dataset: mnist1d, optimizer: adam, lr: 0.001, budget: target}   # RunConfig fields
@@ -58,6 +60,7 @@ from typing import Any
 import yaml
 
 from .. import config as C
+from .. import templates
 from ..config import (
     FIELD_NAMES,
     NAME_PATTERN,
@@ -501,15 +504,21 @@ def notebook_parameters(path: Path) -> list[str]:
     return names
 
 
+def _packaged_report() -> Path:
+    try:
+        return templates.notebook(templates.SWEEP_REPORT)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"analysis: the spec names no analysis notebook and {exc}") from None
+
+
 def _check_analysis_parameters(spec: SweepSpec) -> None:
     if not spec.analysis_parameters:
         return
-    if spec.analysis is None:
-        raise ConfigError("analysis_parameters: given, but the spec names no analysis notebook")
-    accepted = [n for n in notebook_parameters(spec.analysis) if n not in REPORT_PARAMETERS]
+    analysis = spec.analysis or _packaged_report()
+    accepted = [n for n in notebook_parameters(analysis) if n not in REPORT_PARAMETERS]
     for key in spec.analysis_parameters:
         if key not in accepted:
-            raise ConfigError(f"analysis_parameters.{key}: not a parameter of {spec.analysis.name}"
+            raise ConfigError(f"analysis_parameters.{key}: not a parameter of {analysis.name}"
                               f"{did_you_mean(key, accepted)}; "
                               f"accepted: {', '.join(accepted) or 'none'}")
 
