@@ -78,7 +78,8 @@ plt.show()
 
 # %%
 spec = parse_spec({"name": sweep, "analysis": str(project_path("notebooks/10_sweep_report.ipynb")),
-                   "base": base, "grid": {"batch_size": batch_sizes}, "seeds": seeds})
+                   "base": {**base, "model": cfg.model, "dataset": cfg.dataset, "loss": cfg.loss},  # as found above
+                   "grid": {"batch_size": batch_sizes}, "seeds": seeds}, base_dir=project_path())
 report = run_sweep(spec, runs, executor="local", engine="library", workers=workers)
 print(report.summary())
 
