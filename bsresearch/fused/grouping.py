@@ -9,6 +9,11 @@ otherwise it starts a group. A group is then cut into near-equal groups of at mo
 into more of them while there are fewer groups than workers (an idle core is worth more than a bigger
 group). A group of one is an ordinary run, and the plan says why it was left alone.
 
+Data: a group indexes its members' batches out of tensors. Data a run alone would stream (a map-style Dataset
+from the user's factory, data_loading auto) is held resident for a group when it takes at most
+RESIDENT_MAX_BYTES as tensors (`residency`); the sweep's planner decides it before any run, the fused trainer
+the same way when it meets such data unplanned, and larger data keeps its runs alone, streamed.
+
 Group size:
 - CPU: at most CPU_FUSE_MAX runs (see its comment);
 - CUDA: the runner plans up to GPU_FUSE_MAX; the worker, which sees the GPU, trains them with

@@ -19,7 +19,8 @@ Fused runs (--fuse auto, the default): pending runs that can train together (bsr
 are executed as one task per group, through the group template notebook (papermill) or train_group
 (library). Their run directories are the same as unfused runs' (status.json adds the group id); the
 group's notebook and log are in RUNS/<name>/groups/<group_id>/. Runs left alone are ordinary runs, and the
-plan says why each was not fused.
+plan says why each was not fused. Data a run would stream joins a group resident when it fits
+grouping.RESIDENT_MAX_BYTES, else its runs stay alone (check_data measures it, assign_groups decides).
 """
 from __future__ import annotations
 

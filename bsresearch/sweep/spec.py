@@ -21,6 +21,10 @@ A spec (every key but `name` is optional):
       - where: {batch_size: 4000}
         set: {eval_every: 25}
 
+Every relative path (notebook, analysis, data_dir, and the file of a FILE.py:NAME model, dataset or loss,
+wherever it is written) is relative to the spec's folder: made absolute here, so that every process of the
+sweep (workers with their own working directories) finds the same file.
+
 Every mistake raises ConfigError naming the key (e.g. "grid.bacth_size: unknown RunConfig field ...").
 
 Inheritance: `extends: ../keskar.yaml` (a path relative to this file) makes a spec a child of another, so
