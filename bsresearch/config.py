@@ -16,6 +16,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from . import references
@@ -197,6 +198,8 @@ class RunConfig:
             object.__setattr__(self, f.name, _coerce_to(hints[f.name], f.name, getattr(self, f.name)))
         for name in REFERENCE_FIELDS:  # found from any working directory (a sweep runs in its run folders)
             object.__setattr__(self, name, references.normalize(getattr(self, name)))
+        if self.data_dir and not Path(self.data_dir).expanduser().is_absolute():  # the same, for the data
+            object.__setattr__(self, "data_dir", str(Path.cwd() / Path(self.data_dir).expanduser()))
         _validate(self)
 
     # --- serialisation
@@ -253,10 +256,19 @@ def run_id(cfg: RunConfig) -> str:
     """
     d = {k: v for k, v in cfg.to_dict().items()
          if k not in OPERATIONAL_FIELDS and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
+    _name_sources(cfg, d)
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _name_sources(cfg: RunConfig, d: dict[str, Any]) -> None:
+    """In `d` (a config's fields, for a hash), each reference by its name (references.identity: its file's
+    name, or its path in the checkout, and the object's name), not by where its file lies, and the sha256
+    of each referenced file under "sources": a moved project keeps its run ids, an edited file does not."""
     sources = reference_sources(cfg)
     if sources:
         d["sources"] = {name: source["sha256"] for name, source in sources.items()}
-    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+        for name in sources:
+            d[name] = references.identity(getattr(cfg, name))
 
 
 def is_reference(value: str) -> bool:
@@ -313,9 +325,7 @@ def trajectory_key(cfg: RunConfig) -> str | None:
         return None
     d = {k: v for k, v in cfg.to_dict().items() if k not in TRAJECTORY_FREE_FIELDS and k not in OPERATIONAL_FIELDS}
     d["snapshot_at_tokens"] = list(cfg.snapshot_at_tokens)
-    sources = reference_sources(cfg)
-    if sources:
-        d["sources"] = {name: source["sha256"] for name, source in sources.items()}
+    _name_sources(cfg, d)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

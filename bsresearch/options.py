@@ -10,12 +10,14 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .config import FIELD_NAMES, ConfigError, RunConfig
+from . import references
+from .config import FIELD_NAMES, REFERENCE_FIELDS, ConfigError, RunConfig
 from .fieldhelp import field_help
 
 
 def config_from_args(config_file: str | None, overrides: dict[str, str | None]) -> RunConfig:
-    """Defaults < the JSON config file < --field options. Raises ConfigError on any bad value."""
+    """Defaults < the JSON config file < --field options. Raises ConfigError on any bad value. The file of a
+    FILE.py:NAME option is looked for in the working directory (a `--data-dir` is relative to it too)."""
     values: dict[str, object] = {}
     if config_file:
         path = Path(config_file)
@@ -31,7 +33,14 @@ def config_from_args(config_file: str | None, overrides: dict[str, str | None]) 
             values.update(RunConfig.from_json(text).to_dict())
         except ConfigError as exc:
             raise ConfigError(f"{config_file}: {exc}") from None
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for name in REFERENCE_FIELDS:  # a relative file on the command line is relative to the working directory
+        if isinstance(given.get(name), str):
+            try:
+                given[name] = references.resolve_in(str(given[name]), Path.cwd(), "the working directory")
+            except ConfigError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+    values.update(given)
     return RunConfig.from_dict(values)
 
 

@@ -10,11 +10,18 @@ def _is_root(folder: Path) -> bool:
     return (folder / "pyproject.toml").is_file() and (folder / "experiments").is_dir()
 
 
+def checkout_root() -> Path | None:
+    """The checkout that holds this package (an editable install, or PYTHONPATH), or None (an installed
+    package). The same folder in every process that imports this package, whatever its working directory."""
+    checkout = Path(__file__).resolve().parent.parent
+    return checkout if _is_root(checkout) else None
+
+
 def project_root() -> Path:
     """The checkout that holds this package (an editable install, or PYTHONPATH), else the nearest folder
     above the working directory with pyproject.toml and experiments/, else the working directory."""
-    checkout = Path(__file__).resolve().parent.parent
-    if _is_root(checkout):
+    checkout = checkout_root()
+    if checkout is not None:
         return checkout
     here = Path.cwd().resolve()
     return next((d for d in (here, *here.parents) if _is_root(d)), here)

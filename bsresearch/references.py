@@ -5,21 +5,31 @@ apart, finds the file a reference names, writes it the same way wherever it is u
 the file (sha256), so that a run's id changes when the file changes. Running the user's code (which
 imports torch) is bsresearch.loading's job.
 
-Where a relative file is looked for: under the project root (paths.project_root), then in the working
-directory. `normalize` writes a reference found there so that it is found from any working directory (a
-sweep's workers run in their run folders): relative to the project root when the file is under it, else
-absolute.
+Where a relative file is looked for:
+- written in a sweep spec: in the spec's folder; on the command line: in the working directory
+  (`resolve_in`, which the spec and the options call before a RunConfig is made);
+- given to a RunConfig directly (a notebook, the library): under the project root (paths.project_root), then
+  in the working directory.
+`normalize` then writes it so that every process finds the same file whatever its working directory (a
+sweep's workers run in their run folders, on other hosts too): relative to the bsresearch checkout when the
+file is in it (paths.checkout_root, the same folder in every process), else absolute.
+
+`identity` is how the run id names a reference: its file's path in the checkout when it is there (the ids
+runs have always had), else its file's name, with the object's name (`model.py:make_model`); with the
+sha256 of the file's content (`digest`), never where the file lies, so that a project folder moved or cloned
+elsewhere finds its finished runs.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
-from .paths import project_root
+from .paths import checkout_root, project_root
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _MODULE = rf"{_NAME}(\.{_NAME})*"
@@ -68,9 +78,9 @@ def find_file(source: str) -> Path | None:
 
 
 def normalize(text: str) -> str:
-    """The reference written so that any working directory finds its file: relative to the project root
-    when the file is under it, else absolute. A reference to a module, or to a file not found, is
-    returned as it is (loading reports what is missing)."""
+    """The reference written so that every process finds its file, whatever its working directory: relative
+    to the bsresearch checkout when the file is in it, else absolute. A reference to a module, or to a file
+    not found, is returned as it is (loading reports what is missing)."""
     if not looks_like_reference(text):
         return text
     try:
@@ -82,9 +92,63 @@ def normalize(text: str) -> str:
     found = find_file(ref.source)
     if found is None:
         return text
-    root = project_root().resolve()
-    shown = found.relative_to(root).as_posix() if found.is_relative_to(root) else str(found)
-    return f"{shown}:{ref.name}"
+    return f"{_in_checkout(found) or found}:{ref.name}"
+
+
+def _in_checkout(path: Path) -> str | None:
+    """`path` (resolved) relative to the bsresearch checkout, as posix, when it lies in it; else None."""
+    checkout = checkout_root()
+    return path.relative_to(checkout).as_posix() if checkout is not None and path.is_relative_to(checkout) else None
+
+
+def identity(text: str) -> str:
+    """How the run id names a reference: a file in the bsresearch checkout by its path there
+    ('examples/lm.py:make_model'), any other file by its name ('model.py:make_model'), a module reference as
+    written. Never where a project lies: the file's content enters the id through its sha256 (`digest`).
+    ConfigError when the file cannot be found."""
+    ref = parse(text)
+    if not ref.is_file:
+        return text
+    found = find_file(ref.source)
+    if found is None:
+        digest(text)  # raises, naming where it looked
+        raise AssertionError("unreachable")
+    return f"{_in_checkout(found) or found.name}:{ref.name}"
+
+
+def resolve_in(text: str, folder: Path, where: str) -> str:
+    """A reference as written in a sweep spec (`folder`: the spec's folder) or on the command line (the
+    working directory): a relative file is looked for in `folder` only, then the reference is written as
+    `normalize` writes it. ConfigError naming the file and the folder searched (`where` says what the folder
+    is) when the file is not there. A built-in name, a module reference or a malformed value is returned as it
+    is (RunConfig's validation names what is wrong with it)."""
+    if not looks_like_reference(text):
+        return text
+    try:
+        ref = parse(text)
+    except ConfigError:
+        return text
+    if not ref.is_file:
+        return text
+    path = Path(ref.source).expanduser()
+    full = path if path.is_absolute() else Path(folder) / path
+    if not full.is_file():
+        if path.is_absolute():
+            raise ConfigError(f"file {ref.source!r} " + ("is a folder" if full.exists() else "does not exist"))
+        raise ConfigError(f"file {ref.source!r} does not exist in {where} {Path(folder).resolve()}"
+                          f"{_did_you_mean_path(path, Path(folder))}")
+    return normalize(f"{full.resolve()}:{ref.name}")
+
+
+def _did_you_mean_path(path: Path, folder: Path) -> str:
+    """' (did you mean '../examples/lm.py'? ...)' when `path` names a file under the project root or in the
+    working directory (where a reference was looked for before specs resolved them against their folder)."""
+    for base in (project_root(), Path.cwd()):
+        candidate = (base / path).resolve()
+        if candidate.is_file():
+            shown = os.path.relpath(candidate, Path(folder).resolve())
+            return f" (did you mean {shown!r}? a relative path is relative to that folder)"
+    return ""
 
 
 def source_file(ref: Reference) -> Path | None:

@@ -77,7 +77,8 @@ plt.show()
 # worker processes; finished runs are kept, so running the cell again trains only what is missing.
 
 # %%
-spec = parse_spec({"name": sweep, "base": base, "grid": {"batch_size": batch_sizes}, "seeds": seeds})
+spec = parse_spec({"name": sweep, "base": {**base, "model": cfg.model, "dataset": cfg.dataset, "loss": cfg.loss},
+                   "grid": {"batch_size": batch_sizes}, "seeds": seeds}, base_dir=project_path())   # as found above
 report = run_sweep(spec, runs, executor="local", engine="library", workers=workers)
 print(report.summary())
 

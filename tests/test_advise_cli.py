@@ -39,7 +39,7 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("missing_file", "model file 'nowhere/model.py' does not exist"),
+    ("missing_file", "model: file 'nowhere/model.py' does not exist in the working directory"),
     ("missing_factory", "has no 'build'; it defines"),
     ("no_colon", "or FILE.py:NAME / package.module:NAME of your model factory"),
     ("bad_module", "module 'no_such_module_for_advise' cannot be imported"),

@@ -17,9 +17,9 @@ from bsresearch.findings.verdict import Verdict
 from bsresearch.sweep import parse_spec, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
-OWN = {"model": "examples/tiny_transformer.py:make_model", "model_kwargs": {},
-       "dataset": "examples/tiny_transformer.py:make_data", "dataset_kwargs": {"n": 512},
-       "loss": "examples/tiny_transformer.py:loss_fn", "eval_train_size": 64, "eval_test_size": 64}
+OWN = {"model": "../examples/tiny_transformer.py:make_model", "model_kwargs": {},
+       "dataset": "../examples/tiny_transformer.py:make_data", "dataset_kwargs": {"n": 512},
+       "loss": "../examples/tiny_transformer.py:loss_fn", "eval_train_size": 64, "eval_test_size": 64}
 SCALE = 1 / 128   # the committed token counts x this: 2^13 tokens -> 64, one step of 4 sequences of 16 tokens
 TOKEN_FIELDS = ("budget_amount", "batch_at_tokens", "snapshot_at_tokens")
 

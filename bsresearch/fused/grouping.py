@@ -9,6 +9,11 @@ otherwise it starts a group. A group is then cut into near-equal groups of at mo
 into more of them while there are fewer groups than workers (an idle core is worth more than a bigger
 group). A group of one is an ordinary run, and the plan says why it was left alone.
 
+Data: a group indexes its members' batches out of tensors. Data a run alone would stream (a map-style Dataset
+from the user's factory, data_loading auto) is held resident for a group when it takes at most
+RESIDENT_MAX_BYTES as tensors (`residency`); the sweep's planner decides it before any run, the fused trainer
+the same way when it meets such data unplanned, and larger data keeps its runs alone, streamed.
+
 Group size:
 - CPU: at most CPU_FUSE_MAX runs (see its comment);
 - CUDA: the runner plans up to GPU_FUSE_MAX; the worker, which sees the GPU, trains them with
@@ -22,6 +27,7 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import RunConfig
 
@@ -50,6 +56,12 @@ CPU_FUSE_MAX_BATCH_OTHER = 64
 # On CUDA this is only the planning bound: the worker cuts a group to what the memory model says fits.
 GPU_FUSE_MAX = 128
 NO_FUSED_TRAINER = "the fused trainer (bsresearch.fused.compat) is not installed"
+# A fused group indexes its members' batches out of tensors on its device: data a user's factory gives as a
+# map-style Dataset (streamed when a run is alone, data_loading auto) is held resident for a group when its
+# training and test splits as tensors take at most this many bytes, else its members run alone, streamed. One
+# GiB: a group holds one copy for all its members, which is small next to the memory of a machine that runs
+# several workers, or of a GPU; data larger than that is what streaming is for.
+RESIDENT_MAX_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -148,3 +160,33 @@ def cpu_batch_too_large(cfg: RunConfig) -> str | None:
 def default_fuse_max(device: str) -> int:
     """The planning bound on a group's size for a config's device ('cpu', 'cuda', 'cuda:N')."""
     return CPU_FUSE_MAX if device == "cpu" else GPU_FUSE_MAX
+
+
+def show_bytes(n: float) -> str:
+    """'12.3 MiB': a size for a message."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def resident_bytes(data: Any) -> int:
+    """The bytes a run's data takes as tensors (training and test split): exact for resident data, estimated
+    from the first training example for a streamed Dataset (its items are tensors or numbers of one shape)."""
+    x, y = data.first(1)
+    per_example = x.element_size() * x.numel() + y.element_size() * y.numel()
+    return per_example * (data.n_train + data.n_test)
+
+
+def residency(streamed_bytes: int, budget: int | None = None) -> tuple[bool, str]:
+    """For data a run would stream (a map-style Dataset from the user's factory, data_loading auto) taking
+    `streamed_bytes` as tensors: (whether a fused group holds it resident, the one-line reason). `budget`:
+    RESIDENT_MAX_BYTES unless given."""
+    budget = RESIDENT_MAX_BYTES if budget is None else budget
+    size = f"a map-style Dataset, {show_bytes(streamed_bytes)} as tensors"
+    if streamed_bytes <= budget:
+        return True, (f"data_loading resident: its data is {size}, within the {show_bytes(budget)} a fused group "
+                      f"holds resident (grouping.RESIDENT_MAX_BYTES)")
+    return False, (f"its data is {size}, over the {show_bytes(budget)} a fused group holds resident "
+                   f"(grouping.RESIDENT_MAX_BYTES): streamed, alone")

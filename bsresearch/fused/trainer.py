@@ -43,7 +43,7 @@ from ..train import run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
 from .engine import FusedEngine
-from .grouping import CPU_FUSE_MAX_BATCH_OTHER
+from .grouping import CPU_FUSE_MAX_BATCH_OTHER, residency, resident_bytes
 from .layers import StackedModel
 from .memory import cuda_group_size
 
@@ -96,10 +96,15 @@ def _train(cfgs: list[RunConfig], dirs: Sequence[str | Path | None], todo: list[
     # --- setup: everything that can be wrong with the input fails here, before any training
     cfg0 = cfgs[todo[0]]
     parts = run_setup(cfg0)
+    if not isinstance(parts.data, Dataset):  # a map-style Dataset the sweep's planner could not see (a remote
+        fits, why = residency(resident_bytes(parts.data))  # cluster), or a caller's own group
+        if not fits:
+            for i in todo:
+                results[i] = _alone(cfgs[i], dirs[i], progress, why)
+            return
+        parts = run_setup(cfg0.replace(data_loading="resident"))
     data, device = parts.data, parts.device
-    if not isinstance(data, Dataset):
-        raise ConfigError(f"train_group: dataset {cfg0.dataset!r} came as a map-style Dataset, which is streamed; a "
-                          f"fused group needs its data resident (data_loading resident, or tensors from the factory)")
+    assert isinstance(data, Dataset)
     for i in todo:
         schedule.check_data_size(cfgs[i], data.n_train)
     stacked = cfg0.model in STACKED_MODELS and cfg0.loss == "cross_entropy"   # fused/layers.py's own program

@@ -19,7 +19,8 @@ Fused runs (--fuse auto, the default): pending runs that can train together (bsr
 are executed as one task per group, through the group template notebook (papermill) or train_group
 (library). Their run directories are the same as unfused runs' (status.json adds the group id); the
 group's notebook and log are in RUNS/<name>/groups/<group_id>/. Runs left alone are ordinary runs, and the
-plan says why each was not fused.
+plan says why each was not fused. Data a run would stream joins a group resident when it fits
+grouping.RESIDENT_MAX_BYTES, else its runs stay alone (check_data measures it, assign_groups decides).
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class PlannedRun:
     problem: str = ""  # found damaged: which file and what is wrong with it
     group: str | None = None   # the fused group it runs in (None: alone, or not run)
     fusion: str | None = None  # --fuse auto, a run left alone: why it was not fused
+    data: str | None = None    # --fuse auto, a run in a group: how its data reaches the group, if planned
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ class SweepReport:
         lines += [f"{p.point.run_id:<10}  {p.point.label:<{width}}  {p.found:<11}  {p.action:<6}  "
                   f"{start.get(p.point.run_id, '-'):<5}  {p.group or '-':<10}  {p.fusion or ''}".rstrip()
                   for p in self.planned]
+        decided = {p.group: p.data for p in self.planned if p.group and p.data}   # one line per group
+        lines += [f"group {group}: {data}" for group, data in decided.items()]
         return "\n".join(lines)
 
     @property
@@ -201,15 +205,22 @@ def unfinished_summary(planned: list[PlannedRun]) -> str | None:
 
 def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None = None,
                   engine: str = "library", notebook: Path | None = None, gpus: tuple[str, ...] = (),
-                  blocker: Blocker | None = None) -> list[PlannedRun]:
+                  blocker: Blocker | None = None, streamed: dict[str, int] | None = None) -> list[PlannedRun]:
     """The plan with the runs to execute put in fused groups (bsresearch.fused.grouping), and for each run
-    left alone why. fuse_max: the most runs per group (default: by device, grouping.default_fuse_max)."""
-    from ..fused.grouping import cpu_batch_too_large, default_fuse_max, group_configs, group_id
+    left alone why. fuse_max: the most runs per group (default: by device, grouping.default_fuse_max).
+
+    streamed (check_data's answer): run id -> the bytes as tensors of data its worker would stream (a map-style
+    Dataset from the user's factory, data_loading auto). A fused group needs its data resident: such a run joins
+    a group with data_loading resident when the data fits grouping.RESIDENT_MAX_BYTES (its `data` says so), else
+    it runs alone, streamed, and says why. Without it (a remote cluster, whose data this machine may not see),
+    the fused trainer makes the same decision at run time."""
+    from ..fused.grouping import cpu_batch_too_large, default_fuse_max, group_configs, group_id, residency
     todo = [k for k, p in enumerate(planned) if p.action == "run"]
     cfgs = [planned[k].point.config for k in todo]
     device = cfgs[0].device if cfgs else "cpu"
     on_gpu = device.startswith("cuda") or (device == "auto" and bool(gpus))
     excluded = {}
+    resident: dict[int, str] = {}   # runs whose data a group would hold resident, and the line that says so
     for n, k in enumerate(todo):
         too_large = None if on_gpu else cpu_batch_too_large(cfgs[n])
         if too_large:
@@ -219,6 +230,12 @@ def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None 
         elif engine == "papermill" and notebook is not None and notebook.name != RUN_TEMPLATE:
             excluded[n] = (f"the spec's notebook {notebook.name} is not the run template {RUN_TEMPLATE}: "
                            "its runs are executed one by one")
+        elif cfgs[n].data_loading == "auto" and (streamed or {}).get(planned[k].point.run_id) is not None:
+            fits, why = residency((streamed or {})[planned[k].point.run_id])
+            if fits:
+                cfgs[n], resident[n] = cfgs[n].replace(data_loading="resident"), why
+            else:
+                excluded[n] = why
     if fuse_max is None:
         fuse_max = default_fuse_max("cuda" if on_gpu else "cpu")
     grouping = group_configs(cfgs, fuse_max, workers, blocker, excluded)
@@ -226,26 +243,33 @@ def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None 
     for members in grouping.groups:
         gid = group_id([planned[todo[n]].point.run_id for n in members])
         for n in members:
-            out[todo[n]] = replace(planned[todo[n]], group=gid)
+            p = planned[todo[n]]
+            out[todo[n]] = replace(p, group=gid, point=replace(p.point, config=cfgs[n]), data=resident.get(n))
     for n, reason in grouping.alone.items():
         out[todo[n]] = replace(planned[todo[n]], fusion=reason)
     return out
 
 
-def check_data(points: list[Point]) -> None:
+def check_data(points: list[Point]) -> dict[str, int]:
     """Load each dataset the points use once (on the CPU), check every batch fits, check each model with its
     data and loss in one dry run (runsetup.RunSetup.checked), and that each device asked for exists here: a missing
     dataset, a model file that does not import, an output the loss cannot take, a batch larger than the
-    training set or `device: cuda` on a machine without one is reported now, not by each worker."""
+    training set or `device: cuda` on a machine without one is reported now, not by each worker.
+
+    Returns run id -> bytes as tensors, for each run whose worker would stream its data (a map-style Dataset
+    from the user's factory, data_loading auto): what assign_groups decides fusing with."""
     import torch
 
     from ..data import dataset_for  # imports torch
+    from ..fused.grouping import resident_bytes
     from ..losses import loss_for
     from ..models import model_for
     from ..runsetup import RunSetup
     from ..runtime import resolve_device
     datasets: dict[tuple, Any] = {}
     checked: set[tuple] = set()
+    sizes: dict[tuple, int | None] = {}   # data key -> bytes as tensors of data served streamed
+    streamed: dict[str, int] = {}
     for point in points:
         cfg = point.config
         data_key = (cfg.dataset, cfg.dataset_kwargs, cfg.test_size, cfg.data_dir, cfg.train_size)
@@ -257,12 +281,17 @@ def check_data(points: list[Point]) -> None:
                 datasets[data_key] = dataset_for(cfg.replace(data_loading="auto", loader_workers=0), "cpu")
             data = datasets[data_key]
             check_data_size(cfg, data.n_train)
+            if data_key not in sizes:
+                sizes[data_key] = None if data.resident else resident_bytes(data)
+            if cfg.data_loading == "auto" and sizes[data_key] is not None:
+                streamed[point.run_id] = int(sizes[data_key] or 0)
             if model_key not in checked and cfg.precision != "fp16":  # fp16 needs CUDA; the worker checks it there
                 RunSetup.checked(model_for(cfg, data, torch.Generator().manual_seed(0)), data, loss_for(cfg.loss),
                                  cfg.precision, cfg.model, f"dataset {cfg.dataset}")
                 checked.add(model_key)
         except ConfigError as exc:
             raise ConfigError(f"grid point {point.label}: {exc}") from None
+    return streamed
 
 
 def write_manifest(spec: SweepSpec, sweep_dir: Path, points: list[Point]) -> None:
@@ -303,8 +332,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
         check_dask(scheduler, cluster)  # before sweep.json is written
     points = expand(spec)
     remote = executor == "dask" and (scheduler or cluster)
-    if not remote:  # a remote cluster may see data this machine does not
-        check_data(points)
+    streamed = None if remote else check_data(points)  # a remote cluster may see data this machine does not
     sweep_dir = Path(runs_root).resolve() / spec.name
     planned = plan(points, sweep_dir, retry_failed)
     todo = [p for p in planned if p.action == "run"]
@@ -312,7 +340,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     workers = workers or default_workers(len(todo), gpus)
     notebook = run_template(spec) if engine == "papermill" else spec.notebook
     if fuse == "auto":
-        planned = assign_groups(planned, workers, fuse_max, engine, notebook, gpus)
+        planned = assign_groups(planned, workers, fuse_max, engine, notebook, gpus, streamed=streamed)
         todo = [p for p in planned if p.action == "run"]
     per_run = float(timeout or spec.timeout)
     tasks = make_tasks(todo, sweep_dir, engine, str(notebook) if notebook else None, per_run, gpus)

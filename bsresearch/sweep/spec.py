@@ -23,6 +23,10 @@ A spec (every key but `name` is optional):
       - where: {batch_size: 4000}
         set: {eval_every: 25}
 
+Every relative path (notebook, analysis, data_dir, and the file of a FILE.py:NAME model, dataset or loss,
+wherever it is written) is relative to the spec's folder: made absolute here, so that every process of the
+sweep (workers with their own working directories) finds the same file.
+
 Every mistake raises ConfigError naming the key (e.g. "grid.bacth_size: unknown RunConfig field ...").
 
 Inheritance: `extends: ../keskar.yaml` (a path relative to this file) makes a spec a child of another, so
@@ -37,10 +41,9 @@ The child's top-level keys replace the parent's, all but `base`, which is merged
 parent's `base`; every other key (name, description, notebook, analysis, analysis_parameters, timeout, grid,
 variants, seeds, measurements, overrides) replaces the parent's whole, and a key set to null in the child
 removes the parent's (`base: null` merges nothing). Paths keep meaning what they meant where they were
-written: the parent's `notebook`, `analysis` and relative `data_dir` (in `base` and in `variants`) resolve
-against the parent's folder, the child's against the child's. (A `FILE.py:NAME` model, dataset or loss is
-found under the project root, then the working directory, never relative to the spec (bsresearch/references.py):
-inheritance does not change it.) The parent chain is read recursively; a cycle, a parent that does not exist,
+written: the parent's `notebook`, `analysis`, relative `data_dir` and the files of `FILE.py:NAME` models, datasets
+and losses (in `base`, `variants`, `grid` and `overrides`) resolve against the parent's folder, the child's
+against the child's. The parent chain is read recursively; a cycle, a parent that does not exist,
 or an `extends` that is not a path raises a one-line ConfigError naming the files. `SweepSpec.parents` lists
 the chain (nearest first) and `SweepSpec.raw` is the merged spec (without `extends`; the parents' paths
 absolute), which the sweep's manifest keeps.
@@ -60,7 +63,7 @@ from typing import Any
 import yaml
 
 from .. import config as C
-from .. import templates
+from .. import references, templates
 from ..config import (
     FIELD_NAMES,
     NAME_PATTERN,
@@ -195,11 +198,11 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
     if not isinstance(description, str):
         raise ConfigError(f"description: must be a string; got {description!r}")
     base = _parse_base(raw.get("base"), base_dir)
-    grid = _parse_grid(raw.get("grid"))
+    grid = _parse_grid(raw.get("grid"), base_dir)
     variants = _parse_variants(raw.get("variants"), base_dir)
     seeds = _parse_seeds(raw.get("seeds", [base.get("seed", 0)]))
     measurements = _parse_measurements(raw.get("measurements"))
-    overrides = tuple(_parse_override(i, o, tuple(variants))
+    overrides = tuple(_parse_override(i, o, tuple(variants), base_dir)
                       for i, o in enumerate(_as_list(raw.get("overrides"), "overrides")))
     spec = SweepSpec(name=name, path=path, description=description,
                      notebook=_parse_path(raw.get("notebook"), "notebook", base_dir),
@@ -287,22 +290,41 @@ def _inherit(raw: dict[str, Any], base_dir: Path, path: Path | None,
 
 def _absolute_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     """`raw` with the paths that parse_spec resolves against the spec's folder (notebook, analysis, a relative
-    data_dir in base and in each variant) made absolute, as they resolve from `folder`, so that they keep
-    their meaning in a child written elsewhere."""
+    data_dir and the file of a FILE.py:NAME reference, in base, variants, grid and overrides) made absolute, as
+    they resolve from `folder`, so that they keep their meaning in a child written elsewhere. Whether the files
+    exist is checked when the parent is parsed."""
     out = dict(raw)
     for key in ("notebook", "analysis"):
         if isinstance(out.get(key), str):
             out[key] = str((folder / out[key]).resolve())
 
-    def fix(fields: Any) -> Any:
-        data_dir = fields.get("data_dir") if isinstance(fields, dict) else None
-        if isinstance(data_dir, str) and data_dir and not Path(data_dir).is_absolute():
-            return {**fields, "data_dir": str((folder / data_dir).resolve())}
-        return fields
+    def value(name: Any, v: Any) -> Any:
+        if not isinstance(v, str) or not v:
+            return v
+        if name == "data_dir" and not Path(v).expanduser().is_absolute():
+            return str((folder / v).resolve())
+        if name in C.REFERENCE_FIELDS and references.looks_like_reference(v):
+            try:
+                ref = references.parse(v)
+            except ConfigError:
+                return v
+            if ref.is_file and not Path(ref.source).expanduser().is_absolute():
+                return f"{(folder / ref.source).resolve()}:{ref.name}"
+        return v
+
+    def fields(d: Any, many: bool = False) -> Any:
+        if not isinstance(d, dict):
+            return d
+        return {k: ([value(k, x) for x in v] if many and isinstance(v, list) else value(k, v)) for k, v in d.items()}
     if "base" in out:
-        out["base"] = fix(out["base"])
+        out["base"] = fields(out["base"])
     if isinstance(out.get("variants"), dict):
-        out["variants"] = {name: fix(fields) for name, fields in out["variants"].items()}
+        out["variants"] = {name: fields(f) for name, f in out["variants"].items()}
+    if "grid" in out:
+        out["grid"] = fields(out["grid"], many=True)
+    if isinstance(out.get("overrides"), list):
+        out["overrides"] = [{**o, **{k: fields(o[k], many=True) for k in ("where", "set") if k in o}}
+                            if isinstance(o, dict) else o for o in out["overrides"]]
     return out
 
 
@@ -321,12 +343,26 @@ def _check_field(key: str, name: Any) -> str:
     return name
 
 
-def _coerce_at(key: str, name: str, value: Any) -> Any:
-    """`value` converted to RunConfig field `name`'s type (YAML reads 1e-3 as a string); errors name `key`."""
+def _coerce_at(key: str, name: str, value: Any, base_dir: Path | None = None) -> Any:
+    """`value` converted to RunConfig field `name`'s type (YAML reads 1e-3 as a string); errors name `key`.
+    With `base_dir` (the spec's folder), a path in it is made absolute as the spec means it (_spec_path)."""
     try:
-        return coerce_field(name, value)
+        value = coerce_field(name, value)
+        return value if base_dir is None else _spec_path(name, value, base_dir)
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc}") from None
+
+
+def _spec_path(name: str, value: Any, base_dir: Path) -> Any:
+    """A relative `data_dir`, and the file of a FILE.py:NAME model, dataset or loss, resolved against the
+    spec's folder (runs execute with their own working directory, in other processes): the folder absolute,
+    the reference as RunConfig writes it (references.resolve_in). ConfigError naming a file that is not there
+    and the folder searched."""
+    if name == "data_dir" and isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+        return str((base_dir / value).resolve())
+    if name in C.REFERENCE_FIELDS and isinstance(value, str):
+        return references.resolve_in(value, base_dir, "the spec's folder")
+    return value
 
 
 def _parse_base(raw: Any, base_dir: Path, key: str = "base") -> dict[str, Any]:
@@ -341,13 +377,11 @@ def _parse_base(raw: Any, base_dir: Path, key: str = "base") -> dict[str, Any]:
             raise ConfigError(f"{key}.measure: use the top-level 'measurements' list")
         if name == "seed" and key != "base":
             raise ConfigError(f"{key}.seed: seeds come from the top-level 'seeds' list")
-        out[name] = _coerce_at(f"{key}.{name}", name, value)
-    if out.get("data_dir") and not Path(out["data_dir"]).is_absolute():
-        out["data_dir"] = str((base_dir / out["data_dir"]).resolve())  # runs execute with their own cwd
+        out[name] = _coerce_at(f"{key}.{name}", name, value, base_dir)
     return out
 
 
-def _parse_grid(raw: Any) -> dict[str, tuple[Any, ...]]:
+def _parse_grid(raw: Any, base_dir: Path) -> dict[str, tuple[Any, ...]]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -362,7 +396,7 @@ def _parse_grid(raw: Any) -> dict[str, tuple[Any, ...]]:
             raise ConfigError(f"{key}: use the top-level 'measurements' list")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{key}: must be a non-empty list of values; got {values!r}")
-        coerced = tuple(_coerce_at(f"{key}[{i}]", name, v) for i, v in enumerate(values))
+        coerced = tuple(_coerce_at(f"{key}[{i}]", name, v, base_dir) for i, v in enumerate(values))
         if len(set(map(repr, coerced))) != len(coerced):
             raise ConfigError(f"{key}: values repeat: {list(values)}")
         grid[name] = coerced
@@ -406,7 +440,7 @@ def _parse_measurements(raw: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = ()) -> Override:
+def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = (), base_dir: Path | None = None) -> Override:
     key = f"overrides[{index}]"
     if not isinstance(raw, dict) or set(raw) - {"where", "set"} or "set" not in raw:
         raise ConfigError(f"{key}: must be a mapping with 'where' (optional) and 'set'; got {raw!r}")
@@ -427,13 +461,13 @@ def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = ()) -> Ove
             where[name] = tuple(values)
             continue
         _check_field(f"{key}.where.{name}", name)
-        where[name] = tuple(_coerce_at(f"{key}.where.{name}", name, v) for v in values)
+        where[name] = tuple(_coerce_at(f"{key}.where.{name}", name, v, base_dir) for v in values)
     new_values = {}
     for name, value in set_raw.items():
         _check_field(f"{key}.set.{name}", name)
         if name == "seed":
             raise ConfigError(f"{key}.set.seed: seeds come from the top-level 'seeds' list")
-        new_values[name] = _coerce_at(f"{key}.set.{name}", name, value)
+        new_values[name] = _coerce_at(f"{key}.set.{name}", name, value, base_dir)
     return Override(where=where, values=new_values)
 
 
@@ -536,7 +570,7 @@ _DEFAULTS = dataclasses.asdict(RunConfig())  # tuples stay tuples, for matching
 
 def _label(coords: dict[str, Any]) -> str:
     def show(v: Any) -> str:
-        return f"{v:g}" if isinstance(v, float) else str(v)
+        return f"{v:g}" if isinstance(v, float) else references.short_name(v) if isinstance(v, str) else str(v)
     return " ".join(f"{k}={show(v)}" for k, v in coords.items())
 
 
