@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from .config import FIELD_NAMES, ConfigError, check_name, did_you_mean, run_id
 from .options import add_config_options, config_from_args
+from .paths import project_folder
 
 
 class _NegativeNumber:
@@ -87,7 +88,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one run and write its run directory",
                        description="Train one RunConfig. Example: bsresearch train --batch-size 256 --lr 0.1")
     p.add_argument("config", nargs="?", help="a JSON file of RunConfig fields")
-    p.add_argument("--runs", default="runs", help="root folder of run directories [runs]")
+    p.add_argument("--runs", type=project_folder("runs"), default=project_folder("runs")(""),
+                   help="root folder of run directories (relative: to the working directory) [the project's runs/]")
     p.add_argument("--name", default="train", help="sweep name: the run goes to RUNS/NAME/<run_id> [train]")
     p.add_argument("--run-dir", help="write exactly here instead of RUNS/NAME/<run_id>")
     p.add_argument("--overwrite", action="store_true", help="retrain even if the run directory holds a finished run")

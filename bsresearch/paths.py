@@ -18,16 +18,25 @@ def checkout_root() -> Path | None:
 
 
 def project_root() -> Path:
-    """The checkout that holds this package (an editable install, or PYTHONPATH), else the nearest folder
-    above the working directory with pyproject.toml and experiments/, else the working directory."""
-    checkout = checkout_root()
-    if checkout is not None:
-        return checkout
+    """The nearest folder at or above the working directory with pyproject.toml and experiments/ (a project
+    `bsresearch init` laid out, or the checkout itself), else the checkout that holds this package (an
+    editable install, or PYTHONPATH), else the working directory. So a project of one's own is its own root
+    whether bsresearch is installed from a wheel or from a checkout."""
     here = Path.cwd().resolve()
-    return next((d for d in (here, *here.parents) if _is_root(d)), here)
+    found = next((d for d in (here, *here.parents) if _is_root(d)), None)
+    return found or checkout_root() or here
 
 
 def project_path(path: str | Path = ".") -> Path:
     """`path` as given when absolute; a relative path under the project root."""
     path = Path(path).expanduser()
     return path if path.is_absolute() else project_root() / path
+
+
+def project_folder(default: str):
+    """An argparse type for a folder option: the value as given (a relative one from the working directory,
+    as every path on the command line), or the project's `default` folder when empty."""
+    def parse(text: str) -> Path:
+        return Path(text).expanduser().resolve() if text else project_path(default)
+    parse.__name__ = f"{default} folder"
+    return parse

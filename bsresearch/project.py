@@ -96,9 +96,9 @@ description: test accuracy and curvature against batch size, for the model in mo
 # analysis: ../notebooks/10_sweep_report.ipynb # the report's notebook; without it, the packaged generic report
 timeout: 900                  # seconds per run before it is killed (state timeout)
 base:                         # RunConfig fields every run shares (`bsresearch train --help` lists them all)
-  model: {MODEL}   # your factory (relative to the project)
+  model: ../{MODEL}   # your factory (a path in a spec is relative to the spec's folder)
   model_kwargs: {{hidden: 64}}
-  dataset: {DATA}
+  dataset: ../{DATA}
   dataset_kwargs: {{n: 2000}}  # 1600 training examples, 400 held out for the test
   optimizer: sgd
   lr: 0.05                    # at base_batch_size; lr_scaling (none, linear, sqrt) scales it with the batch

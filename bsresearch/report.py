@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import templates
 from .config import ConfigError
+from .paths import project_folder
 from .rundir import MANIFEST
 from .source import git_commit, is_dirty, is_reproduction
 from .sweep.kernels import execute_notebook
@@ -127,8 +128,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Execute the spec's analysis notebook over the sweep's results; figures, "
                                    "tables and the executed notebook go to REPORTS/<name>/.")
     p.add_argument("spec", help="experiment spec, e.g. experiments/demo.yaml")
-    p.add_argument("--runs", default="runs", help="root folder of run directories [runs]")
-    p.add_argument("--reports", default="reports", help="root folder of reports [reports]")
+    p.add_argument("--runs", type=project_folder("runs"), default=project_folder("runs")(""),
+                   help="root folder of run directories (relative: to the working directory) [the project's runs/]")
+    p.add_argument("--reports", type=project_folder("reports"), default=project_folder("reports")(""),
+                   help="root folder of reports (relative: to the working directory) [the project's reports/]")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per notebook cell [1800]")
     p.add_argument("--no-html", action="store_true", help="do not export the executed notebook to HTML")
     p.add_argument("--partial", action="store_true",

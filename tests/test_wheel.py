@@ -102,8 +102,10 @@ def test_a_project_from_the_installed_wheel_trains_sweeps_and_reports(venv, tmp_
     _run([cli, "train", "--model", "../models/my_model.py:make_model", "--dataset", "../models/my_model.py:make_data",
           "--dataset-kwargs", "n=600", "--batch-size", "32", "--lr", "0.05", "--budget-amount", "1", "--quiet"],
          project / "notebooks", env)
-    (config,) = [json.loads(p.read_text()) for p in project.rglob("runs/train/*/config.json")]
-    assert config["model"] == "models/my_model.py:make_model"   # relative to the project, not to where it ran
+    (config,) = [json.loads(p.read_text()) for p in (project / "runs" / "train").glob("*/config.json")]
+    # resolved against the working directory; outside a checkout a reference is stored whole (its run id names
+    # the file by its name and content, so a moved project still finds the run: tests/test_paths.py)
+    assert config["model"] == f"{project.resolve()}/models/my_model.py:make_model"
 
     # the example spec: no notebook: (the packaged run template) and no analysis: (the packaged report)
     out = _run([cli, "sweep", "experiments/example.yaml", "--workers", "2", "--quiet"], project, env, timeout=600)
