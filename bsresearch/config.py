@@ -50,12 +50,15 @@ BUDGETS = ("epochs", "steps", "examples", "tokens", "target")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SAMPLINGS = ("shuffle", "replacement")
 EVAL_SCHEDULES = ("every", "log")
+# Experiment trackers a run's history and final metrics can also go to (bsresearch/trackers.py).
+TRACKERS = ("tensorboard", "mlflow")
 # Measurements a run can take after training; each name has an entry in bsresearch/measure/registry.py.
 MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "sharpness", "m_sharpness")
 
 # Fields that change how a run executes but not what it computes: left out of the run id, so a rerun
 # with more threads or another checkpoint interval finds the finished result.
-OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoint", "data_loading", "loader_workers")
+OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoint", "data_loading", "loader_workers",
+                      "trackers", "mlflow_tracking_uri")
 # Fields added after run ids were first published: left out of the id while they keep these values, so
 # every run id made before them still names the same run.
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs": {}, "dataset_kwargs": {},
@@ -191,6 +194,9 @@ class RunConfig:
     checkpoint_every: int = 0           # steps between resumable checkpoints (0: none during the run)
     save_checkpoint: bool = True        # keep the final weights in checkpoint.pt (for later measurements)
     snapshot_at_tokens: tuple[float, ...] = ()  # save the state here for runs that branch from this trajectory
+    # --- experiment trackers
+    trackers: tuple[str, ...] = ()      # also log history and final metrics to: tensorboard, mlflow (docs/runs.md)
+    mlflow_tracking_uri: str | None = None  # mlflow's store: a folder, file: or sqlite: URI (None: runs/<sweep>/mlruns)
 
     def __post_init__(self) -> None:
         hints = _type_hints()
@@ -531,6 +537,23 @@ def _validate(cfg: RunConfig) -> None:
     if bad:
         raise ConfigError(f"measure: unknown measurement {bad[0]!r}{did_you_mean(bad[0], MEASUREMENTS)}; "
                           f"accepted: {', '.join(MEASUREMENTS)}")
+    _validate_trackers(cfg)
+
+
+def _validate_trackers(cfg: RunConfig) -> None:
+    bad = [t for t in cfg.trackers if t not in TRACKERS]
+    if bad:
+        raise ConfigError(f"trackers: unknown tracker {bad[0]!r}{did_you_mean(bad[0], TRACKERS)}; "
+                          f"accepted: {', '.join(TRACKERS)}")
+    if len(set(cfg.trackers)) != len(cfg.trackers):
+        raise ConfigError(f"trackers: each at most once; got {list(cfg.trackers)}")
+    uri = cfg.mlflow_tracking_uri
+    if uri is not None:
+        if "mlflow" not in cfg.trackers:
+            raise ConfigError("mlflow_tracking_uri needs trackers: [mlflow]")
+        if not uri or (re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", uri) and not uri.startswith(("file:", "sqlite:"))):
+            raise ConfigError(f"mlflow_tracking_uri must be a local store: a folder, or a file: or sqlite: URI; "
+                              f"got {uri!r}")
 
 
 # ----------------------------------------------------------------------------- type coercion

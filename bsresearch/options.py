@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
+from . import config as C
 from . import references
 from .config import FIELD_NAMES, REFERENCE_FIELDS, ConfigError, RunConfig
 from .fieldhelp import field_help
+
+# The vocabularies a field's description names (config.py's comments say "one of MODELS"): the help spells
+# them out, so `--help` lists the accepted models, datasets, losses and measurements.
+VOCABULARIES = {"MODELS": C.MODELS, "DATASETS": C.DATASETS, "LOSSES": C.LOSSES, "MEASUREMENTS": C.MEASUREMENTS}
+
+
+def spelled_out(text: str) -> str:
+    """`text` with each vocabulary's name (MODELS, DATASETS, LOSSES, MEASUREMENTS) replaced by its names."""
+    return re.sub(r"\b(" + "|".join(VOCABULARIES) + r")\b", lambda m: ", ".join(VOCABULARIES[m.group(1)]), text)
 
 
 def config_from_args(config_file: str | None, overrides: dict[str, str | None]) -> RunConfig:
@@ -57,4 +68,4 @@ def add_config_options(parser: argparse.ArgumentParser, fields: tuple[str, ...] 
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else dict(default) \
             if isinstance(default, dict) else default
         group.add_argument(*flags, dest=name, default=None, metavar="V",
-                           help=f"{helps.get(name, '')} [default: {shown}]")
+                           help=f"{spelled_out(helps.get(name, ''))} [default: {shown}]")

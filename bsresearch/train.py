@@ -32,6 +32,7 @@ from .rundir import RunDir, check_writable
 from .runsetup import finished_result, out_of_memory_result, run_setup
 from .runtime import is_out_of_memory, model_randomness, oom_message, resolve_device
 from .state import load_checkpoint
+from .trackers import trackers_for
 
 __all__ = ["RunResult", "load_trained_model", "run"]
 
@@ -53,6 +54,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     rd = RunDir(run_dir) if run_dir is not None else None
     if rd:
         check_writable(rd.path, "--runs or --run-dir")
+    trackers = trackers_for(cfg)   # a tracker's package missing: ConfigError before any work
     try:  # moving the data and the model to the device can run out of memory: a result ("oom"), not a bug
         setup = run_setup(cfg)
         trajectory = setup.trajectory(cfg, rd)
@@ -65,7 +67,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
             torch.cuda.empty_cache()
         return out_of_memory_result(cfg, run_dir, device, oom_message(exc))
     own = [Evaluation(), Divergence(), *([Snapshots(trajectory)] if trajectory else []), NoiseScale(),
-           Progress(progress), Recording()]
+           Progress(progress), Recording(), *trackers]
     # dropout repeats with the seed, and across a resume
     with model_randomness(cfg.seed, setup.device, member.model_rng):
         # Checkpointing last: a checkpoint after a step holds every callback's state after that step

@@ -88,6 +88,9 @@ threads: int = 1                        # torch CPU threads; 1 is fastest for sm
 checkpoint_every: int = 0               # steps between resumable checkpoints (0: none during the run)
 save_checkpoint: bool = True            # keep the final weights in checkpoint.pt (for later measurements)
 snapshot_at_tokens: list[float] = []    # save the state here for runs that branch from this trajectory
+# --- experiment trackers
+trackers: list[str] = []                # also log history and final metrics to: tensorboard, mlflow (docs/runs.md)
+mlflow_tracking_uri: Optional[str] = None # mlflow's store: a folder, file: or sqlite: URI (None: runs/<sweep>/mlruns)
 
 # --- where the run is written
 runs_dir: str = "runs"                  # run directories go to RUNS_DIR/SWEEP/<run_id>/ (relative: to the project)

@@ -90,3 +90,22 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, case, expected)
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("bsresearch: error: ") and expected in err, err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_what_advise_assumed_is_said_beside_the_recommendation(tmp_path, capsys):
+    # no lr, base batch or weights given: the summary says what it took for them, before any warning
+    assert main(["advise", "--model", "mlp", "--dataset", "synthetic", "--out", str(tmp_path / "a"), *QUICK]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assumed = [line for line in printed if line.startswith("  assumed (not given): ")]
+    assert [a.split(": ", 1)[1].split(",")[0] for a in assumed] == ["lr 0.05", "that lr holds at batch 32",
+                                                                    "the noise scale measured at the model's "
+                                                                    "initial weights; it usually grows as the loss "
+                                                                    "falls"]
+    assert printed.index(assumed[0]) == 1   # right under the recommendation
+    assert any("B_simple" in line and "at the initial weights" in line for line in printed)
+    record = json.loads((tmp_path / "a" / "advice.json").read_text())
+    assert record["measured_at"] == "the initial weights" and len(record["assumptions"]) == 3
+    # given: only the measurement point is assumed
+    assert main(["advise", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.02", "--base-batch-size", "8",
+                 "--out", str(tmp_path / "b"), *QUICK]) == 0
+    assert sum(line.startswith("  assumed") for line in capsys.readouterr().out.splitlines()) == 1

@@ -63,3 +63,15 @@ def test_datasets_command(capsys):
     assert main(["datasets"]) == 0
     out = capsys.readouterr().out
     assert "mnist1d" in out and "synthetic" in out and "cifar10" in out
+
+
+def test_every_docs_page_that_runs_bsresearch_says_how_to_get_it_on_the_path():
+    # a new user copies `bsresearch train ...` from a page: the page points to the one place that says how
+    # (docs/index.md#the-command; design.md is the developers' page)
+    import re
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    command = re.compile(r"(^|[`\s/])bsresearch (train|sweep|report|advise|bench|datasets|status|init)\b", re.M)
+    assert '<a id="the-command"></a>' in (docs / "index.md").read_text()
+    missing = [p.name for p in sorted(docs.glob("*.md")) if p.name not in ("index.md", "design.md")
+               and command.search(p.read_text()) and "index.md#the-command" not in p.read_text()]
+    assert not missing, f"pages that run bsresearch without saying how to get it on the PATH: {missing}"

@@ -555,3 +555,14 @@ def test_config_error_is_a_value_error_with_a_one_line_render():
     exc = ConfigError("lr must be a positive number; got -1")
     assert isinstance(exc, ValueError)
     assert exc._render_traceback_() == ["ConfigError: lr must be a positive number; got -1"]
+
+
+@pytest.mark.parametrize("command", ["train", "advise", "bench"])
+def test_help_lists_the_accepted_models_datasets_and_losses(command, capsys):
+    from bsresearch import config as C
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())   # argparse wraps lines
+    for names in (C.MODELS, C.DATASETS, C.LOSSES):
+        assert "one of " + ", ".join(names) + ", or FILE.py:NAME" in text.replace(" (a batch mean)", "")
+    assert not any(f"one of {name}" in text for name in ("MODELS", "DATASETS", "LOSSES"))   # the placeholder

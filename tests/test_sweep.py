@@ -89,6 +89,18 @@ def test_inline_sweep_calls_the_library_and_a_failing_run_does_not_stop_it(tmp_p
     assert RunDir(failed_dir := tmp_path / "smoke" / failed.run_id).status()["runner"]["attempt"] == 2, failed_dir
 
 
+def test_a_sweep_without_a_terminal_prints_a_line_per_finished_run(tmp_path, capsys):
+    # pytest's stderr is not a terminal, as a log or a pipe is not: no bar, a line per run as it finishes
+    report = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", fuse="off")
+    err = capsys.readouterr().err.splitlines()
+    lines = [line for line in err if line.startswith("[")]
+    assert len(lines) == len(report.outcomes) == 4
+    for i, (line, o) in enumerate(zip(lines, report.outcomes), 1):
+        assert line.startswith(f"[{i}/4] ok {o.label} ({o.run_id}): ") and " s into the sweep" in line
+    run_sweep(SMOKE, runs_root=tmp_path / "quiet", executor="inline", fuse="off", progress=False)   # --quiet
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+
+
 # ----------------------------------------------------------------------------- the runner's own verdict
 def fake_notebook(path: Path, *cells: str) -> Path:
     """A run template stand-in: a parameters cell, then `cells` (run_dir and every field are injected)."""

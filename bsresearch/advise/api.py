@@ -174,6 +174,8 @@ class Advice:
     table: pd.DataFrame                   # one row per batch size, see advise()
     noise_history: pd.DataFrame | None    # the noise scale's EMA along a short training run (train_steps)
     notes: tuple[str, ...] = field(default=())
+    measured_at: str = "the given weights"  # where B_simple was measured: the given weights or the initial ones
+    assumptions: tuple[str, ...] = field(default=())  # what advise assumed because it was not given (summary)
 
     def summary(self) -> str:
         """A few lines for a terminal."""
@@ -183,18 +185,21 @@ class Advice:
                     if self.b_simple_interval else "")
         row = self.table[self.table["batch_size"] == self.batch_size].iloc[0]
         lines = [f"recommended batch size {self.batch_size}, {plan}; lr {self.lr:.4g} "
-                 f"({self.lr_rule} rule from lr {self.base_lr:.4g} at batch {self.base_batch_size})",
-                 f"  {row['examples_per_second']:.4g} examples/s x statistical efficiency "
+                 f"({self.lr_rule} rule from lr {self.base_lr:.4g} at batch {self.base_batch_size})"]
+        lines += [f"  assumed (not given): {a}" for a in self.assumptions]
+        lines += [f"  {row['examples_per_second']:.4g} examples/s x statistical efficiency "
                  f"{row['statistical_efficiency']:.3f} on {self.device}",
-                 f"  gradient noise scale B_simple {self.b_simple:.4g}{interval} examples ({self.noise_method}, "
-                 f"{self.noise_examples} examples)",
+                 f"  gradient noise scale B_simple {self.b_simple:.4g}{interval} examples at {self.measured_at} "
+                 f"({self.noise_method}, {self.noise_examples} examples)",
                  f"  largest batch that fits: {self.largest_batch_size}"
                  + (" (the search limit: no out-of-memory below it)" if self.search.reached_limit else "")
                  + (f" within {format_bytes(self.memory_budget)}" if self.memory_budget else "")]
         if self.beyond_critical:
             lines.append(f"  note: batch {self.batch_size} is beyond the critical batch (B_simple "
-                         f"{self.b_simple:.3g}): the {self.lr_rule} lr rule is unreliable there and each extra "
-                         f"example per step buys little")
+                         f"{self.b_simple:.3g} at {self.measured_at}): it is recommended because it still makes the "
+                         f"most progress per second here (examples/s x efficiency), but each extra example per "
+                         f"step buys little and the {self.lr_rule} lr rule from batch {self.base_batch_size} is "
+                         f"unreliable there")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -229,7 +234,8 @@ class Advice:
                        "fit": None if fit is None else {"fixed_bytes": fit.fixed_bytes,
                                                         "per_example_bytes": fit.per_example_bytes,
                                                         "max_residual_bytes": fit.max_residual_bytes}},
-            "device": self.device, "notes": list(self.notes),
+            "device": self.device, "notes": list(self.notes), "measured_at": self.measured_at,
+            "assumptions": list(self.assumptions),
             "table": rows(self.table), "noise_history": rows(self.noise_history)})
 
 
@@ -391,7 +397,7 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     assert budget is None or isinstance(budget, int)
     dev = resolve_device(settings.device) if isinstance(settings.device, str) else torch.device(settings.device)
     loss = loss_for(loss_fn)
-    optimizer_fn = optimizer_fn or optimizer_factory("sgd", 0.01)
+    optimizer_fn_given, optimizer_fn = optimizer_fn, optimizer_fn or optimizer_factory("sgd", 0.01)
     x_cpu, y_cpu = first_examples(data, settings.max_examples)
     models = _Models(model_fn, weights, optimizer_fn, dev, settings.seed)
     x, y = x_cpu.to(dev), y_cpu.to(dev)
@@ -402,6 +408,16 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     base_lr = float(settings.base_lr if settings.base_lr is not None else probe.optimizer.param_groups[0]["lr"])
     base_batch_size = int(settings.base_batch_size or sizes[0])
     rule = settings.lr_rule or ("linear" if isinstance(probe.optimizer, torch.optim.SGD) else "sqrt")
+    assumptions = []   # what the user did not give, said in the summary so that the numbers read as they are
+    if settings.base_lr is None and optimizer_fn_given is None:
+        assumptions.append(f"lr {base_lr:g} (advise's default optimizer, SGD with momentum 0.9; pass your "
+                           f"optimizer_fn or base_lr)")
+    if settings.base_batch_size is None:
+        assumptions.append(f"that lr was tuned at batch {base_batch_size}, the smallest batch size measured "
+                           f"(base_batch_size)")
+    measured_at = "the given weights" if weights is not None else "the initial weights"
+    if weights is None:
+        assumptions.append(_INITIAL_WEIGHTS)
     generator = torch.Generator().manual_seed(settings.seed)
     notes: list[str] = []
 
@@ -478,7 +494,12 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
                   noise_fallback=fallback, noise_examples=min(n_noise, len(x)),
                   largest_batch_size=search.largest_batch_size, safe_batch_size=safe, search=search,
                   memory_budget=budget, memory_fit=fit, device=str(dev), table=table, noise_history=history,
-                  notes=tuple(notes))
+                  notes=tuple(notes), measured_at=measured_at, assumptions=tuple(assumptions))
+
+
+_INITIAL_WEIGHTS = ("the noise scale measured at the model's initial weights; it usually grows as the loss falls, "
+                    "so a batch beyond it now may not be later (--train-steps / train_steps follows it along a "
+                    "short training run; weights= measures it at trained weights)")
 
 
 def _name(model_fn: Any) -> str:
@@ -508,5 +529,12 @@ def advise_config(cfg: RunConfig, settings: AdviseConfig | None = None, **change
                              adam_beta2_at(cfg, cfg.batch_size))
     model_fn.__name__ = cfg.model
     rule = settings.lr_rule or (None if cfg.lr_scaling == "none" else cfg.lr_scaling)
-    return advise(model_fn, (x, y), loss_for(cfg.loss), optimizer_fn,
-                  settings=settings.replace(base_lr=cfg.lr, base_batch_size=cfg.base_batch_size, lr_rule=rule))
+    advice = advise(model_fn, (x, y), loss_for(cfg.loss), optimizer_fn,
+                    settings=settings.replace(base_lr=cfg.lr, base_batch_size=cfg.base_batch_size, lr_rule=rule))
+    defaults = RunConfig()
+    assumed = []   # a config's lr and base batch at RunConfig's defaults were most likely not chosen for this model
+    if cfg.lr == defaults.lr:
+        assumed.append(f"lr {cfg.lr:g}, RunConfig's default, not one tuned for this model (--lr)")
+    if cfg.base_batch_size == defaults.base_batch_size:
+        assumed.append(f"that lr holds at batch {cfg.base_batch_size}, RunConfig's default (--base-batch-size)")
+    return dataclasses.replace(advice, assumptions=(*assumed, *advice.assumptions))

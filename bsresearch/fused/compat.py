@@ -9,7 +9,7 @@ the model's code can tell: this module plans without torch, so it lets such conf
 What may differ per member: the seed and the optimisation hyperparameters that only scale an update (lr,
 momentum, nesterov, weight_decay, adam_beta2, beta2_scaling, lr_scaling, base_batch_size, schedule and its
 parameters, warmup), the duration (budget, target, max_steps), the evaluation schedule, divergence_ratio,
-measurements and save_checkpoint.
+measurements, save_checkpoint and the experiment trackers (each member logs as its own run).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ MAY_DIFFER = frozenset({
     "base_batch_size", "schedule",
     "lr_decay_factor", "lr_decay_at", "warmup_epochs", "budget", "budget_amount", "target_loss", "max_steps",
     "eval_schedule", "eval_every", "eval_per_decade", "divergence_ratio", "measure", "save_checkpoint",
+    "trackers", "mlflow_tracking_uri",
 })
 
 

@@ -39,6 +39,7 @@ from ..models import model_for
 from ..rundir import RunDir
 from ..runsetup import RunSetup, finished_result, out_of_memory_result, run_setup
 from ..runtime import is_out_of_memory, oom_message, resolve_device
+from ..trackers import trackers_for
 from ..train import run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
@@ -71,6 +72,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
         reason = fusion_blocker(cfgs[0], cfg)
         if reason:
             raise ConfigError(f"train_group: config {i} cannot join config 0's group: {reason}")
+    trackers_for(cfgs)   # a tracker's package missing: ConfigError before any work
 
     results: list[RunResult | None] = [finished_result(d) for d in dirs]
     todo = [i for i, r in enumerate(results) if r is None]
@@ -204,7 +206,8 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
         if len(members) > 1 or not is_out_of_memory(exc):
             raise
         engine = _OutOfMemory(exc)  # the stack of one did not fit: the loop records oom, as train.run would
-    callbacks = [Evaluation(), Divergence(), Progress(progress), Recording({"group": group_id})]
+    callbacks = [Evaluation(), Divergence(), Progress(progress), Recording({"group": group_id}),
+                 *trackers_for([m.cfg for m in members])]   # each member logs as its own run
     parts.loop(members, engine, callbacks).run()
 
 

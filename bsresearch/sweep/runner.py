@@ -360,6 +360,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     window = {"inline": 1, "local": workers}.get(executor, len(tasks))
     outcomes: list[RunOutcome] = []
     bar = _progress_bar(len(todo), progress, spec.name)
+    lines = progress is None and bar.disable   # no terminal to draw a bar on (a log, a pipe): a line per run
     supervise.start_accepting()
     try:
         with make_executor(executor, workers, scheduler, cluster, cluster_options) as pool:
@@ -367,6 +368,10 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
                 for task, future in _completed(pool, fn, tasks, window):
                     done = _outcomes(task, future)
                     outcomes.extend(done)
+                    if lines:
+                        for o in done:
+                            print(progress_line(o, len(outcomes) - len(done) + done.index(o) + 1, len(todo),
+                                                time.monotonic() - start), file=sys.stderr, flush=True)
                     bar.update(len(done))
                     bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in
                                                  sorted(Counter(o.state for o in outcomes).items())))
@@ -514,6 +519,15 @@ def _outcomes(task: RunTask | GroupTask, future: Future) -> list[RunOutcome]:
                     raise
             out.append(RunOutcome(run.run_id, run.label, "died", error))
         return out
+
+
+def progress_line(outcome: RunOutcome, n: int, total: int, elapsed: float) -> str:
+    """The line a sweep prints for each finished run when its output is not a terminal: its place, state,
+    label and seconds, and the sweep's time so far
+    (e.g. `[3/9] ok batch_size=32 seed=0 (1a2b3c4d5e): 12.3 s, 41 s into the sweep`)."""
+    why = f" ({outcome.error.splitlines()[0][:200]})" if outcome.error and outcome.state != "ok" else ""
+    return (f"[{n}/{total}] {outcome.state} {outcome.label} ({outcome.run_id}): {outcome.seconds:.1f} s{why}, "
+            f"{elapsed:.0f} s into the sweep")
 
 
 def _progress_bar(total: int, enabled: bool | None, name: str):
