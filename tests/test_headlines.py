@@ -1,10 +1,10 @@
-"""Every headline number of README.md's findings table and of reports/README.md's tables against the report it
-names: a table cell is read in segments, each starting where a report is named (`reports/<name>/`, a link
-`[<name>](...)` or `` `<name>` ``, or the first cell of a row that is a report's name) and running to the next
-name; every "estimate [low, high]" (or "estimate (interval low to high)") in a segment must be found, all three
-numbers in one row of that report's CSVs (or, for a statistic its CSVs do not hold, one after the other on one
-line of its summary.md), at the precision printed (as written, or x100 for an accuracy printed in points). A wrong estimate, a wrong end or an end quoted as the estimate fails. The test file reads the
-committed CSVs only: it needs no runs."""
+"""Every headline number of README.md's findings table and of reports/README.md's tables against the report it names: a
+table cell is read in segments, each starting where a report is named (`reports/<name>/`, a link `[<name>](...)` or
+`` `<name>` ``, or the first cell of a row that is a report's name) and running to the next name; every "estimate
+[low, high]" (or "estimate (interval low to high)") in a segment must be found, all three numbers in one row of that
+report's CSVs (or, for a statistic its CSVs do not hold, one after the other on one line of its summary.md), at the
+precision printed (as written, or x100 for an accuracy printed in points). A wrong estimate, a wrong end or an end
+quoted as the estimate fails. The test file reads the committed CSVs only: it needs no runs."""
 from __future__ import annotations
 
 import csv
