@@ -10,7 +10,7 @@
 # # Sweep report
 #
 # Reads a sweep's run directories into a table (one row per run), and draws the figures a report cites:
-# the final metrics against batch size (mean and 95% interval over seeds), any measurement taken at the
+# the final metrics against batch size (mean and 95% t interval over seeds), any measurement taken at the
 # end (sharpness, Hessian eigenvalue), learning curves, and, when the learning rate was tuned per batch
 # size on a target budget, steps to the target with the critical-batch fit. Losses are in the runs' own
 # unit (nats, nats per token, mean squared error: what the model's output and targets make). Each figure is
@@ -63,7 +63,7 @@ for ax, metric in zip(axes, final):
     metric_vs_batch(ax, results.generalization_gap(ok), metric, hue=hue, unit=unit)
 what = "accuracy" if accuracy else f"loss ({unit})"
 save_figure(fig, out / "metrics_vs_batch",
-            f"Final test {what}, train {what} and their gap against batch size; mean and 95% "
+            f"Final test {what}, train {what} and their gap against batch size; mean and 95% t "
             "interval over seeds, seeds as grey points.", runs=ok)
 plt.show()
 
@@ -82,7 +82,7 @@ if measured:
             ax.set_yscale("log")
     save_figure(fig, out / "measurements_vs_batch",
                 "Measurements of the final weights against batch size (" + ", ".join(measured) +
-                "); mean and 95% interval over seeds.", runs=ok)
+                "); mean and 95% t interval over seeds.", runs=ok)
     plt.show()
 else:
     print("no measurements in this sweep")
@@ -95,7 +95,7 @@ learning_curves(axes[0], history, "train_loss", unit=unit)
 learning_curves(axes[1], history, "test_acc" if accuracy else "test_loss", log_y=not accuracy, unit=unit)
 save_figure(fig, out / "learning_curves",
             f"Full-train loss ({unit}) and test {'accuracy' if accuracy else 'loss'} against optimizer steps, per "
-            f"batch size; mean and 95% interval over seeds (and learning rates, if the sweep varied them).", runs=ok)
+            f"batch size; mean and 95% t interval over seeds (and learning rates, if the sweep varied them).", runs=ok)
 plt.show()
 
 # %%
@@ -117,7 +117,7 @@ if "lr" in axes_of_sweep and set(ok["budget"]) == {"target"} and ok["batch_size"
               f"-{fit.b_crit_interval[1]:.4g}), S_min = {fit.s_min:.4g}")
 
 # %%
-# the summary table: mean, std and 95% interval over seeds per batch size (and the varied axis)
+# the summary table: mean, std and 95% t interval over seeds per batch size (and the varied axis)
 bits = [c for c in ok.columns if c.startswith("test_bits_per_")]   # a language model's, when its data says
 metrics = [m for m in ["test_acc", "train_acc", "gap_acc", "test_loss", "train_loss", *bits, "steps", "train_seconds",
                        *measured] if m in results.generalization_gap(ok)]

@@ -151,7 +151,7 @@ save_figure(fig, out / "keskar_target", f"Keskar et al. ({setting}). Top, the pr
             f"the {test.n_pairs} paired seeds; the red line is the threshold the interval must clear (verdict: "
             f"{test.verdict}). Bottom, descriptive and unpaired: test accuracy, phi (full space and a random "
             "100-dim subspace, eps 1e-3) and the top Hessian eigenvalue at the end of training against batch size; "
-            "mean and 95% interval over seeds, dots are single seeds.", runs=ok)
+            "mean and 95% t interval over seeds, dots are single seeds.", runs=ok)
 
 # %% [markdown]
 # Keskar's parametric plot: loss and accuracy along (1 - alpha) x_SB + alpha x_LB, alpha in [-1, 2], for every seed.
@@ -205,5 +205,5 @@ else:
     save_figure(fig, out / "keskar_fixed_epochs", f"Keskar comparison ({setting}) under two budgets: trained to the "
                 f"target train loss (the protocol) vs {epochs} for every batch size. At fixed epochs the large "
                 "batches take few steps and are under-trained (high train loss), so their lower test accuracy "
-                "is not evidence for sharp minima. Mean and 95% interval over seeds.", runs=both)
+                "is not evidence for sharp minima. Mean and 95% t interval over seeds.", runs=both)
     display(contrast[["protocol", "batch_size", "n"] + [f"{m}_mean" for m in contrast_metrics]])

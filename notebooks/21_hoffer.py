@@ -22,7 +22,7 @@
 # notebook reads the dataset, batch sizes, epochs and updates from the runs.
 #
 # **Pre-registered test** (docs/protocols.md#hoffer): Delta = test accuracy of LB + sqrt lr + ghost BN +
-# regime adaptation (`lb_sqrt_gbn_ra`) minus SB, Welch 95% interval over seeds. Reproduced when its lower
+# regime adaptation (`lb_sqrt_gbn_ra`) minus SB, Welch 95% t interval over seeds. Reproduced when its lower
 # end is above -1 point; partly when not, but the recipe beats plain LB (its Welch interval above 0); not
 # reproduced otherwise. Valid only if there is a gap to close: LB minus SB has its interval below -1 point.
 #
@@ -118,7 +118,7 @@ shown = ["test_acc", "train_acc", "gap_acc", "train_loss", "steps", "effective_l
 print(stats.markdown_table(table, ["variant"], shown, counts=("n", "n_diverged")))
 
 # %%
-# each variant minus the small batch (Welch 95% interval over seeds): has the gap closed?
+# each variant minus the small batch (Welch 95% t interval over seeds): has the gap closed?
 versus = pd.concat([stats.versus_reference(rows, m, {"variant": reference}).assign(metric=m)
                     for m in ["test_acc", "gap_acc", "train_loss"]], ignore_index=True)
 versus.to_csv(out / "versus_sb.csv", index=False)
@@ -200,7 +200,7 @@ for ax in axes:
     ax.legend(handles, [variant_label(c) for c in codes], fontsize="x-small")
 save_figure(fig, out / "learning_curves",
             "Full-train loss and test accuracy against optimizer steps for SB, LB, LB + sqrt lr + ghost BN, LB + "
-            "regime adaptation and the whole recipe; mean and 95% interval over seeds.", runs=ok)
+            "regime adaptation and the whole recipe; mean and 95% t interval over seeds.", runs=ok)
 plt.show()
 
 # %%

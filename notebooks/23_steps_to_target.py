@@ -95,6 +95,10 @@ if len(missing):
 targets_found = tried["target_loss"].unique()
 assert len(targets_found) == 1 and set(tried["budget"]) == {"target"}, "one target-loss budget expected"
 target = float(targets_found[0])
+# the seeds the lr was chosen on, as the captions say it: with lr_table, `selection_seeds` of the sweep that
+# wrote that table (its spec's two-stage rule, seeds 1 and 2), never this sweep's seeds
+lr_chosen_on = (f"seeds {selection_seeds} of the sweep that wrote {lr_table}" if lr_table
+                else f"seeds {selection_seeds}")
 if lr_table:   # the lr was chosen on another sweep's selection seeds; this sweep's seeds are all confirmation
     chosen_lrs = pd.read_csv(project_path(lr_table))
     selection_seeds = sorted(int(s) for s in tried["seed"].unique())
@@ -294,7 +298,7 @@ save_figure(fig, out / "steps_to_target",
             f"[{b_test.b_crit_low:.3g}, {b_test.b_crit_high:.3g}] within [4 B_min, B_max/4] = "
             f"[{b_test.lower:.3g}, {b_test.upper:.3g}]). Left: steps to the first evaluation with full-train loss "
             f"<= {target:g} against batch size, at each batch size's best lr (plain SGD, constant lr; chosen on "
-            f"seeds {selection_seeds}); grey: each seed, blue: {interval_words}; line: S = S_min (1 + B_crit/B) "
+            f"{lr_chosen_on}); grey: each seed, blue: {interval_words}; line: S = S_min (1 + B_crit/B) "
             f"fitted to every seed's point, B_crit = {fit.b_crit:.3g} (dotted; interval: dark bar at the bottom), "
             f"S_min = {fit.s_min:.4g} (dashed). Right: examples to the target E = S B with E = E_min (1 + B/B_crit), "
             f"E_min = {fit.e_min:.4g} (dashed). Largest B/N = {fraction:.3g}. "
@@ -306,12 +310,12 @@ fig, axes = figure_grid(2, width=5.2, height=4.0)
 tuned_lr_vs_batch(axes[0], tuned, selection, lr_fit=lr_fit)
 steps_vs_lr(axes[1], selection)
 save_figure(fig, out / "tuned_lr",
-            f"Left: the best constant lr per batch size (fewest mean steps to train loss <= {target:g} over seeds "
-            f"{selection_seeds}; filled: interior to the lrs tried, open: on the grid's edge), every lr tried (grey "
+            f"Left: the best constant lr per batch size (fewest mean steps to train loss <= {target:g} over "
+            f"{lr_chosen_on}; filled: interior to the lrs tried, open: on the grid's edge), every lr tried (grey "
             f"ticks)" + ("" if lr_fit is None else
                f", and eps(B) = eps_max/(1 + B_lr/B) fitted to the interior best lrs: eps_max = {lr_fit.eps_max:.2g}, "
                f"B_lr = {lr_fit.b_lr:.3g} (interval {lr_fit.b_lr_interval[0]:.3g}-{lr_fit.b_lr_interval[1]:.3g}; "
-               f"the lrs are on a factor-2 grid)") + ". Right: mean steps to the target over the selection seeds "
+               f"the lrs are on a factor-2 grid)") + f". Right: mean steps to the target over seeds {selection_seeds} "
             "against the lr, one line per batch size, coloured by batch size (colour bar); an lr where some seed "
             "never reached the target has no steps and is marked in the grey strip at the top: x = a seed diverged, "
             "triangle = a seed hit its step cap.", runs=selection)

@@ -164,7 +164,7 @@ axes[1].get_legend().set_title("learning rate")
 optimum_scaling(axes[2], opt_lr, fit_lr, primary=seed_lr)
 save_figure(fig, out / "optimum_vs_lr",
             f"Smith & Le: {SETTING}. Left: final test accuracy against batch size, one line per lr "
-            f"(mean and 95% interval over seeds; grey points: seeds); diamonds: B_opt, the vertex of a parabola "
+            f"(mean and 95% t interval over seeds; grey points: seeds); diamonds: B_opt, the vertex of a parabola "
             f"in log2 B through the best batch size and its neighbours, with its {confidence:.0%} bootstrap "
             f"interval over seeds (open: peak at the grid's edge). Middle: final full-train loss (at a fixed "
             f"number of epochs, large batches are under-trained). Right: B_opt against lr; solid red: the "
@@ -231,7 +231,7 @@ if n_sweep:
     axes[1].set_title(f"lr {n_lr:g}, N varied", fontsize="medium")
 save_figure(fig, out / "accuracy_vs_noise_scale",
             f"Final test accuracy against Smith & Le's noise scale g = lr N / (B (1 - m)), m = "
-            f"{first['momentum']:g}; mean and 95% interval over seeds. "
+            f"{first['momentum']:g}; mean and 95% t interval over seeds. "
             + (f"Left: the lr x batch-size grid at N = {N_TRAIN}; right: N x batch size at lr {n_lr:g}. "
                if n_sweep else f"The lr x batch-size grid at N = {N_TRAIN}. ") + f"{SETTING}.",
             runs=pd.concat([lr_runs, n_runs]) if n_sweep else lr_runs)
@@ -274,7 +274,7 @@ if diag_sweep:
             ax.legend(fontsize="x-small", title="batch size", title_fontsize="x-small", ncols=2)
     save_figure(fig, out / "diagonal_curves",
                 f"Equal lr/B (Jastrzebski et al.): test accuracy and full-train loss against epochs along each "
-                f"diagonal lr = (lr/B) x B, one line per batch size (mean and 95% interval over seeds; runs that "
+                f"diagonal lr = (lr/B) x B, one line per batch size (mean and 95% t interval over seeds; runs that "
                 f"diverged end early). {SETTING}.", runs=diag)
     plt.show()
 
@@ -290,7 +290,7 @@ if diag_sweep:
     axes[2].set(xscale="log", xlabel="learning rate used (lr/B x B)", ylabel=f"final {metric_name}")
     axes[2].legend(fontsize="small")
     save_figure(fig, out / "diagonal_final",
-                f"Equal lr/B: final test accuracy along each diagonal. Left: against batch size (mean and 95% "
+                f"Equal lr/B: final test accuracy along each diagonal. Left: against batch size (mean and 95% t "
                 f"interval over seeds). Middle: difference from B = 16 in percentage points, with its "
                 f"{confidence:.0%} Welch interval "
                 f"(red x: a run diverged). Right: against the learning rate used (mean and std over seeds): a "

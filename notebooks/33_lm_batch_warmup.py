@@ -35,7 +35,7 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results
-from bsresearch.findings.lm_batch_warmup import loss_curves, schedules, steps_to_reach, warmup_test
+from bsresearch.findings.lm_batch_warmup import loss_curves, per_seed, schedules, steps_to_reach, warmup_test
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.lm_batch_warmup import loss_vs
@@ -61,6 +61,10 @@ verdict = pd.DataFrame([{
     "verdict": test.verdict, "problems": "; ".join(test.problems) or "none"}])
 verdict.to_csv(out / "test.csv", index=False)
 display(verdict.T)
+# the per-seed losses and paired differences the two intervals are computed from (so they can be recomputed)
+seeds = per_seed(runs)
+seeds.to_csv(out / "per_seed.csv", index=False)
+display(seeds)
 
 # %% [markdown]
 # ## Secondary: the curves, and the steps each schedule needs to reach the small batch's final loss

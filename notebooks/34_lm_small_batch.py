@@ -41,7 +41,14 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results
-from bsresearch.findings.lm_small_batch import by_batch, secondary, seeds_overrides, select_lr, small_batch_test
+from bsresearch.findings.lm_small_batch import (
+    by_batch,
+    per_seed,
+    secondary,
+    seeds_overrides,
+    select_lr,
+    small_batch_test,
+)
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.lm_small_batch import loss_vs_batch, spread_vs_batch
@@ -86,6 +93,10 @@ if seeds_sweeps:
         "verdict": test.verdict, "problems": "; ".join(test.problems) or "none"}])
     verdict.to_csv(out / "test.csv", index=False)
     display(verdict.T)
+    # every paired statistic's per-seed values (test.csv's and secondary.csv's), so each can be recomputed
+    seeds = per_seed(runs)
+    seeds.to_csv(out / "per_seed.csv", index=False)
+    display(seeds)
     table = by_batch(runs)
     table.to_csv(out / "by_batch.csv", index=False)
     display(table)

@@ -68,3 +68,36 @@ def test_a_finding_without_its_report_folder_is_listed_as_not_yet_reported(tmp_p
     assert {f.name for f in findings} >= {"lm_cbs", "lm_batch_warmup", "lm_small_batch"}
     for f in findings:
         assert g.finding_page(f, src, set()).startswith(f"# {f.key} — ")
+
+
+def test_the_gallery_index_groups_by_paper_and_shows_every_confirm_and_mechanism_verdict():
+    """findings/index.md: one table per paper in PAPERS' order, every report once; a report with a folder never
+    reads "not yet reported"; each confirmatory and mechanism report shows the verdict its test wrote (where its
+    files name one) and the one reports/README.md's confirmatory or mechanism table states."""
+    g = gallery()
+    findings = g.discover()
+    src = g.Sources((ROOT / "docs" / "protocols.md").read_text(), (ROOT / "reports" / "README.md").read_text())
+    index = g.index_page(findings, src)
+    headings = [line[3:] for line in index.splitlines() if line.startswith("## ") and line != "## One figure of each"]
+    papers = [p for p in g.PAPERS.values() if p in headings]
+    assert headings[:len(papers)] == papers and len(papers) >= 14
+    rows = {line.split("]")[0][3:]: g.cells(line) for line in index.splitlines() if line.startswith("| [")}
+    assert sorted(rows) == sorted(f.key for f in findings)
+    reported = [f for f in findings if f.report]
+    assert not [f.key for f in reported if g.NOT_YET in rows[f.key][2] + rows[f.key][3]]
+    special = [f for f in reported if f.name.endswith("_confirm") or "mechanism" in f.name]
+    assert len(special) >= 13
+    for f in special:
+        assert rows[f.key][2] == (", ".join(g.verdicts(f.report)) or "—")   # "—": its files name no verdict
+        assert re.search(r"\*\*(reproduced|partly|not reproduced)", rows[f.key][3]), f"{f.key}: {rows[f.key][3]}"
+
+
+def test_getting_started_quotes_no_measurement_of_its_own_and_points_to_the_readme():
+    """The measured numbers (test counts and times, make demo's time, the demo's table) are in README.md only:
+    docs/index.md must not quote its own, so the two pages cannot disagree."""
+    index = (ROOT / "docs" / "index.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    measured = re.compile(r"\d+ (?:passed|skipped)|\d+ min(?:utes)? \d+ s\b|\b\d+ s\b|\| \d+ \| [\d ]+ \| 0\.\d+")
+    assert measured.search(readme), "README.md no longer holds the measurements"
+    assert not measured.findall(index), f"docs/index.md quotes measurements: {measured.findall(index)}"
+    assert "`README.md` (\"Setup: two commands\")" in index and "## Setup: two commands" in readme

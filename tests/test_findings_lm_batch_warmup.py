@@ -8,7 +8,14 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import RunConfig
-from bsresearch.findings.lm_batch_warmup import loss_curves, schedules, steps_to_reach, warmup_schedule, warmup_test
+from bsresearch.findings.lm_batch_warmup import (
+    loss_curves,
+    per_seed,
+    schedules,
+    steps_to_reach,
+    warmup_schedule,
+    warmup_test,
+)
 from bsresearch.findings.verdict import Verdict
 from bsresearch.plots.findings.lm_batch_warmup import loss_vs
 
@@ -69,3 +76,26 @@ def test_steps_to_reach_a_loss_interpolates_between_evaluations_and_the_figure()
     assert {t.get_text() for t in ax.get_legend().get_texts()} == {"small", "warmup"}
     assert np.isclose(ax.get_lines()[0].get_ydata()[-1], 2.4)
     plt.close(fig)
+
+
+def test_per_seed_table_recomputes_both_paired_intervals():
+    """per_seed.csv: per seed each schedule's loss and steps and the differences d_small, d_large, from which
+    warmup_test's means and paired t intervals follow (a synthetic table, noise per run; a failed run's pair
+    is out, as in the test)."""
+    from bsresearch.stats import t_interval
+    rng = np.random.default_rng(5)
+    data = runs()
+    data["test_loss"] = data["test_loss"] + rng.normal(0, 0.01, len(data))
+    data.loc[2, "state"] = "failed"                                   # seed SEEDS[0]'s large run
+    table = per_seed(data)
+    assert list(table.columns) == ["seed", "loss_small", "loss_warmup", "loss_large", "steps_small", "steps_warmup",
+                                   "steps_large", "d_small", "d_large"]
+    assert np.allclose(table["d_small"], table["loss_warmup"] - table["loss_small"])
+    test = warmup_test(data.assign(state="ok"))
+    full = per_seed(data.assign(state="ok"))
+    for column, (mean, low, high) in (("d_small", (test.d_small, test.d_small_low, test.d_small_high)),
+                                      ("d_large", (test.d_large, test.d_large_low, test.d_large_high))):
+        m, _, lo, hi = t_interval(full[column])
+        assert (m, lo, hi) == pytest.approx((mean, low, high))
+    assert math.isnan(table.loc[0, "d_large"]) and math.isnan(table.loc[0, "loss_large"])
+    assert table["d_large"].notna().sum() == len(SEEDS) - 1

@@ -11,6 +11,7 @@ import yaml
 
 from bsresearch.findings.lm_small_batch import (
     by_batch,
+    per_seed,
     secondary,
     seeds_overrides,
     select_lr,
@@ -114,3 +115,32 @@ def test_secondary_comparisons_and_figures():
     spread_vs_batch(axes[1], selection)
     assert len(axes[0].get_legend().get_texts()) == 4
     plt.close(fig)
+
+
+def test_per_seed_table_recomputes_every_paired_statistic_of_test_and_secondary():
+    """per_seed.csv holds, per comparison and seed, both cells' losses and their difference: the means and
+    paired t intervals of test.csv and secondary.csv follow from it alone (a synthetic table, noise per cell)."""
+    from bsresearch.stats import t_interval
+    rng = np.random.default_rng(3)
+    data = confirm()
+    data["test_loss"] = data["test_loss"] + rng.normal(0, 0.02, len(data))
+    data.loc[(data["seed"] == 7) & (data["optimizer"] == "sgd") & (data["batch_size"] == 1), "state"] = "diverged"
+    table = per_seed(data)
+    assert list(table.columns) == ["comparison", "seed", "setting_a", "batch_a", "a", "setting_b", "batch_b", "b",
+                                   "diff"]
+    assert np.allclose(table["diff"], table["a"] - table["b"])
+    test = small_batch_test(data)
+    more = secondary(data).set_index("comparison")
+    expected = {"d_beta2 = L(adam fixed, B=1) - L(adam half-life, B=1)": test.d_beta2,
+                "d_small = L(adam half-life, B=1) - L(adam half-life, B=256)": test.d_small}
+    for name, group in table.groupby("comparison"):
+        mean, _, low, high = t_interval(group["diff"])
+        if name in expected:
+            p = expected[name]
+            assert (mean, low, high, len(group)) == pytest.approx((p.diff, p.low, p.high, p.n))
+        else:
+            row = more.loc[name]
+            assert (mean, low, high, len(group)) == pytest.approx((row["diff"], row["low"], row["high"], row["n"]))
+    assert set(table["comparison"]) == set(expected) | (set(more.index) - {"SGD gap at batch 1 minus at batch 256"})
+    sgd_small = table[table["comparison"] == "SGD - Adam (half-life), batch 1"]
+    assert 7 not in set(sgd_small["seed"]) and len(sgd_small) == 4          # a run that did not end ok: out

@@ -130,3 +130,39 @@ def test_save_figure_writes_png_pdf_and_a_caption_with_provenance(runs, tmp_path
 
 def test_headless_outside_notebooks():
     assert matplotlib.get_backend().lower() == "agg"
+
+
+def test_a_sweep_figures_interval_is_the_tables_t_interval_not_a_bootstrap():
+    """One interval everywhere (docs/protocols.md, Statistics conventions item 1): the error bars that
+    metric_vs_batch draws are, end for end, the 95% t interval over seeds that stats.summarize writes into the
+    summary tables, for the same runs; with 3 seeds a bootstrap would be much narrower and fail this."""
+    from matplotlib.collections import LineCollection
+
+    from bsresearch.stats import summarize
+    rng = np.random.default_rng(1)
+    data = pd.DataFrame([{"batch_size": b, "seed": s, "test_acc": 0.9 - 0.01 * np.log2(b) + rng.normal(0, 0.02)}
+                         for b in (32, 400, 4000) for s in range(3)])
+    fig, ax = plt.subplots()
+    metric_vs_batch(ax, data, "test_acc")
+    bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert len(bars) == 1
+    drawn = {float(seg[0, 0]): (min(seg[:, 1]), max(seg[:, 1])) for seg in bars[0].get_segments()}
+    table = summarize(data, "batch_size", ["test_acc"]).set_index("batch_size")
+    assert sorted(drawn) == [32.0, 400.0, 4000.0]
+    for b, (low, high) in drawn.items():
+        assert low == pytest.approx(table.loc[b, "test_acc_low"], rel=1e-12)
+        assert high == pytest.approx(table.loc[b, "test_acc_high"], rel=1e-12)
+    plt.close(fig)
+
+
+def test_learning_curve_bands_are_the_t_interval_over_seeds():
+    from bsresearch.stats import t_interval
+    history = pd.DataFrame([{"batch_size": 32, "seed": s, "step": t, "train_loss": 1.0 / t + 0.05 * s}
+                            for s in range(3) for t in (1, 10, 100)])
+    fig, ax = plt.subplots()
+    learning_curves(ax, history, "train_loss", hue=None, log_y=False)
+    band = ax.collections[0].get_paths()[0].vertices
+    _, _, low, high = t_interval(history.loc[history["step"] == 10, "train_loss"])
+    at10 = band[np.isclose(band[:, 0], 10), 1]
+    assert sorted(at10) == pytest.approx(sorted([low, high]))
+    plt.close(fig)

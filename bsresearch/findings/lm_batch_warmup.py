@@ -3,6 +3,7 @@ Groeneveld & Hajishirzi 2025). No torch.
 
     at, sizes, large = warmup_schedule(cbs_table, b0=4)   # the pre-registered rule, from lm_cbs's result
     test = warmup_test(runs)                               # warmup against small and large, paired over seeds
+    seeds = per_seed(runs)                                 # the per-seed losses and differences it is made of
     curves = loss_curves(history)                          # loss against tokens and steps, per schedule
     figures.loss_vs(ax, curves, "tokens")
 
@@ -76,13 +77,44 @@ class WarmupTest:
     problems: tuple[str, ...] = ()
 
 
-def _paired(data: pd.DataFrame, a: str, b: str) -> tuple[float, float, float, int]:
+def _paired_diffs(data: pd.DataFrame, a: str, b: str) -> pd.Series:
+    """Per seed, L(a) - L(b), over the seeds where both ended ok (a run that did not: out)."""
     by = data.pivot_table(index="seed", columns="schedule", values="loss", aggfunc="mean")
     if a not in by or b not in by:
-        return math.nan, math.nan, math.nan, 0
-    diffs = (by[a] - by[b]).replace([np.inf, -np.inf], np.nan).dropna()
+        return pd.Series(dtype=float)
+    return (by[a] - by[b]).replace([np.inf, -np.inf], np.nan).dropna()
+
+
+def _paired(data: pd.DataFrame, a: str, b: str) -> tuple[float, float, float, int]:
+    diffs = _paired_diffs(data, a, b)
     mean, _, low, high = stats.t_interval(diffs.tolist())
     return mean, low, high, len(diffs)
+
+
+def _with_schedules(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The runs with their schedule and `loss`: the final `metric`, inf for a run that did not end ok."""
+    value = pd.to_numeric(runs[metric], errors="coerce")
+    return runs.assign(schedule=schedules(runs), loss=value.where(runs["state"].eq("ok") & np.isfinite(value), np.inf))
+
+
+def per_seed(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """One row per seed: each schedule's final `metric` and steps, and the test's paired differences d_small =
+    L(warmup) - L(small) and d_large = L(warmup) - L(large) (NaN where a run of the pair did not end ok): the
+    numbers warmup_test's means and paired t intervals are computed from."""
+    data = _with_schedules(runs, metric)
+    loss = data.pivot_table(index="seed", columns="schedule", values="loss", aggfunc="mean")
+    table = pd.DataFrame(index=loss.index.rename("seed"))
+    for schedule in ("small", "warmup", "large"):
+        if schedule in loss:
+            table[f"loss_{schedule}"] = loss[schedule].replace([np.inf, -np.inf], np.nan)
+    if "steps" in data:
+        steps = data.pivot_table(index="seed", columns="schedule", values="steps", aggfunc="mean")
+        for schedule in ("small", "warmup", "large"):
+            if schedule in steps:
+                table[f"steps_{schedule}"] = steps[schedule]
+    table["d_small"] = _paired_diffs(data, "warmup", "small")
+    table["d_large"] = _paired_diffs(data, "warmup", "large")
+    return table.reset_index()
 
 
 def warmup_test(runs: pd.DataFrame, metric: str = "test_loss", margin: float = MARGIN) -> WarmupTest:
@@ -90,8 +122,7 @@ def warmup_test(runs: pd.DataFrame, metric: str = "test_loss", margin: float = M
     L(large)'s interval lies below 0, with fewer steps than small; partly when exactly one of the two loss
     conditions holds (with fewer steps); not reproduced otherwise. Not testable when a run did not end ok or
     fewer than 2 seeds pair up."""
-    value = pd.to_numeric(runs[metric], errors="coerce")
-    data = runs.assign(schedule=schedules(runs), loss=value.where(runs["state"].eq("ok") & np.isfinite(value), np.inf))
+    data = _with_schedules(runs, metric)
     d_small, s_low, s_high, n_small = _paired(data, "warmup", "small")
     d_large, l_low, l_high, n_large = _paired(data, "warmup", "large")
     small_loss = float(data.loc[(data["schedule"] == "small") & np.isfinite(data["loss"]), "loss"].mean())

@@ -4,6 +4,7 @@
     selection = select_lr(selection_runs)            # per (setting, batch): the best lr on the selection seeds
     print(seeds_overrides(selection))                # the overrides of the seeds spec (lm_small_batch_seeds.yaml)
     test = small_batch_test(confirm_runs)            # d_beta2 and d_small, paired over seeds; the verdict
+    seeds = per_seed(confirm_runs)                   # every paired statistic's per-seed values (per_seed.csv)
     table = by_batch(confirm_runs)                   # final loss per (setting, batch), mean and interval
     figures.loss_vs_batch(ax, table)
 
@@ -87,12 +88,19 @@ class Paired:
     n: int
 
 
-def paired(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: str = "loss") -> Paired:
-    """Paired difference over the seeds both (setting, batch_size) cells have a finite value for."""
+def paired_per_seed(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: str = "loss") -> pd.DataFrame:
+    """Per seed: the two cells' values (`a`, `b`) and `diff` = a - b, over the seeds both (setting, batch_size)
+    cells have a finite value for: the numbers `paired`'s interval is computed from."""
     def cell(key: tuple[str, int]) -> pd.Series:
         g = data[(data["setting"] == key[0]) & (data["batch_size"] == key[1])]
         return g.groupby("seed")[metric].mean()
-    diffs = (cell(a) - cell(b)).replace([np.inf, -np.inf], np.nan).dropna()   # a run that did not end ok: out
+    both = pd.DataFrame({"a": cell(a), "b": cell(b)}).replace([np.inf, -np.inf], np.nan).dropna()   # not ok: out
+    return both.assign(diff=both["a"] - both["b"]).rename_axis("seed").reset_index()
+
+
+def paired(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: str = "loss") -> Paired:
+    """Paired difference over the seeds both (setting, batch_size) cells have a finite value for."""
+    diffs = paired_per_seed(data, a, b, metric)["diff"]
     mean, _, low, high = stats.t_interval(diffs.tolist())
     return Paired(mean, low, high, len(diffs))
 
@@ -151,6 +159,40 @@ def by_batch(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
                         not_ok=[int(not_ok.get((s, b), 0)) for s, b in zip(table["setting"], table["batch_size"])])
 
 
+def comparisons(runs: pd.DataFrame, metric: str = "test_loss") -> list[tuple[str, tuple[str, int], tuple[str, int]]]:
+    """Every paired comparison the report prints, primary then secondary: (name, cell a, cell b), a - b. The
+    names are those of test.csv's statistics and of secondary.csv's `comparison` column."""
+    data = runs.assign(setting=settings(runs))
+    small, large = int(data["batch_size"].min()), int(data["batch_size"].max())
+    out = [(f"d_beta2 = L(adam fixed, B={small}) - L(adam half-life, B={small})",
+            ("adam_fixed", small), ("adam_half_life", small)),
+           (f"d_small = L(adam half-life, B={small}) - L(adam half-life, B={large})",
+            ("adam_half_life", small), ("adam_half_life", large)),
+           (f"SGD - Adam (half-life), batch {small}", ("sgd", small), ("adam_half_life", small)),
+           (f"SGD - Adam (half-life), batch {large}", ("sgd", large), ("adam_half_life", large))]
+    accumulated = data[data["setting"] == "adam_half_life_accumulated"]
+    if not accumulated.empty:
+        micro, batch = int(accumulated["micro_batch_size"].iloc[0]), int(accumulated["batch_size"].iloc[0])
+        out += [(f"accumulated {batch} (micro {micro}) - true batch {batch}",
+                 ("adam_half_life_accumulated", batch), ("adam_half_life", batch)),
+                (f"accumulated {batch} (micro {micro}) - true batch {micro}",
+                 ("adam_half_life_accumulated", batch), ("adam_half_life", micro))]
+    return out
+
+
+def per_seed(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """Long form, one row per (comparison, seed): both cells' final `metric`, their lrs and the difference, for
+    every paired statistic of test.csv and secondary.csv (comparisons): their means and paired t intervals
+    can be recomputed from this table alone."""
+    data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
+    frames = []
+    for name, a, b in comparisons(runs, metric):
+        rows = paired_per_seed(data, a, b)
+        frames.append(rows.assign(comparison=name, setting_a=a[0], batch_a=a[1], setting_b=b[0], batch_b=b[1]))
+    columns = ["comparison", "seed", "setting_a", "batch_a", "a", "setting_b", "batch_b", "b", "diff"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
 def secondary(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
     """The secondary comparisons, paired over seeds: the SGD gap at the smallest and the largest batch and
     their difference; accumulation against the true large batch and against its micro-batch size."""
@@ -173,6 +215,7 @@ def secondary(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
                                               ("sgd", large, s), ("adam_half_life", large, s)])]
     except KeyError:
         gaps = []
+    gaps = [g for g in gaps if math.isfinite(g)]   # a run that did not end ok: out, as in paired
     mean, _, low, high = stats.t_interval(gaps)
     add(f"SGD gap at batch {small} minus at batch {large}", Paired(mean, low, high, len(gaps)))
     accumulated = data[data["setting"] == "adam_half_life_accumulated"]

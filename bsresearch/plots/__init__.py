@@ -52,13 +52,18 @@ def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: pd.DataFr
     return the paths.
 
     The caption should say which sweep, which commit and which budget kind the figure shows; given the
-    `runs` table the figure was drawn from (bsresearch.results.load), that line is appended for you. A last
-    line names the source commit the figure was drawn at (flagged when the tree had uncommitted changes).
+    `runs` table the figure was drawn from (bsresearch.results.load), that line is appended for you. For a
+    report folder judged by a pre-registered test (reports/<name>/, findings.protocol), a line names the
+    protocol version. A last line names the source commit the figure was drawn at (flagged when the tree had
+    uncommitted changes).
     """
+    from ..findings.protocol import protocol_line
     from ..source import drawn_at
     if runs is not None:
         from ..results import provenance_caption
         caption = f"{caption.rstrip()}\n{provenance_caption(runs)}"
+    if line := protocol_line(Path(stem).parent.name):
+        caption = f"{caption.rstrip()}\n{line}"
     caption = f"{caption.rstrip()}\n{drawn_at()}"
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
 """Sweep figures: each function draws on the Axes it is given, from a bsresearch.results table, and returns it.
 
-Means are over seeds with seaborn's 95% confidence interval (bootstrap, fixed seed), and the individual
-seeds are drawn as faint points so a reader sees how many there are. Batch-size axes are base-2 log.
+Means are over seeds with the interval the protocol states (docs/protocols.md, Statistics conventions item
+1): the 95% Student t interval over seeds, computed by stats.t_interval, the same numbers as the summary
+tables (stats.summarize); seaborn draws it but never bootstraps it. The individual seeds are drawn as faint
+points so a reader sees how many there are. Batch-size axes are base-2 log.
 seaborn is imported by the functions that use it (it takes a second or more to import, and the run
 template, executed once per run, only needs `run_curves`).
 """
@@ -16,7 +18,16 @@ import pandas as pd
 
 from . import log2_batch_axis
 
-CI = ("ci", 95)
+
+def t_interval_over_seeds(values: Any) -> tuple[float, float]:
+    """(low, high) of the 95% Student t interval of the mean of `values`: seaborn's `errorbar` for every sweep
+    figure, so a figure's interval is the table's (stats.summarize); NaN (no bar) with fewer than 2 values."""
+    from ..stats import t_interval
+    _, _, low, high = t_interval(list(values))
+    return low, high
+
+
+CI = t_interval_over_seeds
 LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate", "step": "step (updates)",
           "examples": "examples seen", "epoch": "epoch", "train_loss": "train loss", "test_loss": "test loss",
           "train_acc": "train accuracy", "test_acc": "test accuracy", "gap_acc": "train - test accuracy",

@@ -8,7 +8,10 @@ findings/<report>.md, made from what is on disk when the site is built:
 - the result of its pre-registered test as the report wrote it (test.md, *test.csv, or the tests in summary.md);
 - its row of reports/README.md's table (the verdict with its interval) and its test in docs/protocols.md;
 - the commands that reproduce it: those in its spec's header comments, then any other sweep its captions name.
-findings/index.md puts every finding's verdict in one table, and findings/reproductions.md is reports/README.md.
+findings/index.md puts every finding's verdict in one table per paper (PAPERS' order; in each, the exploratory
+report, its larger-data versions, the confirmatory and the mechanism reports), each verdict as the report's
+test wrote it and as reports/README.md's tables state it (the findings table, or the confirmatory and mechanism
+tables for those reports), and findings/reproductions.md is reports/README.md.
 A finding without a report folder is listed as not yet reported. Rebuild (or leave `make docs-serve` running:
 it watches reports/) and a regenerated report is on its page.
 """
@@ -28,6 +31,23 @@ ROOT = Path(__file__).resolve().parents[2]
 REPORTS, EXPERIMENTS = ROOT / "reports", ROOT / "experiments"
 LINKED = (".pdf", ".csv")              # a report's files the page links to, besides its figures (.png)
 NOT_YET = "not yet reported"
+PAPERS = {   # a finding module -> the paper(s) it reproduces, in the order the index lists them
+    "keskar": "Keskar et al. 2017: large batches find sharp minima",
+    "dinh": "Dinh et al. 2017: sharpness is not invariant",
+    "sharpness_generalization": "Sharpness against generalization (Jiang et al. 2020, Andriushchenko et al. 2023)",
+    "hoffer": "Hoffer et al. 2017: train longer, generalize better",
+    "ghost_batch": "Hoffer et al. 2017: the ghost batch size",
+    "goyal": "Goyal et al. 2017: linear scaling and warmup",
+    "smith_kindermans": "Smith, Kindermans, Ying & Le 2018: grow the batch instead of decaying the lr",
+    "steps_to_target": "Shallue et al. 2019, McCandlish et al. 2018: steps to target and the noise scale",
+    "smith_le": "Smith & Le 2018, Jastrzebski et al. 2017: the best batch size and the noise scale",
+    "masters_luschi": "Masters & Luschi 2018: the stable lr range",
+    "nqm": "Zhang et al. 2019: the noisy quadratic model",
+    "adam_vs_sgd": "Zhang et al. 2019, Nado et al. 2021: Adam against momentum SGD",
+    "lm_cbs": "Merrill et al. 2025: the critical batch size by branching",
+    "lm_batch_warmup": "Merrill et al. 2025: batch-size warmup",
+    "lm_small_batch": "Marek et al. 2025: small batches and Adam's beta2",
+}
 github_slug = slugify(case="lower")    # reports/README.md's links are GitHub's heading anchors
 
 
@@ -219,6 +239,22 @@ class Sources:
         anchor = readme_anchor(self.readme, f.name)
         return anchor, self.rows.get(anchor or "")
 
+    def summary_verdict(self, f: Finding) -> str | None:
+        """The verdict reports/README.md states for this report: a confirmatory or mechanism report's from the
+        table that lists it (its first cell the report's name, or a cell naming `reports/<name>/`), any
+        other's from the findings table's last column; None when no table lists it."""
+        for line in self.readme.splitlines():
+            if not line.startswith("| "):
+                continue
+            row = cells(line)
+            if re.fullmatch(r"\d+(\.\d+)?", row[1] if len(row) > 1 else ""):
+                continue                       # the "judged by" table: a version, not a verdict
+            if len(row) >= 3 and (row[0] == f.name or f"reports/{f.name}/" in line) \
+                    and (f.name.endswith("_confirm") or "mechanism" in f.name):
+                return row[2]
+        _, row = self.row(f)
+        return row[-1] if row else None
+
 
 def finding_page(f: Finding, src: Sources, own_anchors: set[str]) -> str:
     root = "../" * (f.key.count("/") + 1)                 # the page is findings/<key>.md
@@ -246,7 +282,10 @@ def finding_page(f: Finding, src: Sources, own_anchors: set[str]) -> str:
     out += [*(f"- **{k}**: {v}" for k, v in facts), ""]
 
     out += ["## Verdict", ""]
-    if row:
+    if (f.name.endswith("_confirm") or "mechanism" in f.name) and (stated := src.summary_verdict(f)):
+        out += [f"**{stated}** ([reports/README.md]({root}findings/reproductions.md#confirmatory-and-mechanism-tests); "
+                "its confirmatory and mechanism tables)", ""]
+    elif row:
         out += [f"**{row[-1]}** ([reports/README.md]({root}findings/reproductions.md#{readme_anchor_})): {row[2]}", ""]
     else:
         out += [f"Not in reports/README.md's table yet ({NOT_YET})." if not f.report
@@ -281,6 +320,21 @@ def finding_page(f: Finding, src: Sources, own_anchors: set[str]) -> str:
     return "\n".join(out)
 
 
+def kind_order(f: Finding) -> tuple[int, str]:
+    """Within a paper: the exploratory report, its larger-data versions, confirmatory, mechanism, unreported."""
+    name = f.name
+    rank = 4 if f.report is None else 3 if "mechanism" in name else 2 if name.endswith("_confirm") else \
+        0 if name == f.module else 1
+    return rank, f.key
+
+
+def by_paper(findings: list[Finding]) -> list[tuple[str, list[Finding]]]:
+    """The findings grouped by their module (the paper), in PAPERS' order (others after, by name)."""
+    modules = sorted({f.module for f in findings}, key=lambda m: (list(PAPERS).index(m) if m in PAPERS else
+                                                                  len(PAPERS), m))
+    return [(m, sorted((f for f in findings if f.module == m), key=kind_order)) for m in modules]
+
+
 def index_page(findings: list[Finding], src: Sources) -> str:
     out = ["# Findings", "",
            "One page per finding, made when the site is built from its report folder in `reports/`, its row of "
@@ -288,15 +342,21 @@ def index_page(findings: list[Finding], src: Sources) -> str:
            "captions, the pre-registered test and its result, the data, seeds, machine and commits, and the "
            "commands that reproduce it. The full account, claim by claim, is [reports/README.md](reproductions.md); "
            "how to run them all, and what it costs, is [Reproducing them](../reproducing.md).", "",
-           "| finding | pre-registered test | its verdict in the report | reproduced (reports/README.md) |",
-           "|---|---|---|---|"]
-    for f in findings:
-        anchor = src.anchor(f)
-        test = f"[{src.headings[anchor]}](../protocols.md#{anchor})" if anchor else ""
-        verdict = ", ".join(verdicts(f.report)) if f.report else NOT_YET
-        _, row = src.row(f)
-        out.append(f"| [{f.key}]({f.key}.md) | {test} | {verdict or '—'} | {row[-1] if row else NOT_YET} |")
-    out += ["", "## One figure of each", "", '<div class="grid cards" markdown>', ""]
+           "Grouped by paper; in each, the exploratory (or prospective) report first, then its larger-data versions, "
+           "the confirmatory report (protocol version 3, the headline where it exists) and the mechanism tests "
+           "(version 4).", ""]
+    for module, group in by_paper(findings):
+        out += [f"## {PAPERS.get(module, module)}", "",
+                "| report | pre-registered test | its verdict in the report | as reports/README.md states it |",
+                "|---|---|---|---|"]
+        for f in group:
+            anchor = src.anchor(f)
+            test = f"[{src.headings[anchor]}](../protocols.md#{anchor})" if anchor else ""
+            verdict = ", ".join(verdicts(f.report)) if f.report else NOT_YET
+            stated = src.summary_verdict(f) or (NOT_YET if not f.report else "—")
+            out.append(f"| [{f.key}]({f.key}.md) | {test} | {verdict or '—'} | {stated} |")
+        out.append("")
+    out += ["## One figure of each", "", '<div class="grid cards" markdown>', ""]
     for f in findings:
         if figure := next(iter(captions(f.report)), None) if f.report else None:
             out += [f"-   [**{f.key}**]({f.key}.md): `{figure}`", "",

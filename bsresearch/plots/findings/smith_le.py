@@ -27,6 +27,7 @@ from ...findings.smith_le import (
 )
 from .. import log2_batch_axis
 from ..sweeps import (
+    CI,
     axis_label,
     categorical,
     metric_vs_batch,
@@ -108,8 +109,8 @@ def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None,
 
 
 def metric_vs_noise_scale(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: str = "lr",
-                          errorbar: Any = ("ci", 95), **kwargs: Any) -> plt.Axes:
-    """`y` against Smith & Le's noise scale g = lr N / (B (1 - m)) (log axis), mean and 95% interval over
+                          errorbar: Any = CI, **kwargs: Any) -> plt.Axes:
+    """`y` against Smith & Le's noise scale g = lr N / (B (1 - m)) (log axis), mean and 95% t interval over
     seeds, one line per `hue`: if g alone sets the outcome, the lines fall on one curve.
 
     Uses the runs' effective_lr (after any batch-size scaling), n_train, batch_size and momentum columns.
