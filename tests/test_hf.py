@@ -492,3 +492,27 @@ def test_vit_on_a_hugging_face_dataset_trains_is_measured_and_fuses(hf_file, tmp
     for a, b in zip(fused[1].history, alone.history):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
         assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1e-9)
+
+
+def test_gpt2_sweep_report_and_landscape(hf_file, tmp_path):
+    """A sweep of the GPT-2 over batch sizes, its generic report in the model's units, and the loss along the
+    line between two of its trained runs."""
+    from bsresearch.findings.runs import load_trained_model
+    from bsresearch.measure import landscape
+    from bsresearch.report import run_report
+    from bsresearch.sweep import parse_spec, run_sweep
+    spec = parse_spec({"name": "hf_report", "analysis": str(Path(__file__).resolve().parents[1] / "notebooks" /
+                                                            "10_sweep_report.ipynb"),
+                       "base": {"model": f"{hf_file}:gpt2", "dataset": f"{hf_file}:sentences", "loss": "model",
+                                "optimizer": "adam", "lr": 3e-3, "budget": "steps", "budget_amount": 4,
+                                "eval_schedule": "every", "eval_every": 2, "device": "cpu", "test_size": 16,
+                                "save_checkpoint": True, "data_loading": "resident"},
+                       "grid": {"batch_size": [4, 8]}, "seeds": 1})
+    assert run_sweep(spec, tmp_path / "runs", executor="inline", engine="library", progress=False).all_finished
+    folder = run_report(spec, tmp_path / "runs", tmp_path / "reports", allow_dirty=True)
+    assert "nats per token" in (folder / "metrics_vs_batch.txt").read_text()
+    a, b = (load_trained_model(d)[0] for d in sorted((tmp_path / "runs" / "hf_report").glob("*/")) if
+            (d / "checkpoint.pt").exists())
+    data = run_setup(lm_cfg(hf_file, data_loading="resident")).data
+    table = landscape.interpolate(a, b, data, alphas=(0.0, 0.5, 1.0), splits=("test",), loss_fn=loss_for("model"))
+    assert len(table) == 3 and table["loss"].notna().all()
