@@ -37,7 +37,7 @@ IMAGE_DATASETS = ("fashion_mnist", "cifar10", "cifar100", "mnist", "svhn")
 MODELS = ("mlp", "cnn1d", "convnet", "resnet")
 # Losses by name (bsresearch/losses.py holds them; a test checks the names agree). Each is a mean over the
 # batch; cross_entropy takes the classes in the last dimension, so (batch, sequence, vocabulary) logits too.
-LOSSES = ("cross_entropy", "mse", "l1", "smooth_l1", "bce_with_logits")
+LOSSES = ("cross_entropy", "mse", "l1", "smooth_l1", "bce_with_logits", "model")  # model: the loss the model computes
 # model, dataset and loss: a name above, or a reference to the user's own code (bsresearch/references.py)
 REFERENCE_FIELDS = ("model", "dataset", "loss")
 DATA_LOADINGS = ("auto", "resident", "stream")

@@ -66,6 +66,7 @@ class Dataset:
     """Resident data: tensors on one device. Built-in datasets: x (N, *input_shape) float32 standardised,
     y (N,) int64 class labels. A user's data: their tensors as given.
 
+    A user's mapping batches keep their inputs as named tensors (batch.Features), indexed as a tensor is.
     `attributes` are what a user's dataset says of itself (userdata.ATTRIBUTES: num_classes,
     characters_per_token, bytes_per_token).
     """
@@ -125,6 +126,7 @@ class StreamedDataset:
     workers: int = 0
     num_classes: int | None = None
     attributes: Mapping[str, Any] = field(default_factory=dict)
+    collate_fn: Callable[[list[Any]], Any] = collate   # items -> a batch (a user's collator, padding say)
     resident = False
     _eval_loaders: dict[tuple[str, int | None, int], DataLoader] = field(default_factory=dict, compare=False,
                                                                          repr=False)
@@ -143,16 +145,19 @@ class StreamedDataset:
 
     def _loader(self, dataset: TorchDataset, **kwargs: Any) -> DataLoader:
         return DataLoader(dataset, num_workers=self.workers, pin_memory=self.device.type == "cuda",
-                          collate_fn=collate, **kwargs)
+                          collate_fn=self.collate_fn, **kwargs)
 
     def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         from .userdata import as_pair
-        x, y = as_pair(batch, f"dataset {self.name}")
+        return self._move(*as_pair(batch, f"dataset {self.name}"))
+
+    def _move(self, x: Any, y: torch.Tensor) -> tuple[Any, torch.Tensor]:
         blocking = self.device.type != "cuda"
         return x.to(self.device, non_blocking=not blocking), y.to(self.device, non_blocking=not blocking)
 
     def first(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._to_device(collate([self.train[i] for i in range(n)]))
+        from .userdata import collated
+        return self._move(*collated(self.collate_fn, [self.train[i] for i in range(n)], f"dataset {self.name}"))
 
     def train_batches(self, indices: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         lists = (idx.tolist() for idx in indices)
@@ -470,10 +475,10 @@ def dataset_for(cfg: RunConfig, device: torch.device | str = "cpu") -> Data:
     as_tensors = user.train.tensors is not None and user.test.tensors is not None
     if cfg.data_loading == "stream" or (cfg.data_loading == "auto" and not as_tensors):
         return StreamedDataset(cfg.dataset, user.train.as_dataset(), user.test.as_dataset(), device,
-                               cfg.loader_workers, num_classes, user.attributes)
+                               cfg.loader_workers, num_classes, user.attributes, user.train.collate_fn)
     x, y = user.train.materialize(f"dataset {cfg.dataset} (train)")
     x_test, y_test = user.test.materialize(f"dataset {cfg.dataset} (test)")
-    return Dataset(cfg.dataset, x, y, x_test, y_test, num_classes, user.attributes).to(device)
+    return Dataset(cfg.dataset, x, y, x_test, y_test, num_classes, user.attributes).to(device)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- batches

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from . import schedule
+from .batch import IGNORE_INDEX, Inputs, call, logits_of
 from .config import RunConfig
 from .data import EVAL_CHUNK, Data, eval_chunk_size, in_chunks
 from .loop import Member, StepHooks
@@ -29,12 +30,13 @@ CROSS_ENTROPY = loss_for("cross_entropy")
 
 
 def train_step(state: TrainState, cfg: RunConfig, data: Data, lr: float, loss: Loss = CROSS_ENTROPY,
-               hooks: StepHooks | None = None) -> torch.Tensor:
+               hooks: StepHooks | None = None, task: Task | None = None) -> torch.Tensor:
     """One optimizer update (step.training_step) on the state's next batch (cfg.batch_size examples, or the
     batch schedule's size at this step); returns the batch's mean loss (a tensor, not synchronised).
 
     With micro_batch_size the batch is split and gradients accumulate (each micro-batch's loss weighted by
-    its share); `hooks` run after each micro-batch's backward pass and before the update.
+    its share: of the batch's real tokens when `task` is token-level); `hooks` run after each micro-batch's
+    backward pass and before the update.
     """
     x, y = state.next_batch(data)
     for group in state.optimizer.param_groups:
@@ -45,38 +47,77 @@ def train_step(state: TrainState, cfg: RunConfig, data: Data, lr: float, loss: L
         else [(x, y)]
     value = training_step(state.model, state.optimizer, batches, cfg.precision, state.scaler, loss,
                           after_backward=hooks.after_backward if hooks else None,
-                          before_update=hooks.before_update if hooks else None)
+                          before_update=hooks.before_update if hooks else None,
+                          count=task.count if task is not None and task.token_level else None)
     state.step += 1
     state.examples_seen += len(y)
     return value
 
 
+class EvalSums:
+    """The sums an evaluation accumulates over batches, and the mean loss and accuracy they give: the one
+    place this arithmetic is written (evaluate_batches; a fused group's evaluation, one per member).
+
+    The loss is summed per example (Loss.total) and divided by the examples; with a token-level `task` the
+    sum over real tokens is kept too and, where some target is -100 (padding), the mean is over the real
+    tokens of all the batches and accuracy counts those only. Where every target is real, the numbers are the
+    example mean's, bit for bit."""
+
+    def __init__(self, loss: Loss, accuracy: bool, task: Task | None = None):
+        self.loss, self.accuracy, self.task = loss, accuracy, task
+        self.tokens = task is not None and task.token_level
+        self.loss_sum: torch.Tensor | None = None
+        self.token_sum: torch.Tensor | None = None
+        self.correct: torch.Tensor | None = None
+        self.real: torch.Tensor | int = 0
+        self.examples = self.targets = self.counted = 0   # counted: the targets the loss would count unpadded
+
+    def add(self, output: object, yb: torch.Tensor) -> None:
+        total = self.loss.total(output, yb)
+        self.loss_sum = total if self.loss_sum is None else self.loss_sum + total
+        if self.tokens:
+            assert self.task is not None
+            count = self.task.count(yb)
+            part = self.loss.token_total(output, yb, count)
+            self.token_sum = part if self.token_sum is None else self.token_sum + part
+            self.real = self.real + count
+            self.counted += yb[:, self.task.label_shift:].numel()
+        if self.accuracy:
+            hits = logits_of(output).argmax(-1) == yb
+            hits = (hits & (yb != IGNORE_INDEX)).sum() if self.tokens else hits.sum()
+            self.correct = hits if self.correct is None else self.correct + hits
+            self.targets += yb.numel()
+        self.examples += len(yb)
+
+    def result(self) -> tuple[float, float | None]:
+        if self.loss_sum is None:
+            return math.nan, (math.nan if self.accuracy else None)
+        if self.tokens:
+            assert self.task is not None and self.token_sum is not None
+            real = int(self.real)
+            if real != self.counted:   # some target is padding
+                return self.token_sum.item() / real, (self.correct.item() / real if self.correct is not None
+                                                      else None)
+        return self.loss_sum.item() / self.examples, (self.correct.item() / self.targets
+                                                      if self.correct is not None else None)
+
+
 @torch.no_grad()
-def evaluate_batches(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+def evaluate_batches(model: nn.Module, batches: Iterable[tuple[Inputs, torch.Tensor]],
                      loss: Loss = CROSS_ENTROPY, precision: str = "fp32",
-                     accuracy: bool = True) -> tuple[float, float | None]:
+                     accuracy: bool = True, task: Task | None = None) -> tuple[float, float | None]:
     """(mean loss over the examples, accuracy or None) of `model` over `batches`, in eval mode (BatchNorm
     running statistics); accuracy counts every target (every token of a sequence). The model's mode is
-    restored afterwards."""
+    restored afterwards. A token-level `task` averages over real tokens (EvalSums)."""
     was_training = model.training
     model.eval()
-    loss_sum: torch.Tensor | None = None
-    correct: torch.Tensor | None = None
-    examples = targets = 0
+    sums = EvalSums(loss, accuracy, task)
     for xb, yb in batches:
         with autocast(precision, xb.device):
-            output = model(xb)
-        total = loss.total(output, yb)
-        loss_sum = total if loss_sum is None else loss_sum + total
-        if accuracy:
-            hits = (output.argmax(-1) == yb).sum()
-            correct = hits if correct is None else correct + hits
-            targets += yb.numel()
-        examples += len(yb)
+            output = call(model, xb, yb if loss.from_model else None)
+        sums.add(output, yb)
     model.train(was_training)
-    if loss_sum is None:
-        return math.nan, (math.nan if accuracy else None)
-    return loss_sum.item() / examples, (correct.item() / targets if correct is not None else None)
+    return sums.result()
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
@@ -104,13 +145,13 @@ class ModelEngine:
         self.data, self.loss, self.task = data, loss, task
 
     def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
-        return torch.stack([train_step(m.state, m.cfg, self.data, lr, self.loss, h).reshape(())
+        return torch.stack([train_step(m.state, m.cfg, self.data, lr, self.loss, h, self.task).reshape(())
                             for m, lr, h in zip(members, lrs, hooks)])
 
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
         chunk = eval_chunk_size(self.task.tokens_per_example)
         return [evaluate_batches(m.state.model, self.data.eval_batches(split, limit, chunk), self.loss,
-                                 m.cfg.precision, self.task.accuracy) for m in members]
+                                 m.cfg.precision, self.task.accuracy, self.task) for m in members]
 
     def weight_stats(self, members: list[Member]) -> list[tuple[float, float]]:
         return [weight_stats(m.state) for m in members]

@@ -45,8 +45,15 @@ def _import_file(path: Path, what: str, source: str) -> Any:
         raise ConfigError(f"{what} file {source!r} is not a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+    folder = str(path.parent)
+    sys.path.insert(0, folder)   # the file imports its siblings as it would when run as a script
     try:
         spec.loader.exec_module(module)
+    except ModuleNotFoundError as exc:
+        del sys.modules[module_name]
+        raise ConfigError(f"{what} file {source!r} cannot import {exc.name!r}{_user_frame(exc, path)}: it is "
+                          f"neither in the file's folder {folder} nor installed in this Python "
+                          f"({sys.executable})") from None
     except SyntaxError as exc:
         del sys.modules[module_name]
         raise ConfigError(f"{what} file {source!r} has a syntax error at line {exc.lineno}: {exc.msg}") from None
@@ -54,6 +61,9 @@ def _import_file(path: Path, what: str, source: str) -> Any:
         del sys.modules[module_name]
         raise ConfigError(f"{what} file {source!r} raised {_first_line(exc)} while it was imported"
                           f"{_user_frame(exc, path)}") from None
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
     return module
 
 

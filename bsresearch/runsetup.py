@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from . import config as C
 from . import schedule
+from .batch import IGNORE_INDEX, Features, Inputs, OutputError, call, describe, logits_of, model_loss_of
 from .config import ConfigError, RunConfig
 from .data import Data, Dataset, dataset_for
 from .loop import Callback, Engine, Loop, Member, RunResult
@@ -132,8 +133,11 @@ def out_of_memory_result(cfg: RunConfig, run_dir: str | Path | None, device: tor
 
 
 def _shape(t: object) -> str:
-    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" if isinstance(t, torch.Tensor) else \
-        type(t).__name__
+    return describe(t) if isinstance(t, (torch.Tensor, Features)) else type(t).__name__
+
+
+def _inputs(x: Inputs) -> str:
+    return f"(inputs {_shape(x)})" if isinstance(x, torch.Tensor) else f"(a mapping batch of {_shape(x)})"
 
 
 def _message(exc: BaseException) -> str:
@@ -146,40 +150,67 @@ def dry_run(model: nn.Module, data: Data, loss: Loss, precision: str = "fp32", m
     """One batch of two training examples through the model, the loss and the backward pass, in train mode
     and the run's precision; the model is left exactly as it was (measure.functional.measuring) and the
     global RNG untouched. Returns the task the targets make (losses.task_of). Whatever does not fit is one
-    ConfigError naming the model, the data and the loss: a model that cannot take the inputs, an output the
-    loss cannot take, a loss that is not a scalar, a gradient that cannot be computed."""
+    ConfigError naming the model, the data and the loss: a model that cannot take the inputs (a mapping batch
+    names its keys), an output without logits, `loss: model` with a model that returns no loss, an output the
+    loss cannot take, a loss that is not a scalar, a gradient that cannot be computed.
+
+    With `loss: model` on sequences, a second forward pass (no gradient) finds whether the model's loss skips
+    each sequence's first label (a causal LM shifts its labels by one): the task's `label_shift`, which the
+    token-level accumulation counts by."""
     x, y = data.first(min(2, data.n_train))
     device = x.device
+    shift = 0
     with measuring(model, "train"), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        stage = f"model {model_name} on a batch of {data_name} (inputs {_shape(x)})"
+        stage = f"model {model_name} on a batch of {data_name} {_inputs(x)}"
         try:
             with autocast(precision, device):
-                output = model(x)
-            stage = f"loss {loss.name} on the output of model {model_name} ({_shape(output)}) and targets {_shape(y)}"
-            if not isinstance(output, torch.Tensor):
-                raise ConfigError(f"model {model_name} returned a {type(output).__name__}; it must return a tensor "
-                                  f"that the loss takes with the targets")
-            _check_labels(output, y, data, model_name, data_name)
-            value = loss(output, y)
+                output = call(model, x, y if loss.from_model else None)
+            try:
+                logits = logits_of(output)
+            except OutputError as exc:
+                raise ConfigError(f"model {model_name} {exc}") from None
+            stage = f"loss {loss.name} on the output of model {model_name} ({_shape(logits)}) and targets {_shape(y)}"
+            _check_labels(logits, y, data, model_name, data_name)
+            try:
+                value = loss(output, y)
+            except OutputError as exc:
+                raise ConfigError(f"loss model: model {model_name} {exc}") from None
             if not isinstance(value, torch.Tensor) or value.dim() != 0:
                 raise ConfigError(f"loss {loss.name} must return a scalar (the mean over the batch); it returned "
-                                  f"{_shape(value)} for output {_shape(output)} and targets {_shape(y)}")
+                                  f"{_shape(value)} for output {_shape(logits)} and targets {_shape(y)}")
             stage = f"the gradient of loss {loss.name} with respect to model {model_name}'s parameters"
             value.backward()
+            if loss.from_model and y.dim() >= 2 and not y.is_floating_point():
+                shift = _label_shift(model, x, y, precision)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - a user's model, data or loss that do not fit is their mistake
             if is_out_of_memory(exc):
                 raise
             raise ConfigError(f"{stage} failed: {_message(exc)}") from None
-    return task_of(loss, output.detach(), y, data.attributes)
+    return task_of(loss, logits.detach(), y, data.attributes, shift)
+
+
+@torch.no_grad()
+def _label_shift(model: nn.Module, x: Inputs, y: torch.Tensor, precision: str) -> int:
+    """1 when the model's own loss is unchanged with every sequence's first label ignored (it predicts each
+    label from the positions before it, a causal LM's shift), else 0. Dropout is off for the comparison."""
+    model.eval()
+    with autocast(precision, y.device):
+        skipped = torch.cat([torch.full_like(y[:, :1], IGNORE_INDEX), y[:, 1:]], 1)
+        both = [model_loss_of(call(model, x, labels)) for labels in (y, skipped)]
+    return int(bool(torch.equal(both[0], both[1])))
 
 
 def _check_labels(output: torch.Tensor, y: torch.Tensor, data: Data, model_name: str, data_name: str) -> None:
-    """Class-index targets of resident data (all at hand): each must have a class score in the output."""
+    """Class-index targets of resident data (all at hand): each must have a class score in the output
+    (targets of -100 are padding, ignored)."""
     if not (class_indices(output, y) and isinstance(data, Dataset)):
         return
     labels = torch.cat([data.y_train.reshape(-1), data.y_test.reshape(-1)])
+    labels = labels[labels != IGNORE_INDEX]
+    if not len(labels):
+        return
     low, high = int(labels.min()), int(labels.max())
     if low < 0 or high >= output.shape[-1]:
         raise ConfigError(f"model {model_name} gives {output.shape[-1]} class scores, but the targets of "

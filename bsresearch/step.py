@@ -14,10 +14,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import schedule
+from .batch import Inputs
 from .config import OPTIMIZERS, ConfigError, RunConfig
+from .losses import loss_for
 from .runtime import autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Count = Callable[[torch.Tensor], torch.Tensor]  # targets -> how many the loss averages over (Task.count)
 
 
 def optimizer_for(name: str, params: Iterable[torch.Tensor], lr: float = 0.0, momentum: float = 0.9,
@@ -39,19 +42,28 @@ def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
                          schedule.adam_beta2_at(cfg, cfg.batch_size))
 
 
-def micro_batch_loss(loss: torch.Tensor, n_micro: int, n_batch: int) -> torch.Tensor:
+def micro_batch_loss(loss: torch.Tensor, n_micro: int | torch.Tensor, n_batch: int | torch.Tensor) -> torch.Tensor:
     """A micro-batch's mean loss weighted by its share of the batch, `loss * (n_micro / n_batch)`, so that the
     gradients accumulated over a batch's micro-batches are the whole batch's mean-loss gradient; the loss
     itself when the micro-batch is the whole batch (no accumulation). The one place this rule is written:
-    training_step and the fused engines (fused/engine.py) apply it, member by member there."""
+    training_step and the fused engines (fused/engine.py) apply it, member by member there.
+
+    Shares are of examples, or, for a token-level loss (a mean over a sequence's real tokens, targets of -100
+    ignored), of the batch's real tokens: then n_micro and n_batch are 0-d tensors of tokens (Task.count), so
+    accumulation over sequences of different lengths gives the whole batch's mean over its real tokens. A
+    token share is computed in float64 and rounded to the loss's dtype, as a Python float share is, so where
+    no target is ignored the result is the example share's bit for bit."""
+    if isinstance(n_micro, torch.Tensor) or isinstance(n_batch, torch.Tensor):
+        share = torch.as_tensor(n_micro, dtype=torch.float64) / torch.as_tensor(n_batch, dtype=torch.float64)
+        return loss * share.to(device=loss.device, dtype=loss.dtype)
     return loss if n_micro == n_batch else loss * (n_micro / n_batch)
 
 
 def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-                  batches: Sequence[tuple[torch.Tensor, torch.Tensor]], precision: str = "fp32",
+                  batches: Sequence[tuple[Inputs, torch.Tensor]], precision: str = "fp32",
                   scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
                   after_backward: Callable[[int], None] | None = None,
-                  before_update: Callable[[], None] | None = None) -> torch.Tensor:
+                  before_update: Callable[[], None] | None = None, count: Count | None = None) -> torch.Tensor:
     """One optimizer update on the examples of `batches`; returns the batch's mean loss (a detached float32
     0-d tensor, not synchronised).
 
@@ -61,15 +73,20 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     its current mode. Gradients are set to None first and kept after the update, so a step's memory is
     the trainer's. `after_backward(i)` runs after micro-batch i's backward pass, `before_update()` after
     the last one, before the optimizer (and GradScaler, for fp16) update: the in-loop noise-scale
-    estimator reads gradient norms there.
+    estimator reads gradient norms there. With `count` (a token-level loss: Task.count) micro-batches are
+    weighted by their share of the batch's real tokens instead of its examples. The inputs may be named
+    tensors and the output anything batch.logits_of reads (losses.Loss.of runs the model into its loss).
     """
     optimizer.zero_grad(set_to_none=True)
-    n_examples = sum(len(y) for _, y in batches)
+    loss_of = loss_for(loss_fn).of
+    sizes: list[int | torch.Tensor] = [count(y) for _, y in batches] if count is not None and len(batches) > 1 \
+        else [len(y) for _, y in batches]
+    n_batch: int | torch.Tensor = sum(sizes)
     total_loss = torch.zeros((), device=batches[0][0].device)
-    for i, (x, y) in enumerate(batches):
+    for i, ((x, y), size) in enumerate(zip(batches, sizes)):
         with autocast(precision, x.device):
-            loss = loss_fn(model(x), y)
-        loss = micro_batch_loss(loss, len(y), n_examples)
+            loss = loss_of(model, x, y)
+        loss = micro_batch_loss(loss, size, n_batch)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         if after_backward is not None:
             after_backward(i)

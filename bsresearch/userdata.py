@@ -2,7 +2,11 @@
 
 The factory is called with the config's dataset_kwargs and returns one dataset (the toolkit holds out a
 seeded test split of test_size) or a pair (train, test). Each dataset is a map-style torch Dataset whose
-items are (input, target), a TensorDataset of two tensors, or a pair of tensors (inputs, targets).
+items are (input, target) or mappings (their `labels` the targets, the rest the model's keyword inputs:
+batch.split_batch), a TensorDataset of two tensors, a pair of tensors (inputs, targets), a DataLoader over one
+(its collate_fn is kept), or a Hugging Face `datasets.Dataset` as it comes (its rows as tensors, text columns
+left out). A `collate_fn` attribute of the training dataset (or a DataLoader's) builds every batch, e.g. a
+Hugging Face collator that pads.
 Attributes the toolkit reads from the training dataset when it has them: num_classes (a built-in model
 on your data), characters_per_token or bytes_per_token (a language model's loss in bits per character
 or byte).
@@ -12,7 +16,7 @@ a Dataset through torch's DataLoader.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import default_collate as collate
 
+from .batch import Features, Inputs, split_batch
 from .config import ConfigError, RunConfig
 from .loading import call_factory, load_factory
 from .runtime import make_generator
@@ -31,9 +36,11 @@ ATTRIBUTES = ("num_classes", "characters_per_token", "bytes_per_token")  # read 
 
 @dataclass(frozen=True)
 class Split:
-    """One split of a user's data: tensors (x, y) when it came as tensors, else a map-style Dataset."""
+    """One split of a user's data: tensors (x, y) when it came as tensors, else a map-style Dataset and the
+    function that collates its items into a batch."""
     tensors: tuple[torch.Tensor, torch.Tensor] | None
     dataset: TorchDataset | None
+    collate_fn: Callable[[list[Any]], Any] = collate
 
     def __len__(self) -> int:
         return len(self.tensors[0]) if self.tensors is not None else len(self.dataset)  # type: ignore[arg-type]
@@ -48,33 +55,86 @@ class Split:
     def subset(self, index: torch.Tensor) -> Split:
         if self.tensors is not None:
             return Split((self.tensors[0][index], self.tensors[1][index]), None)
-        return Split(None, Subset(self.dataset, index.tolist()))  # type: ignore[arg-type]
+        return Split(None, Subset(self.dataset, index.tolist()), self.collate_fn)  # type: ignore[arg-type]
 
-    def materialize(self, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) stacked from every item, as the DataLoader's default collate stacks a batch."""
+    def materialize(self, what: str) -> tuple[Inputs, torch.Tensor]:
+        """(inputs, targets) collated from every item at once, as the DataLoader collates a batch."""
         if self.tensors is not None:
             return self.tensors
-        return as_pair(collate([self.dataset[i] for i in range(len(self))]), what)  # type: ignore[index]
+        return collated(self.collate_fn, [self.dataset[i] for i in range(len(self))], what)  # type: ignore[index]
 
 
-def as_pair(item: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """A collated (input, target) as two tensors, or ConfigError saying what the item was."""
-    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(t, torch.Tensor) for t in item):
-        return item[0], item[1]
-    shape = f"a {type(item).__name__}" + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
-    raise ConfigError(f"{what}: items must be (input, target) pairs of tensors or numbers; an item is {shape}")
+def as_pair(item: Any, what: str) -> tuple[Inputs, torch.Tensor]:
+    """A collated batch as (inputs, targets) (batch.split_batch), or ConfigError saying what it was."""
+    return split_batch(item, what)
+
+
+def collated(collate_fn: Callable[[list[Any]], Any], items: list[Any], what: str) -> tuple[Inputs, torch.Tensor]:
+    """collate_fn(items) as (inputs, targets); a collate_fn that raises is one ConfigError naming it."""
+    try:
+        batch = collate_fn(items)
+    except Exception as exc:  # noqa: BLE001 - the user's collate_fn failing is their message, in one line
+        name = getattr(collate_fn, "__name__", type(collate_fn).__name__)
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"{what}: its collate_fn {name} raised {type(exc).__name__}"
+                          f"{': ' + text if text else ''} on a batch of {len(items)} items") from None
+    return as_pair(batch, what)
+
+
+class RowsAsTensors(TorchDataset):
+    """A Hugging Face `datasets.Dataset` (or any indexable of mapping rows) as a torch Dataset: each row's
+    values as tensors, columns of text (or anything not numeric) left out."""
+
+    def __init__(self, rows: Any):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for key, value in self.rows[index].items():
+            if isinstance(value, torch.Tensor):
+                out[key] = value
+            elif isinstance(value, (int, float, bool, np.ndarray, np.number)) or \
+                    (isinstance(value, list) and _numeric(value)):
+                out[key] = torch.as_tensor(value)
+        return out
+
+    def __getattr__(self, name: str) -> Any:   # what the toolkit reads of the wrapped dataset (ATTRIBUTES)
+        if name not in (*ATTRIBUTES, "collate_fn"):   # not its batch reading (__getitems__): rows are read here
+            raise AttributeError(name)
+        return getattr(self.rows, name)
+
+
+def _numeric(value: list) -> bool:
+    while isinstance(value, list) and value:
+        value = value[0]
+    return isinstance(value, (int, float, bool, np.number)) or value == []
+
+
+def _hf_rows(value: Any) -> bool:
+    """A Hugging Face datasets.Dataset (by its interface: column_names, and rows by index), not a torch one."""
+    return (not isinstance(value, TorchDataset) and hasattr(value, "column_names") and hasattr(value, "__len__")
+            and hasattr(value, "__getitem__"))
 
 
 def _is_tensor_pair(value: Any) -> bool:
-    return isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(t, torch.Tensor) for t in value)
+    """(inputs, targets): a tensor or named tensors (batch.Features), and a tensor."""
+    return isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (torch.Tensor, Features)) \
+        and isinstance(value[1], torch.Tensor)
 
 
-def _split(value: Any, what: str) -> Split:
-    """One dataset as a Split, checking its first item (a DataLoader stands for its dataset)."""
+def _split(value: Any, what: str, collate_fn: Callable[[list[Any]], Any] | None = None) -> Split:
+    """One dataset as a Split, checking its first item (a DataLoader stands for its dataset, with its
+    collate_fn; a `collate_fn` attribute of the dataset is used otherwise)."""
     if isinstance(value, DataLoader) and not isinstance(value.dataset, IterableDataset):
-        return _split(value.dataset, what)
+        return _split(value.dataset, what, value.collate_fn if value.collate_fn is not collate else collate_fn)
+    if _hf_rows(value):
+        value = RowsAsTensors(value)
+    collate_fn = collate_fn or getattr(value, "collate_fn", None) or collate
     if _is_tensor_pair(value):
-        x, y = value
+        x, y = value  # type: ignore[attr-defined]
         if len(x) != len(y):
             raise ConfigError(f"{what}: inputs have {len(x)} examples but targets {len(y)}")
         return Split((x, y), None)
@@ -94,13 +154,19 @@ def _split(value: Any, what: str) -> Split:
         first = value[0]
     except Exception as exc:  # noqa: BLE001 - the user's __getitem__ failing is their message
         raise ConfigError(f"{what}: reading item 0 raised {type(exc).__name__}: {exc}") from None
+    if isinstance(first, Mapping):
+        collated(collate_fn, [first, value[min(1, len(value) - 1)]], what)  # the keys, and a collate_fn that runs
+        return Split(None, value, collate_fn)
     if not (isinstance(first, (tuple, list)) and len(first) == 2):
         shape = f"a {type(first).__name__}" + (f" of {len(first)}" if isinstance(first, (tuple, list)) else "")
-        raise ConfigError(f"{what}: items must be (input, target) pairs; item 0 is {shape}")
+        raise ConfigError(f"{what}: items must be (input, target) pairs; item 0 is {shape} (or items may be "
+                          f"mappings with 'labels')")
     if not all(isinstance(t, (torch.Tensor, np.ndarray, int, float)) for t in first):
         raise ConfigError(f"{what}: items must be (input, target) of tensors or numbers; item 0 holds "
                           f"{type(first[0]).__name__} and {type(first[1]).__name__}")
-    return Split(None, value)
+    if collate_fn is not collate:
+        collated(collate_fn, [first, value[min(1, len(value) - 1)]], what)
+    return Split(None, value, collate_fn)
 
 
 @dataclass(frozen=True)
@@ -119,6 +185,8 @@ def load_user_data(cfg: RunConfig) -> UserData:
     what = f"dataset {cfg.dataset}"
     if isinstance(made, (tuple, list)) and len(made) == 2 and not _is_tensor_pair(made):
         train, test = _split(made[0], f"{what} (train)"), _split(made[1], f"{what} (test)")
+        if test.tensors is None and test.collate_fn is collate:   # the training data's collate_fn serves both
+            test = Split(None, test.dataset, train.collate_fn)
         source, held_out = made[0], False
     else:
         whole, source, held_out = _split(made, what), made, True
@@ -138,7 +206,7 @@ def load_user_data(cfg: RunConfig) -> UserData:
     return UserData(train, test, attributes, held_out)
 
 
-def first_examples(data: Any, max_examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+def first_examples(data: Any, max_examples: int) -> tuple[Inputs, torch.Tensor]:
     """(inputs, targets): the first max_examples examples of `data`, stacked along the first dimension.
 
     data: a pair of tensors (x, y) with len(x) == len(y); a map-style Dataset of (input, target) items
@@ -161,9 +229,8 @@ def first_examples(data: Any, max_examples: int) -> tuple[torch.Tensor, torch.Te
                     break
         if not xs:
             raise ConfigError("data: the DataLoader yielded no batches")
-        return torch.cat(xs)[:max_examples], torch.cat(ys)[:max_examples]
-    collate_fn = data.collate_fn if isinstance(data, DataLoader) else collate
-    if not (_is_tensor_pair(data) or isinstance(data, (DataLoader, TorchDataset))):
+        return torch.cat(xs)[:max_examples], torch.cat(ys)[:max_examples]  # type: ignore[arg-type]
+    if not (_is_tensor_pair(data) or isinstance(data, (DataLoader, TorchDataset)) or _hf_rows(data)):
         raise ConfigError(f"data must be a torch Dataset, a DataLoader or a pair of tensors (inputs, targets); "
                           f"got a {type(data).__name__}")
     split = _split(data, "data")
@@ -173,4 +240,4 @@ def first_examples(data: Any, max_examples: int) -> tuple[torch.Tensor, torch.Te
     n = min(len(split), max_examples)
     if n < 2:
         raise ConfigError(f"data has {len(split)} examples; at least 2 are needed")
-    return as_pair(collate_fn([split.dataset[i] for i in range(n)]), "data")  # type: ignore[index]
+    return collated(split.collate_fn, [split.dataset[i] for i in range(n)], "data")  # type: ignore[index]

@@ -400,7 +400,8 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     optimizer_fn_given, optimizer_fn = optimizer_fn, optimizer_fn or optimizer_factory("sgd", 0.01)
     x_cpu, y_cpu = first_examples(data, settings.max_examples)
     models = _Models(model_fn, weights, optimizer_fn, dev, settings.seed)
-    x, y = x_cpu.to(dev), y_cpu.to(dev)
+    x: Any = x_cpu.to(dev)   # a tensor, or named tensors (batch.Features): indexed alike
+    y = y_cpu.to(dev)
     batch = _batch_of(x, y)
     probe = models.parts()
     check = Dataset("advise", x, y, x[:0], y[:0], None)

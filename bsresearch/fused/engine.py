@@ -15,7 +15,7 @@ BatchNorm buffers, evaluation):
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn as nn
@@ -36,6 +36,9 @@ class FusedEngine:
         self.members = list(members)
         self.data = data
         self.micro_batch_size = members[0].cfg.micro_batch_size
+        # a token-level loss: each member's real tokens in a micro-batch (its rows of training indices), by which
+        # micro-batches are weighted instead of examples (step.micro_batch_loss); None weighs examples
+        self.count: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def _start(self, flat: torch.Tensor) -> None:
         """The initial weights (K, P) kept for the distance from them, and the optimizer over `flat`."""
@@ -90,6 +93,8 @@ class FusedEngine:
         idx = torch.stack([next(m.state.indices) for m in members])            # (K, B)
         micro_batches = idx.split(self.micro_batch_size, dim=1) if self.micro_batch_size else (idx,)
         per_pass = self._members_per_pass(micro_batches[0].shape[1], k)
+        count = self.count if len(micro_batches) > 1 else None
+        whole = count(idx) if count is not None else None   # each member's real tokens in its whole batch
         self._zero_grad()
         flat = self._parameters()
         total = torch.zeros(k, device=flat.device)
@@ -97,7 +102,10 @@ class FusedEngine:
             n = min(per_pass, k - lo)
             for micro in micro_batches:
                 micro = micro[lo:lo + n]
-                loss = micro_batch_loss(self._losses(lo, n, micro), micro.shape[1], idx.shape[1])
+                if count is not None and whole is not None:
+                    loss = micro_batch_loss(self._losses(lo, n, micro), count(micro), whole[lo:lo + n])
+                else:
+                    loss = micro_batch_loss(self._losses(lo, n, micro), micro.shape[1], idx.shape[1])
                 self._backward(loss.sum())
                 total[lo:lo + n] += loss.detach()
         lr = torch.tensor(lrs, device=flat.device, dtype=flat.dtype).view(-1, 1)

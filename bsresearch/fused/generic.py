@@ -25,9 +25,12 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.func import functional_call, vmap
+import torch.utils._pytree as pytree
+from torch.func import vmap
 
+from ..batch import Inputs, call, logits_of
 from ..data import Dataset, eval_chunk_size
+from ..engine import EvalSums
 from ..loop import Member
 from ..losses import Loss, Task
 from ..runtime import synchronize
@@ -42,7 +45,12 @@ PAYS = 1.05               # fuse only when the fused step is at least this much 
 EVAL_MEMBERS = 8          # members per evaluation forward pass
 
 
-def probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> str | None:
+def _members(x: Inputs, k: int) -> Inputs:
+    """The same inputs for k members (a tensor, or each of named tensors, expanded along a new first dim)."""
+    return pytree.tree_map(lambda t: t.expand(k, *t.shape), x)
+
+
+def probe(model: nn.Module, x: Inputs, y: torch.Tensor, loss: Loss) -> str | None:
     """Why vmap over stacked parameters cannot train `model` (one line), or None. Tries two members on the
     two examples (x, y): forward, loss and backward, in train mode, random draws forbidden."""
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules()):
@@ -50,9 +58,8 @@ def probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> str
     stack = _Stack([model, model], x.device)
     try:
         with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []), batched_attention():
-            value = vmap(stack.loss_fn(model, loss), randomness="error")(stack.leaves,
-                                                                          x.expand(2, *x.shape),
-                                                                          y.expand(2, *y.shape))
+            value = vmap(stack.loss_fn(model, loss), randomness="error")(stack.leaves, _members(x, 2),
+                                                                          _members(y, 2))
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
                 value.sum().backward()
@@ -97,8 +104,8 @@ class _Stack:
     def loss_fn(self, model: nn.Module, loss: Loss) -> Callable[..., torch.Tensor]:
         buffers = self.buffers
 
-        def one(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return loss(functional_call(model, (params, buffers), (x,)), y)
+        def one(params: dict[str, torch.Tensor], x: Inputs, y: torch.Tensor) -> torch.Tensor:
+            return loss.of(model, x, y, {**params, **buffers})
         return one
 
     def rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
@@ -119,6 +126,8 @@ class VmapEngine(FusedEngine):
         self.stack = _Stack([m.state.model for m in members], device)
         self._start(self.stack.flat)
         self.one = self.stack.loss_fn(self.model, loss)
+        if task.token_level:   # micro-batches weighted by each member's real tokens (step.micro_batch_loss)
+            self.count = lambda micro: torch.stack([task.count(data.y_train[row]) for row in micro])
 
     def _parameters(self) -> torch.Tensor:
         return self.stack.flat
@@ -151,23 +160,23 @@ class VmapEngine(FusedEngine):
         rows = self._rows(members)
         chunk = eval_chunk_size(self.task.tokens_per_example)
         buffers, model, loss = self.stack.buffers, self.model, self.loss
+
+        def forward(p: dict[str, torch.Tensor], xs: Inputs, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            output = call(model, xs, ys if loss.from_model else None, {**p, **buffers})
+            logits = logits_of(output)   # (and the model's own loss, which is all `loss: model` reads)
+            return logits, (loss(output, ys) if loss.from_model else logits.new_zeros(()))
         out: list[tuple[float, float | None]] = []
         for lo in range(0, len(rows), EVAL_MEMBERS):
             params = self.stack.rows(rows[lo:lo + EVAL_MEMBERS])
             k = len(rows[lo:lo + EVAL_MEMBERS])
-            loss_sum = torch.zeros(k, dtype=torch.float64, device=x.device)
-            correct = torch.zeros(k, dtype=torch.int64, device=x.device)
+            sums = [EvalSums(loss, self.task.accuracy, self.task) for _ in range(k)]
             for start in range(0, len(x), chunk):
                 xb, yb = x[start:start + chunk], y[start:start + chunk]
                 with batched_attention():
-                    output = vmap(lambda p, xs: functional_call(model, (p, buffers), (xs,)),
-                                  in_dims=(0, None))(params, xb)
-                loss_sum += torch.stack([loss.total(output[i], yb) for i in range(k)])
-                if self.task.accuracy:
-                    correct += (output.argmax(-1) == yb).flatten(1).sum(1)
-            targets = max(1, y.numel())
-            out += [(s / len(x), c / targets if self.task.accuracy else None)
-                    for s, c in zip(loss_sum.tolist(), correct.tolist())]
+                    logits, own = vmap(forward, in_dims=(0, None, None))(params, xb, yb)
+                for i in range(k):
+                    sums[i].add({"logits": logits[i], "loss": own[i]} if loss.from_model else logits[i], yb)
+            out += [s.result() for s in sums]
         return out
 
     @torch.no_grad()

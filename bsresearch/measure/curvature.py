@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .functional import DEFAULT_GRAPH_BUDGET, Batches, LossFn, MeanLoss, layer_slices, measuring
+from .functional import ATTENTION_KERNEL, DEFAULT_GRAPH_BUDGET, Batches, LossFn, MeanLoss, layer_slices, measuring
 from .lanczos import (
     Eigenpairs,
     SpectralDensity,
@@ -62,7 +62,7 @@ def top_eigenvalues(model: nn.Module, batches: Batches, k: int = 1, method: str 
             pairs = power_iteration(loss.hvp, loss.point, k, tol, max_iter or 1000, generator)
         else:
             raise ValueError(f"method must be lanczos or power; got {method!r}")
-    return dataclasses.replace(pairs, bn_mode=bn_mode)
+    return dataclasses.replace(pairs, bn_mode=bn_mode, attention=ATTENTION_KERNEL)
 
 
 def hessian_trace(model: nn.Module, batches: Batches, n_probes: int = 20, generator: torch.Generator | None = None,
@@ -72,7 +72,7 @@ def hessian_trace(model: nn.Module, batches: Batches, n_probes: int = 20, genera
     with measuring(model, bn_mode):
         loss = MeanLoss(model, batches, loss_fn, graph_budget_bytes)
         estimate = hutchinson_trace(loss.hvp, loss.point, n_probes, generator)
-    return dataclasses.replace(estimate, bn_mode=bn_mode)
+    return dataclasses.replace(estimate, bn_mode=bn_mode, attention=ATTENTION_KERNEL)
 
 
 def spectral_density(model: nn.Module, batches: Batches, n_probes: int = 10, n_iter: int = 80,
@@ -86,7 +86,7 @@ def spectral_density(model: nn.Module, batches: Batches, n_probes: int = 10, n_i
     with measuring(model, bn_mode):
         loss = MeanLoss(model, batches, loss_fn, graph_budget_bytes)
         density = stochastic_lanczos_quadrature(loss.hvp, loss.point, n_probes, n_iter, generator, reorthogonalize)
-    return dataclasses.replace(density, bn_mode=bn_mode)
+    return dataclasses.replace(density, bn_mode=bn_mode, attention=ATTENTION_KERNEL)
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ class LayerCurvature:
     trace_std_error: float
     n_products: int
     bn_mode: str
+    attention: str = ATTENTION_KERNEL  # the attention kernel of its Hessian-vector products
 
 
 def layer_curvature(model: nn.Module, batches: Batches, n_probes: int = 20, tol: float = 1e-4,
@@ -110,7 +111,7 @@ def layer_curvature(model: nn.Module, batches: Batches, n_probes: int = 20, tol:
 
     Layers are modules owning parameters ('0' for '0.weight' and '0.bias'). A block product costs a
     full Hessian-vector product (the vector is zero outside the block); one gradient graph serves every
-    layer.
+    layer. Attention runs through ATTENTION_KERNEL (functional.double_backward_attention).
     """
     out = {}
     with measuring(model, bn_mode):

@@ -9,7 +9,12 @@ Conventions (all measurements):
 - BatchNorm is in eval mode (running statistics) unless `bn_mode="train"` is asked for, in which case
   the whole model is put in train mode and each batch is normalised with its own statistics;
 - parameters, buffers, train/eval flags and `.grad` are restored bit for bit on exit (`measuring`);
-- every random draw comes from a passed `torch.Generator`; the global RNGs are never touched.
+- every random draw comes from a passed `torch.Generator`; the global RNGs are never touched;
+- the model is run as every path runs it (`losses.Loss.of`: a tensor or named tensors in, any output
+  batch.logits_of reads, or the model's own loss with `loss: model`);
+- Hessian-vector products (double backward) run attention through torch's math kernel
+  (`double_backward_attention`, ATTENTION_KERNEL in their results): torch's fused attention kernels (flash,
+  memory-efficient, CPU flash) have no derivative of their backward.
 """
 from __future__ import annotations
 
@@ -19,12 +24,15 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..batch import Inputs, call, logits_of
 from ..config import ConfigError
+from ..losses import loss_for
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> mean loss, a scalar
-Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+Batches = Sequence[tuple[Inputs, torch.Tensor]]
+ATTENTION_KERNEL = "math"  # the scaled_dot_product_attention backend of every Hessian-vector product
 BN_MODES = ("eval", "train")
 DEFAULT_CHUNK = 1024  # examples per forward pass when a loss is summed over a data set
 # Bytes of saved tensors MeanLoss may keep so that Hessian-vector products reuse one gradient graph. Why
@@ -65,6 +73,16 @@ def measuring(model: nn.Module, bn_mode: str = "eval") -> Iterator[nn.Module]:
             module.training = mode
         for p, g in zip(model.parameters(), grads):
             p.grad = g
+
+
+@contextlib.contextmanager
+def double_backward_attention() -> Iterator[None]:
+    """torch's scaled_dot_product_attention through its math kernel (ATTENTION_KERNEL), which has a double
+    backward, for the forward and both backward passes of a Hessian-vector product: the fused kernels torch
+    picks otherwise (flash on the CPU and CUDA, memory-efficient on CUDA) have none. A model without
+    attention computes the same numbers either way."""
+    with sdpa_kernel([SDPBackend.MATH]):
+        yield
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -113,8 +131,8 @@ def layer_slices(model: nn.Module) -> dict[str, slice]:
 
 
 # ----------------------------------------------------------------------------- data
-def batches_of(x: torch.Tensor, y: torch.Tensor,
-               chunk_size: int = DEFAULT_CHUNK) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches_of(x: Inputs, y: torch.Tensor,
+               chunk_size: int = DEFAULT_CHUNK) -> list[tuple[Inputs, torch.Tensor]]:
     """Consecutive (x, y) chunks of at most chunk_size examples (views, no copy)."""
     if chunk_size < 1:
         raise ConfigError(f"chunk_size must be a positive integer; got {chunk_size!r}")
@@ -163,7 +181,7 @@ class MeanLoss:
             raise ValueError("no data: batches is empty")
         if graph_budget_bytes < 0:
             raise ConfigError(f"graph_budget_bytes must be a non-negative integer; got {graph_budget_bytes!r}")
-        self.model, self.batches, self.loss_fn = model, list(batches), loss_fn
+        self.model, self.batches, self.loss_fn = model, list(batches), loss_for(loss_fn)
         self.like = parameters_of(model)
         self.buffers = {name: b.clone() for name, b in buffers_of(model).items()}
         self.n_examples = sum(len(x) for x, _ in self.batches)
@@ -176,11 +194,14 @@ class MeanLoss:
         self.n_gradients = 0
         self.n_products = 0
 
-    def logits(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.model, {**params, **self.buffers}, (x,))
+    def logits(self, params: dict[str, torch.Tensor], x: Inputs) -> torch.Tensor:
+        return logits_of(call(self.model, x, None, {**params, **self.buffers}))
 
-    def _batch_loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.logits(unflatten(flat, self.like), x), y) * (len(x) / self.n_examples)
+    def _loss(self, params: dict[str, torch.Tensor], x: Inputs, y: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn.of(self.model, x, y, {**params, **self.buffers}) * (len(x) / self.n_examples)
+
+    def _batch_loss(self, flat: torch.Tensor, x: Inputs, y: torch.Tensor) -> torch.Tensor:
+        return self._loss(unflatten(flat, self.like), x, y)
 
     def value(self, flat: torch.Tensor | None = None) -> torch.Tensor:
         """Mean loss at `flat` (default: the model's parameters); a 0-d tensor on the device."""
@@ -222,7 +243,7 @@ class MeanLoss:
                 sizes[(t.data_ptr(), t.numel(), t.dtype)] = t.numel() * t.element_size()
                 return t
             with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
-                loss = self.loss_fn(self.logits(params, x), y) * (len(x) / self.n_examples)
+                loss = self._loss(params, x, y)
                 grads = list(torch.autograd.grad(loss, leaves, create_graph=True))
             if self.graph_bytes + sum(sizes.values()) > self.graph_budget_bytes:
                 break
@@ -242,6 +263,10 @@ class MeanLoss:
         every product and measured 1.6-1.9x slower per product on CPU (benchmarks/curvature.py, which also
         measures it on CUDA; no GPU run was available when this was chosen, so CUDA uses the same path).
         """
+        with double_backward_attention():
+            return self._hvp(vector, flat)
+
+    def _hvp(self, vector: torch.Tensor, flat: torch.Tensor | None) -> torch.Tensor:
         vector = vector.detach()
         uncached = self.batches
         out = None

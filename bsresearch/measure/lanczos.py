@@ -31,6 +31,7 @@ class Eigenpairs:
     tol: float
     method: str                         # "lanczos" or "power"
     bn_mode: str = "eval"
+    attention: str | None = None  # the attention kernel of its Hessian-vector products (functional.ATTENTION_KERNEL)
 
 
 def _ritz(alphas: list[float], betas: list[float], k: int, which: str) -> tuple[np.ndarray, np.ndarray]:
@@ -132,6 +133,7 @@ class TraceEstimate:
     n_probes: int
     n_products: int
     bn_mode: str = "eval"
+    attention: str | None = None  # the attention kernel of its Hessian-vector products (functional.ATTENTION_KERNEL)
 
 
 def hutchinson_trace(matvec: MatVec, like: torch.Tensor, n_probes: int = 20,
@@ -160,6 +162,7 @@ class SpectralDensity:
     dim: int
     n_products: int
     bn_mode: str = "eval"
+    attention: str | None = None  # the attention kernel of its Hessian-vector products (functional.ATTENTION_KERNEL)
 
     def mass(self) -> float:
         return float(self.weights.sum(1).mean())

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call
 
+from ..batch import call, logits_of
 from ..config import ConfigError
 from ..data import Dataset
-from ..losses import class_indices
+from ..losses import class_indices, loss_for
 from .curvature import top_eigenvalues
 from .functional import (
     DEFAULT_CHUNK,
@@ -55,12 +55,14 @@ def _loss_and_accuracy(model: nn.Module, tensors: dict[str, torch.Tensor], x: to
                        chunk_size: int, loss_fn: LossFn) -> tuple[float, float]:
     """Mean loss and accuracy (NaN unless the targets are class indices) of `model` with its parameters and
     buffers replaced by `tensors`."""
+    lossf = loss_for(loss_fn)
     loss = torch.zeros((), dtype=torch.float64, device=x.device)
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
     classes = True
     for xb, yb in batches_of(x, y, chunk_size):
-        logits = functional_call(model, tensors, (xb,))
-        loss += loss_fn(logits, yb).double() * len(xb)
+        output = call(model, xb, yb if lossf.from_model else None, tensors)
+        logits = logits_of(output)
+        loss += lossf(output, yb).double() * len(xb)
         classes = classes and class_indices(logits, yb)
         if classes:
             correct += (logits.argmax(-1) == yb).sum()

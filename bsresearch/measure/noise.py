@@ -18,11 +18,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 
+from ..losses import loss_for
 from ..noise_tracker import two_batch_estimate  # re-exported: the formula lives with the EMA
 from .critical import CriticalBatchFit, fit_critical_batch, fit_critical_batch_examples  # noqa: F401 (re-export)
 from .functional import (
+    ATTENTION_KERNEL,
     LossFn,
     MeanLoss,
     batches_of,
@@ -43,8 +45,10 @@ if TYPE_CHECKING:
 def _per_example_flat(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                       x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
     """(len(x), n_parameters) per-example gradients by vmap over grad (model already in eval mode)."""
+    of = loss_for(loss_fn).of
+
     def example_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        return loss_fn(functional_call(model, {**p, **buffers}, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+        return of(model, xi.unsqueeze(0), yi.unsqueeze(0), {**p, **buffers})
     grads = vmap(grad(example_loss), in_dims=(None, 0, 0))(params, x, y)
     return torch.cat([g.reshape(len(x), -1) for g in grads.values()], dim=1)
 
@@ -258,6 +262,7 @@ class HessianNoiseScale:
     n_probes: int
     n_products: int             # Hessian-vector products used
     bn_mode: str = "eval"
+    attention: str = ATTENTION_KERNEL  # the attention kernel of its Hessian-vector products
 
 
 def hessian_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n_probes: int = 10,
@@ -279,7 +284,7 @@ def hessian_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n_pr
         g_h_g = float(mean_grad @ loss.hvp(mean_grad))
         samples = []
         for _ in range(n_probes):
-            signs = rademacher_like(x, generator, (n,))
+            signs = rademacher_like(loss.point, generator, (n,))
             u = _signed_example_gradient(loss, signs, loss_fn) - signs.sum() * mean_grad
             samples.append(float(u @ loss.hvp(u)) / (n - 1))
     values = np.array(samples)
@@ -290,6 +295,8 @@ def hessian_noise_scale(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n_pr
 
 def _signed_example_gradient(loss: MeanLoss, signs: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
     """grad of sum_i signs_i * loss_i over all examples of loss.batches (in order), flat."""
+    if loss.loss_fn.from_model:
+        raise ValueError("B_noise needs each example's loss, and `loss: model` gives one loss per batch")
     flat = loss.point.detach().requires_grad_(True)
     out = torch.zeros_like(flat)
     start = 0

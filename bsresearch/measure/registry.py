@@ -45,7 +45,8 @@ def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generat
     no sampling error either) and B_noise = tr(H Sigma)/(G^T H G) with its Hutchinson standard error. Where
     vmap cannot take the model: the two-batch B_simple (TWO_BATCH_SIZES, TWO_BATCH_DRAWS draws with
     replacement) and no B_noise. Where the model has no double backward (Hessian-vector products): B_simple,
-    and why B_noise is missing (noise_b_noise_error)."""
+    and why B_noise is missing (noise_b_noise_error). Attention in the Hessian-vector products runs through
+    torch's math kernel (noise_b_noise_attention_kernel), which has a double backward."""
     x, y = data.x_train, data.y_train
     try:
         exact = noise.gradient_noise_scale(model, x, y, unbiased=False, loss_fn=loss)
@@ -63,9 +64,10 @@ def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generat
     try:   # Hessian-vector products need double backward, which some operations lack (CPU flash attention)
         with_hessian = noise.hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator,
                                                  loss_fn=loss)
-    except (RuntimeError, NotImplementedError) as exc:
+    except (RuntimeError, NotImplementedError, ValueError) as exc:
         return {**out, "noise_b_noise_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-    return {**out, "noise_b_noise": with_hessian.b_noise, "noise_b_noise_std_error": with_hessian.b_noise_std_error}
+    return {**out, "noise_b_noise": with_hessian.b_noise, "noise_b_noise_std_error": with_hessian.b_noise_std_error,
+            "noise_b_noise_attention_kernel": with_hessian.attention}
 
 
 def measure_hessian(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,
@@ -77,7 +79,8 @@ def measure_hessian(model: nn.Module, data: Dataset, cfg: RunConfig, generator: 
     trace = curvature.hessian_trace(model, batches, n_probes=HESSIAN_TRACE_PROBES, generator=generator, loss_fn=loss)
     return {"hessian_top_eigenvalue": top.eigenvalues[0], "hessian_top_eigenvalue_residual": top.residuals[0],
             "hessian_top_eigenvalue_converged": top.converged, "hessian_trace": trace.trace,
-            "hessian_trace_std_error": trace.std_error, "hessian_products": top.n_products + trace.n_products}
+            "hessian_trace_std_error": trace.std_error, "hessian_products": top.n_products + trace.n_products,
+            "hessian_attention_kernel": top.attention}
 
 
 def measure_keskar_sharpness(model: nn.Module, data: Dataset, cfg: RunConfig, generator: torch.Generator,

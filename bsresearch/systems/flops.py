@@ -20,7 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
+
+from ..losses import loss_for
 
 TERA = 1e12
 
@@ -134,16 +137,30 @@ def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes
                      backward: bool = True, example: tuple[torch.Tensor, torch.Tensor] | None = None,
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> StepFlops:
     """count_flops, with the convolutions' share (which arithmetic they run on can differ from the matrix
-    products': `step_peak`)."""
-    meta = copy.deepcopy(model).to("meta")
+    products': `step_peak`). A model whose forward reads its inputs' values (a Hugging Face model's padding
+    check, `.item()`), which the meta device cannot, is counted on a CPU copy on the example batch, cycled."""
     if example is None:
+        meta = copy.deepcopy(model).to("meta")
         x = torch.empty((batch_size, *input_shape), device="meta")
         y = torch.zeros((batch_size,), dtype=torch.long, device="meta").clamp(max=num_classes - 1)
-    else:
-        x = torch.empty((batch_size, *example[0].shape[1:]), dtype=example[0].dtype, device="meta")
-        y = torch.empty((batch_size, *example[1].shape[1:]), dtype=example[1].dtype, device="meta")
+        return _counted(meta, x, y, backward, loss_fn)
+    try:
+        x = pytree.tree_map(lambda t: torch.zeros((batch_size, *t.shape[1:]), dtype=t.dtype, device="meta"),
+                            example[0])
+        y = torch.zeros((batch_size, *example[1].shape[1:]), dtype=example[1].dtype, device="meta")
+        return _counted(copy.deepcopy(model).to("meta"), x, y, backward, loss_fn)
+    except RuntimeError as exc:
+        if "meta" not in str(exc):
+            raise
+    index = torch.arange(batch_size) % len(example[1])
+    x = pytree.tree_map(lambda t: t[index].cpu(), example[0])
+    return _counted(copy.deepcopy(model).cpu(), x, example[1][index].cpu(), backward, loss_fn)
+
+
+def _counted(model: nn.Module, x: object, y: torch.Tensor, backward: bool,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> StepFlops:
     with FlopCounterMode(display=False) as counter:
-        loss = (loss_fn or F.cross_entropy)(meta(x), y)
+        loss = loss_for(loss_fn or F.cross_entropy).of(model, x, y)  # type: ignore[arg-type]
         if backward:
             loss.backward()
     by_op = counter.get_flop_counts().get("Global", {})

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 from ..runtime import is_out_of_memory, synchronize
 from .workload import TrainParts, Workload, build_parts, free_memory, restore, snapshot, training_step, workload_batch
@@ -102,10 +103,11 @@ def step_memory(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
         parts.optimizer.zero_grad(set_to_none=True)
         params = list(parts.model.parameters())
         param_keys = {_storage_key(p) for p in params}
-        input_keys = {_storage_key(x), _storage_key(y)}
+        inputs = [*pytree.tree_leaves(x), y]   # a tensor, or named tensors (batch.Features)
+        input_keys = {_storage_key(t) for t in inputs}
         param_bytes = tensor_bytes(params)
         optimizer_bytes = tensor_bytes(optimizer_tensors(parts.optimizer))
-        input_bytes = tensor_bytes([x, y])
+        input_bytes = tensor_bytes(inputs)
         if device.type == "cuda":
             synchronize(device)
             resident = torch.cuda.memory_allocated(device)

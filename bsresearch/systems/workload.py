@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .. import config as C
 from .. import step
+from ..batch import call, logits_of
 from ..config import ConfigError, RunConfig
 from ..losses import Loss, loss_for
 from ..models import build_model, classes_of, model_for
@@ -162,7 +163,7 @@ def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
 def inference_step(parts: TrainParts, x: torch.Tensor) -> torch.Tensor:
     """Logits of x under torch.inference_mode, in the model's current mode (the caller sets eval)."""
     with torch.inference_mode(), autocast(parts.precision, x.device):
-        return parts.model(x)
+        return logits_of(call(parts.model, x))
 
 
 # ----------------------------------------------------------------------------- exact save and restore
