@@ -1,6 +1,5 @@
 """lr/B at a common train loss (protocol v5): each verdict can occur, on made-up runs."""
 import pandas as pd
-import pytest
 
 from bsresearch.findings import lr_over_b
 from bsresearch.findings.verdict import Verdict

@@ -216,7 +216,8 @@ def hoffer_gaps(rows: pd.DataFrame, sb: str = "sb", at_epochs: str = "lb_sqrt_gb
             values = pd.to_numeric(ok[ok[variant] == name][metric], errors="coerce").dropna()
             d = welch_interval(values, ref, confidence)
             row.update({f"gap_{arm}": d.diff, f"gap_{arm}_low": d.low, f"gap_{arm}_high": d.high,
-                        f"{arm}_n": len(values), f"{arm}_var": float(values.var(ddof=1)) if len(values) > 1 else math.nan,
+                        f"{arm}_n": len(values),
+                        f"{arm}_var": float(values.var(ddof=1)) if len(values) > 1 else math.nan,
                         f"{arm}_diverged": int((g[g[variant] == name]["state"] == "diverged").sum())})
         out.append(row)
     return pd.DataFrame(out)
@@ -268,18 +269,19 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
         predictor, why = "steps", "at equal steps the gap closes at every N; at equal epochs there is one"
     else:
         t, t_low, t_high = _contrast(table, "steps")
+        shown = f"T = {100 * t:+.2f} [{100 * t_low:+.2f}, {100 * t_high:+.2f}] points"
         if not sep:
             predictor, why = "undecided", f"B_crit moves {c:+.2f} octaves: B/N and B/B_crit are not separable"
         elif t_low > 0:
             predictor = "B/N"
-            why = f"at equal steps the gap shrinks as B/N falls 4x: T = {100 * t:+.2f} [{100 * t_low:+.2f}, {100 * t_high:+.2f}] points"
+            why = f"at equal steps the gap shrinks as B/N falls 4x: {shown}"
         elif -margin <= t_low and t_high <= margin:
             predictor = "B/B_crit"
-            why = f"at equal steps the gap stays as B/N falls 4x: T = {100 * t:+.2f} [{100 * t_low:+.2f}, {100 * t_high:+.2f}]"
+            why = f"at equal steps the gap stays as B/N falls 4x: {shown}"
         elif t_high < 0:
             predictor, why = "none", f"the gap grows as B/N falls: T = {100 * t:+.2f} points"
         else:
-            predictor, why = "undecided", f"T = {100 * t:+.2f} [{100 * t_low:+.2f}, {100 * t_high:+.2f}] points straddles"
+            predictor, why = "undecided", f"{shown} straddles"
             extend = True
     if predictor == "steps":
         verdict = Verdict.REPRODUCED

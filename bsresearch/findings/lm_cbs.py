@@ -171,7 +171,7 @@ def loss_ratios(branches: pd.DataFrame) -> pd.DataFrame:
     return stats.summarize(finite, ["checkpoint", "k"], ["ratio"])
 
 
-# ----------------------------------------------------------------------------- protocol v5: a longer run, a reference that has not stalled
+# ----------------------------------------------------------------------------- protocol v5: a reference not stalled
 STALL_IMPROVEMENT = 2 * EPS   # the reference must improve by at least 2 eps over its window
 STALL_BEATEN = EPS / 2        # ... and no larger batch may beat it by more than eps/2 on average
 

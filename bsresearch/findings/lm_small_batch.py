@@ -186,7 +186,7 @@ def secondary(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ----------------------------------------------------------------------------- protocol v5: beta2 at every batch size, SGD's optimum
+# ----------------------------------------------------------------------------- protocol v5: beta2 at every B, SGD
 @dataclass(frozen=True)
 class Beta2ByBatchTest:
     """docs/protocols.md#lm-small-batch-v5: d_beta2(B) = L(adam_fixed, B) - L(adam_half_life, B) at every B."""

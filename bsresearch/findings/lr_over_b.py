@@ -159,7 +159,8 @@ def equivalence_test(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr
     if problems:
         verdict, why_all = Verdict.NOT_TESTABLE, "; ".join(problems)
     elif holding == len(per):
-        verdict, why_all = Verdict.REPRODUCED, f"every diagonal ({holding}) is a function of lr/B over >= {min_span:g}x in lr"
+        verdict = Verdict.REPRODUCED
+        why_all = f"every diagonal ({holding}) is a function of lr/B over >= {min_span:g}x in lr"
     elif holding:
         verdict, why_all = Verdict.PARTLY, f"{holding} of {len(per)} diagonals hold over >= {min_span:g}x in lr"
     else:
