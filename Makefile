@@ -128,13 +128,18 @@ bench-gpu: install data
 # same runs and numbers as through the run template notebook, without papermill's ~6 s per run).
 # Finished runs are kept in runs/ and skipped on a rerun; a failed run does not stop the others.
 # Reports get 2 h per notebook cell: steps_to_target_fashion's exact B_simple at 60 checkpoints takes ~35 min.
+# Protocol v5 (docs/protocols.md#v5): B/N or steps, lr/B at a common loss, the language-model tests at a deciding size
+V5_SPECS := bn_budget_goyal lr_over_b_mnist1d lr_over_b_fashion lm_cbs_long lm_small_batch_v5
+V5_SWEEPS := bn_budget_bcrit bn_budget_hoffer $(V5_SPECS) lm_small_batch_sgd_v5
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
                     steps_to_target_fashion steps_to_target_fashion_seeds steps_to_target_large steps_to_target_large_seeds \
                     smith_le smith_le_edge smith_le_n smith_le_diag smith_le_large smith_kindermans \
-                    masters_luschi masters_luschi_ext ghost_batch sharpness_generalization adam_vs_sgd adam_vs_sgd_seeds
+                    masters_luschi masters_luschi_ext ghost_batch sharpness_generalization adam_vs_sgd adam_vs_sgd_seeds \
+                    $(V5_SWEEPS)
 REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer hoffer_large goyal goyal_large steps_to_target steps_to_target_fashion \
-                     steps_to_target_large smith_le smith_le_large nqm smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd
+                     steps_to_target_large smith_le smith_le_large nqm smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd \
+                     $(V5_SPECS)
 reproduce: install data
 	@start=$$(date +%s); \
 	for s in $(REPRODUCE_SWEEPS); do \
@@ -146,8 +151,10 @@ reproduce: install data
 # each in the order its reports read them; reports into reports/<spec name>/.
 CONFIRM_SWEEPS := keskar keskar_fashion hoffer goyal smith_le_edge smith_le_n smith_le steps_to_target steps_to_target_fashion
 CONFIRM_REPORTS := keskar dinh keskar_fashion hoffer goyal smith_le steps_to_target steps_to_target_fashion
-MECHANISM_SPECS := masters_luschi_mechanism hoffer_mechanism smith_le_mechanism goyal_mechanism steps_to_target_large_mechanism
-MECHANISM_SWEEPS := $(MECHANISM_SPECS) smith_le_mechanism_edge hoffer_mechanism_x32 hoffer_mechanism_seeds
+MECHANISM_SPECS := masters_luschi_mechanism hoffer_mechanism smith_le_mechanism goyal_mechanism steps_to_target_large_mechanism \
+                   $(V5_SPECS)
+MECHANISM_SWEEPS := masters_luschi_mechanism hoffer_mechanism smith_le_mechanism goyal_mechanism steps_to_target_large_mechanism \
+                    smith_le_mechanism_edge hoffer_mechanism_x32 hoffer_mechanism_seeds $(V5_SWEEPS)
 reproduce-confirm: install data
 	@for s in $(CONFIRM_SWEEPS); do \
 	  $(BIN)/bsresearch sweep experiments/confirm/$${s}_confirm.yaml --engine library --quiet || echo "note: sweep $${s}_confirm has runs that did not finish"; done; \

@@ -169,3 +169,86 @@ def loss_ratios(branches: pd.DataFrame) -> pd.DataFrame:
     """Per (checkpoint, k): the mean over seeds of L_k / L_1 (finite ratios) with its t interval."""
     finite = branches[np.isfinite(branches["ratio"])]
     return stats.summarize(finite, ["checkpoint", "k"], ["ratio"])
+
+
+# ----------------------------------------------------------------------------- protocol v5: a reference not stalled
+STALL_IMPROVEMENT = 2 * EPS   # the reference must improve by at least 2 eps over its window
+STALL_BEATEN = EPS / 2        # ... and no larger batch may beat it by more than eps/2 on average
+
+
+def checkpoint_losses(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """Per (seed, checkpoint): the trajectory's loss at the checkpoint, read from the measurement run whose
+    budget ends there (constant batch schedule, budget_amount = the checkpoint's tokens, ended ok)."""
+    for column in ("batch_schedule", "budget_amount", "seed", "state", metric):
+        if column not in runs:
+            raise ConfigError(f"branching analysis: the runs table has no column {column!r}")
+    at = runs[(runs["batch_schedule"] == "constant") & runs["state"].eq("ok")]
+    return pd.DataFrame({"seed": at["seed"].astype(int).to_numpy(),
+                         "checkpoint": at["budget_amount"].astype(float).to_numpy(),
+                         "loss_at_checkpoint": pd.to_numeric(at[metric], errors="coerce").to_numpy()})
+
+
+def stall_table(branches: pd.DataFrame, at_checkpoints: pd.DataFrame, eps: float = EPS,
+                improvement: float = STALL_IMPROVEMENT, beaten: float = STALL_BEATEN) -> pd.DataFrame:
+    """Per checkpoint, over seeds: the reference's (k = 1 branch's) relative improvement over its window,
+    1 - L_1(T0 + W) / L(T0), and the smallest L_k / L_1 over k >= 2 (a larger batch that beats the reference).
+    stalled: mean improvement < `improvement`, or mean smallest ratio < 1 - `beaten` (protocol v5)."""
+    ref = branches[branches["k"] == 1][["seed", "checkpoint", "loss"]]
+    merged = ref.merge(at_checkpoints, on=["seed", "checkpoint"], how="left")
+    merged["improvement"] = 1 - merged["loss"] / merged["loss_at_checkpoint"]
+    larger = branches[branches["k"] > 1].groupby(["seed", "checkpoint"])["ratio"].min().rename("min_ratio")
+    merged = merged.merge(larger.reset_index(), on=["seed", "checkpoint"], how="left")
+    out = []
+    for checkpoint, g in merged.groupby("checkpoint", sort=True):
+        imp = g["improvement"].replace([np.inf, -np.inf], np.nan).dropna()
+        low = g["min_ratio"].replace([np.inf, -np.inf], np.nan).dropna()
+        mean_imp = float(imp.mean()) if len(imp) else math.nan
+        mean_low = float(low.mean()) if len(low) else math.nan
+        stalled = not (mean_imp >= improvement) or (math.isfinite(mean_low) and mean_low < 1 - beaten)
+        out.append({"checkpoint": checkpoint, "n": len(g), "improvement": mean_imp, "min_ratio": mean_low,
+                    "stalled": bool(stalled)})
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True)
+class LongCBSTest:
+    """Protocol v5 (docs/protocols.md#lm-cbs-long): cbs_test on the checkpoints up to the last one at which
+    the reference has not stalled."""
+    test: CBSTest | None       # None when fewer than 3 checkpoints remain
+    last_planned: float        # the last checkpoint of the design
+    last_used: float           # the last checkpoint the test uses (NaN: none)
+    stalls: pd.DataFrame       # stall_table
+    verdict: Verdict
+    why: str
+    problems: tuple[str, ...] = ()
+
+
+def long_cbs_test(cbs: pd.DataFrame, stalls: pd.DataFrame) -> LongCBSTest:
+    """The reference at the last checkpoint must not have stalled (stall_table). If it has, the test is made on
+    the checkpoints up to the latest one where it has not, provided 3 or more remain (the first, the one before
+    and that one); otherwise not testable. The CBS at the first checkpoint may not be censored for half the
+    seeds or more (D would be overstated). Verdicts as cbs_test's."""
+    planned = float(cbs["checkpoint"].max())
+    fine = stalls[~stalls["stalled"].astype(bool)]["checkpoint"]
+    ordered = sorted(cbs["checkpoint"].unique())
+    usable = [c for c in ordered if c <= (fine.max() if len(fine) else -math.inf)]
+    # the test needs an unbroken run of checkpoints from the first to the last one used
+    stalled_before = [c for c in usable if c not in set(fine)]
+    if stalled_before:
+        usable = [c for c in usable if c < min(stalled_before)]
+    if len(usable) < 3:
+        why = (f"the reference has stalled at {len(ordered) - len(usable)} of {len(ordered)} checkpoints; fewer than "
+               f"3 remain")
+        return LongCBSTest(None, planned, usable[-1] if usable else math.nan, stalls, Verdict.NOT_TESTABLE, why,
+                           (why,))
+    test = cbs_test(cbs[cbs["checkpoint"].isin(usable)])
+    problems = list(test.problems)
+    at_first = cbs[cbs["checkpoint"] == usable[0]]
+    if at_first["censored"].sum() * 2 >= len(at_first):
+        problems.append(f"the CBS at the first checkpoint ({usable[0]:g}) is censored for "
+                        f"{int(at_first['censored'].sum())} of {len(at_first)} seeds")
+    verdict = Verdict.NOT_TESTABLE if problems else test.verdict
+    why = "; ".join(problems) if problems else (
+        f"D = {test.d:+.2f} [{test.d_low:+.2f}, {test.d_high:+.2f}], G = {test.g:+.2f} [{test.g_low:+.2f}, "
+        f"{test.g_high:+.2f}] (log2), last checkpoint used {usable[-1]:g} of {planned:g}")
+    return LongCBSTest(test, planned, float(usable[-1]), stalls, verdict, why, tuple(problems))

@@ -227,3 +227,110 @@ def secondary(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
         add(f"accumulated {batch} (micro {micro}) - true batch {micro}",
             paired(data, ("adam_half_life_accumulated", batch), ("adam_half_life", micro)))
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- protocol v5: beta2 at every B, SGD
+@dataclass(frozen=True)
+class Beta2ByBatchTest:
+    """docs/protocols.md#lm-small-batch-v5: d_beta2(B) = L(adam_fixed, B) - L(adam_half_life, B) at every B."""
+    per_batch: pd.DataFrame   # batch_size, diff, low, high, n, updates (optimizer steps of the runs)
+    small: int
+    verdict: Verdict
+    why: str
+    extend_seeds: bool
+    problems: tuple[str, ...] = ()
+
+
+def beta2_by_batch_test(runs: pd.DataFrame, metric: str = "test_loss", min_updates: int = 1000,
+                        max_seeds: int = 8) -> Beta2ByBatchTest:
+    """Paired d_beta2(B) over seeds at every batch size of the runs. Reproduced: d_beta2's interval lies above 0
+    at the smallest B, and at no B does it lie below 0 (the fixed beta2 is never better). Partly: above 0 at the
+    smallest B, below 0 at some other B. Not reproduced: at the smallest B the interval reaches 0. Not testable:
+    a run not ok, fewer than 2 paired seeds, or a batch size with fewer than `min_updates` optimizer updates.
+    extend_seeds: some batch size's interval contains 0 (each decides: the smallest B's, or one that could lie
+    below 0) with fewer than max_seeds seeds (statistics item 3: once, to 8)."""
+    data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
+    data = data[data["setting"].isin(["adam_fixed", "adam_half_life"])]
+    problems = [f"{r.setting} batch {r.batch_size} seed {r.seed}: run {r.state}" for r in data.itertuples()
+                if r.state != "ok"]
+    rows = []
+    for b in sorted(data["batch_size"].unique()):
+        p = paired(data, ("adam_fixed", int(b)), ("adam_half_life", int(b)))
+        steps = pd.to_numeric(data[data["batch_size"] == b].get("total_steps", pd.Series(dtype=float)), errors="coerce")
+        updates = float(steps.min()) if steps.notna().any() else math.nan
+        rows.append({"batch_size": int(b), "diff": p.diff, "low": p.low, "high": p.high, "n": p.n,
+                     "updates": updates})
+        if p.n < 2:
+            problems.append(f"batch {b}: {p.n} paired seeds")
+        if math.isfinite(updates) and updates < min_updates:
+            problems.append(f"batch {b}: {updates:g} optimizer updates < {min_updates}")
+    per = pd.DataFrame(rows)
+    small = int(per["batch_size"].min()) if len(per) else 0
+    n_seeds = int(data["seed"].nunique())
+    straddle = bool(((per["low"] <= 0) & (per["high"] >= 0)).any()) if len(per) else False
+    if problems or per.empty:
+        return Beta2ByBatchTest(per, small, Verdict.NOT_TESTABLE, "; ".join(problems) or "no runs", False,
+                                tuple(problems))
+    first = per.iloc[0]
+    worse = per[per["high"] < 0]["batch_size"].tolist()
+    if not first["low"] > 0:
+        verdict, why = Verdict.NOT_REPRODUCED, f"at batch {small} d_beta2's interval reaches 0 ({first['low']:+.4f})"
+    elif worse:
+        verdict, why = Verdict.PARTLY, (f"the half-life beta2 wins at batch {small}, but the fixed beta2 is better at "
+                                        f"batch {', '.join(map(str, worse))}")
+    else:
+        verdict, why = Verdict.REPRODUCED, (f"the half-life beta2 wins at batch {small} and is never worse "
+                                            f"(batches {', '.join(map(str, per['batch_size']))})")
+    return Beta2ByBatchTest(per, small, verdict, why, straddle and n_seeds < max_seeds)
+
+
+@dataclass(frozen=True)
+class SgdTest:
+    """docs/protocols.md#lm-small-batch-v5: plain SGD at its held-out best lr against Adam (half-life) at one B."""
+    batch_size: int
+    best_lr: float            # on all seeds (the edge check)
+    edge: str                 # "smallest" | "largest" | ""
+    held_out_lrs: tuple[float, ...]
+    gap: Paired               # L(sgd at the held-out lr) - L(adam_half_life), paired over seeds
+    reference: float          # mean L(adam_half_life, B)
+    margin: float
+    verdict: Verdict
+    why: str
+
+
+def sgd_test(runs: pd.DataFrame, batch_size: int = 1, metric: str = "test_loss", margin: float = MARGIN) -> SgdTest:
+    """At `batch_size`: SGD's best lr (lowest mean loss, a run not ok counting as the worst) must be interior
+    (else not testable: the grid is extended); each seed is then taken at the lr best on the other seeds, and
+    gap = L(sgd) - L(adam_half_life) paired over seeds. Reproduced (SGD competitive) when gap's upper end is at
+    most margin x mean L(adam_half_life); not reproduced otherwise."""
+    data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
+    sgd = data[(data["setting"] == "sgd") & (data["batch_size"] == batch_size)]
+    adam = data[(data["setting"] == "adam_half_life") & (data["batch_size"] == batch_size)]
+    means = sgd.groupby("lr")["loss"].mean().sort_index()
+    lrs = list(means.index)
+    best = float(means.idxmin()) if len(means) else math.nan
+    edge = "" if len(lrs) < 3 else "smallest" if best == lrs[0] else "largest" if best == lrs[-1] else ""
+    picks, rows = [], []
+    for seed in sorted(sgd["seed"].unique()):
+        others = sgd[sgd["seed"] != seed].groupby("lr")["loss"].mean()
+        if others.empty:
+            continue
+        lr_value = float(others.idxmin())
+        picks.append(lr_value)
+        rows.append(sgd[(sgd["seed"] == seed) & np.isclose(sgd["lr"], lr_value)])
+    chosen = pd.concat(rows) if rows else sgd.iloc[:0]
+    both = pd.concat([chosen, adam])
+    gap = paired(both, ("sgd", batch_size), ("adam_half_life", batch_size))
+    ref = adam["loss"][np.isfinite(adam["loss"])]
+    reference = float(ref.mean()) if len(ref) else math.nan
+    if len(lrs) < 3 or edge:
+        verdict, why = Verdict.NOT_TESTABLE, (f"SGD's best lr {best:g} is the grid's {edge or 'only choice'} "
+                                              f"(extend the grid by sqrt(10) beyond it)")
+    elif gap.n < 2 or not math.isfinite(gap.high):
+        verdict, why = Verdict.NOT_TESTABLE, f"{gap.n} paired seeds"
+    elif gap.high <= margin * reference:
+        verdict, why = Verdict.REPRODUCED, f"SGD within {100 * margin:g}% of Adam at batch {batch_size}"
+    else:
+        verdict, why = Verdict.NOT_REPRODUCED, (f"SGD worse than Adam by {gap.diff:+.4f} [{gap.low:+.4f}, "
+                                                f"{gap.high:+.4f}] at batch {batch_size}")
+    return SgdTest(batch_size, best, edge, tuple(picks), gap, reference, margin, verdict, why)

@@ -1,0 +1,294 @@
+"""B/N, B/B_crit or the step budget: which one predicts the large-batch break (Goyal) and the large-batch gap
+(Hoffer)? Protocol version 5 (docs/protocols.md#bn-budget). No torch import.
+
+    bcrit = critical_batch_by_n(stt_runs)                   # per N: B_crit by the steps-to-target rules
+    ratio = bcrit_shift(bcrit)                              # c = log2 B_crit(N_large) / B_crit(N_small), interval
+    table = goyal_breaks(goyal_runs)                        # per (N, arm): the break at the held-out best lr
+    test = break_test(table, ratio)                         # which predicts Goyal's break, and the verdict
+    gaps = hoffer_gaps(hoffer_runs); gap = gap_test(gaps, ratio)   # which predicts Hoffer's gap
+
+Three explanations of where large batches start to lose, and what each predicts when N grows 4x (10 000 to
+40 000) with the batch grid fixed: B/N: the break moves up 4x (2 octaves), and the gap at one B shrinks;
+B/B_crit: the break moves with B_crit (measured at each N), and the gap at one B stays; steps: the break and
+the gap go away when every batch size gets the same number of steps. Arms: `epochs` (every run the same
+epochs) and `steps` (every run the same steps).
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.bn_budget.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from .. import results
+from ..config import ConfigError
+from ..stats import welch_interval
+from . import goyal
+from .adam_vs_sgd import CriticalBatchRatio, critical_batch_ratio
+from .steps_to_target import at_best_lr, fit_points, tuned_table
+from .verdict import Verdict
+
+ARMS = ("epochs", "steps")
+MARGIN = 0.01              # 1 point, the margin of versions 1-4 for Goyal and Hoffer
+SEPARABLE = 1.0            # B/N and B/B_crit are told apart only when |log2 B_crit shift| < this (octaves)
+B_OVER_N_SHIFT = 2.0       # octaves the break moves under B/N when N grows 4x
+
+
+def _n_column(runs: pd.DataFrame) -> str:
+    for column in ("train_size", "n_train"):
+        if column in runs and runs[column].notna().all():
+            return column
+    raise ConfigError("bn_budget: the runs table has no train_size (or n_train) for every run")
+
+
+# ----------------------------------------------------------------------------- B_crit at each N
+def critical_batch_by_n(runs: pd.DataFrame, steps: str = "steps_to_target", min_batches: int = 6) -> pd.DataFrame:
+    """Per N: the best lr per batch size (fewest mean steps over the seeds, a run that missed counting as the
+    worst: steps_to_target.tuned_table), the fit S = S_min (1 + B_crit/B) to every seed at it (a run that
+    missed is left out; a batch size with fewer than 3 seeds at the target leaves the fit), and its validity
+    (every best lr interior, at least `min_batches` batch sizes in the fit). Columns: n, b_crit, b_crit_low,
+    b_crit_high, n_batches, all_interior, valid, fit (the CriticalBatchFit)."""
+    n_col = _n_column(runs)
+    rows = []
+    for n, g in runs.groupby(n_col, sort=True):
+        tuned = tuned_table(g, steps=steps)
+        points, counts = fit_points(at_best_lr(g, tuned), steps=steps)
+        n_batches = int(counts["in_fit"].sum())
+        fit = results.critical_batch(points, steps=steps, batch="batch_size") if n_batches >= 2 else None
+        interior = bool(tuned["interior"].all())
+        rows.append({"n": int(n), "b_crit": fit.b_crit if fit else math.nan,
+                     "b_crit_low": fit.b_crit_interval[0] if fit else math.nan,
+                     "b_crit_high": fit.b_crit_interval[1] if fit else math.nan,
+                     "n_batches": n_batches, "all_interior": interior,
+                     "valid": bool(fit is not None and interior and n_batches >= min_batches), "fit": fit})
+    return pd.DataFrame(rows)
+
+
+def bcrit_shift(bcrit: pd.DataFrame) -> CriticalBatchRatio:
+    """B_crit at the largest N over B_crit at the smallest, with its interval on the log scale (the two fits
+    are independent runs: adam_vs_sgd.critical_batch_ratio)."""
+    table = bcrit.sort_values("n")
+    small, large = table.iloc[0]["fit"], table.iloc[-1]["fit"]
+    if small is None or large is None:
+        raise ConfigError("bcrit_shift: a B_crit fit is missing")
+    return critical_batch_ratio(large, small)
+
+
+def _octaves(ratio: CriticalBatchRatio) -> tuple[float, float, float]:
+    return math.log2(ratio.ratio), math.log2(ratio.low), math.log2(ratio.high)
+
+
+def separable(ratio: CriticalBatchRatio, limit: float = SEPARABLE) -> bool:
+    """B/N and B/B_crit make different predictions: B_crit's shift c (octaves) has its interval inside
+    (-limit, +limit) while B/N shifts by 2 octaves."""
+    _, low, high = _octaves(ratio)
+    return math.isfinite(low) and -limit < low and high < limit
+
+
+# ----------------------------------------------------------------------------- Goyal: the break
+def goyal_breaks(rows: pd.DataFrame, arm: str = "arm", metric: str = "test_acc", lr: str = "effective_lr",
+                 base_lr: float = 0.05, baseline_batch: int = 32, margin: float = MARGIN) -> pd.DataFrame:
+    """Per (N, arm): goyal.lr_ceiling_test on that arm's runs plus the N's baseline (batch `baseline_batch` at
+    `base_lr`, shared by the arms). b_break: the smallest batch size that fails at its held-out best lr of
+    the grid (inf: every batch size holds); b_linear: the same at the linear lr; problems: unfinished runs,
+    a deciding best lr on the grid's bottom edge; extend_seeds: a deciding interval contains -margin."""
+    n_col = _n_column(rows)
+    out = []
+    for n, g in rows.groupby(n_col, sort=True):
+        base = g[g["batch_size"] == baseline_batch]
+        for a in sorted(set(g[arm].dropna()) - {""}):
+            mine = pd.concat([base, g[(g[arm] == a) & (g["batch_size"] != baseline_batch)]])
+            test = goyal.lr_ceiling_test(mine, int(n), metric, lr, base_lr=base_lr, baseline_batch=baseline_batch,
+                                         margin=margin)
+            top = test.best
+            problems = []
+            unfinished = int((~mine["state"].isin(goyal.FINISHED)).sum())
+            if unfinished:
+                problems.append(f"{unfinished} runs not finished")
+            limit = top.first_failing if math.isfinite(top.first_failing) else test.per_batch["batch_size"].max()
+            deciding = test.per_batch[test.per_batch["batch_size"] <= limit]
+            edge = deciding.loc[deciding["best_at_bottom"].astype(bool), "batch_size"].tolist()
+            if edge:
+                problems.append(f"best lr on the grid's bottom edge at B = {', '.join(f'{b:g}' for b in edge)}")
+            out.append({"n": int(n), "arm": a,
+                        "b_break": top.first_failing if math.isfinite(top.first_failing) else math.inf,
+                        "b_star": top.b_star,
+                        "b_linear": test.linear.first_failing if math.isfinite(test.linear.first_failing)
+                        else math.inf,
+                        "largest": float(mine["batch_size"].max()), "problems": tuple(problems),
+                        "extend_seeds": bool(top.extend_seeds)})
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True)
+class PredictorTest:
+    """Which of B/N, B/B_crit or the step budget predicts a large-batch effect (protocol v5)."""
+    effect: str                  # "break" (Goyal) or "gap" (Hoffer)
+    predictor: str               # "B/N" | "B/B_crit" | "steps" | "none" | "undecided"
+    shift: float                 # break: octaves the break moves from the smallest to the largest N (steps arm);
+    #                              gap: T = gap(largest N) - gap(smallest N) at equal steps (fraction)
+    shift_low: float             # gap: T's interval; break: the shift's lower bound (a censored break)
+    shift_high: float
+    c: float                     # B_crit's shift over the same N, octaves, with its interval
+    c_low: float
+    c_high: float
+    separable: bool
+    table: pd.DataFrame          # per (N, arm): the break or the gaps
+    verdict: Verdict
+    why: str
+    extend_seeds: bool
+    problems: tuple[str, ...] = ()
+
+
+def break_test(breaks: pd.DataFrame, ratio: CriticalBatchRatio) -> PredictorTest:
+    """Goyal's break. steps: the epochs arm breaks at every N and the steps arm at none. Otherwise, from the
+    steps arm's break at the smallest and largest N, s = log2 b(N_large)/b(N_small) (a break beyond the grid
+    at N_large: s >= log2(2 B_max / b(N_small))): B/N when s = 2, B/B_crit when |s - c| < 1, none otherwise.
+    Verdict (Goyal's rule read as a limit in B/N, as in v4): B/N reproduced, B/B_crit partly, steps or none
+    not reproduced; undecided (B/N and B/B_crit not separable, or both fit) inconclusive."""
+    c, c_low, c_high = _octaves(ratio)
+    sep = separable(ratio)
+    problems = [f"N = {r.n} {r.arm}: {p}" for r in breaks.itertuples() for p in r.problems]
+    if set(breaks["arm"]) != set(ARMS):
+        problems.append(f"arms {sorted(set(breaks['arm']))}, not {list(ARMS)}")
+    extend = bool(breaks["extend_seeds"].any())
+    ns = sorted(breaks["n"].unique())
+    arm = {a: breaks[breaks["arm"] == a].set_index("n")["b_break"] for a in set(breaks["arm"])}
+    epochs, steps = arm.get("epochs", pd.Series(dtype=float)), arm.get("steps", pd.Series(dtype=float))
+    if not problems and not np.isfinite(epochs).any():
+        problems.append("the epochs arm breaks at no N: no break to explain")
+    shift = low = high = math.nan
+    if problems:
+        return PredictorTest("break", "undecided", shift, low, high, c, c_low, c_high, sep, breaks,
+                             Verdict.NOT_TESTABLE, "; ".join(problems), extend, tuple(problems))
+    if np.isfinite(epochs).all() and not np.isfinite(steps).any():
+        predictor, why = "steps", "the epochs arm breaks at every N; with equal steps no batch size breaks"
+    else:
+        b_small, b_large = steps[ns[0]], steps[ns[-1]]
+        largest = float(breaks["largest"].max())
+        if not math.isfinite(b_small):
+            predictor, why = "none", (f"with equal steps the break is at N = {ns[-1]} (B = {b_large:g}) but not at "
+                                      f"N = {ns[0]}: it moves against N")
+        else:
+            censored = not math.isfinite(b_large)
+            shift = math.log2((2 * largest if censored else b_large) / b_small)
+            low, high = shift, (math.inf if censored else shift)
+            fits_bn = (low <= B_OVER_N_SHIFT <= high) if censored else abs(shift - B_OVER_N_SHIFT) < 0.5
+            fits_bc = (low - c) < 1 if censored else abs(shift - c) < 1
+            if not sep:
+                predictor, why = "undecided", (f"B_crit moves {c:+.2f} octaves [{c_low:+.2f}, {c_high:+.2f}]: B/N and "
+                                               f"B/B_crit are not separable")
+            elif fits_bn and not fits_bc:
+                predictor = "B/N"
+                why = f"with equal steps the break moves {shift:+g} octaves as N grows 4x (B/N: +2; B_crit: {c:+.2f})"
+            elif fits_bc and not fits_bn:
+                predictor = "B/B_crit"
+                why = f"with equal steps the break moves {shift:+g} octaves, as B_crit ({c:+.2f}); B/N predicts +2"
+            elif fits_bc and fits_bn:
+                predictor, why = "undecided", f"the break moves >= {shift:+g} octaves: fits B/N and B/B_crit"
+            else:
+                predictor, why = "none", f"the break moves {shift:+g} octaves: neither +2 (B/N) nor {c:+.2f} (B_crit)"
+    verdict = {"B/N": Verdict.REPRODUCED, "B/B_crit": Verdict.PARTLY, "steps": Verdict.NOT_REPRODUCED,
+               "none": Verdict.NOT_REPRODUCED, "undecided": Verdict.INCONCLUSIVE}[predictor]
+    return PredictorTest("break", predictor, shift, low, high, c, c_low, c_high, sep, breaks, verdict, why,
+                         extend and verdict != Verdict.NOT_TESTABLE)
+
+
+# ----------------------------------------------------------------------------- Hoffer: the gap
+def hoffer_gaps(rows: pd.DataFrame, sb: str = "sb", at_epochs: str = "lb_sqrt_gbn", at_steps: str = "lb_sqrt_gbn_ra",
+                metric: str = "test_acc", variant: str = "variant", confidence: float = 0.95) -> pd.DataFrame:
+    """Per N: the large batch minus the small batch (Welch, seeds that ended ok), at equal epochs (`at_epochs`)
+    and at equal steps (`at_steps`): gap_epochs, gap_steps with their intervals, and per arm its seeds'
+    count, variance and mean (for the contrast across N), diverged and unfinished runs."""
+    n_col = _n_column(rows)
+    out = []
+    for n, g in rows.groupby(n_col, sort=True):
+        ok = g[g["state"] == "ok"]
+        ref = pd.to_numeric(ok[ok[variant] == sb][metric], errors="coerce").dropna()
+        row: dict[str, object] = {"n": int(n), "sb_mean": float(ref.mean()) if len(ref) else math.nan,
+                                  "sb_var": float(ref.var(ddof=1)) if len(ref) > 1 else math.nan, "sb_n": len(ref),
+                                  "unfinished": int((~g["state"].isin(goyal.FINISHED)).sum())}
+        for arm, name in (("epochs", at_epochs), ("steps", at_steps)):
+            values = pd.to_numeric(ok[ok[variant] == name][metric], errors="coerce").dropna()
+            d = welch_interval(values, ref, confidence)
+            row.update({f"gap_{arm}": d.diff, f"gap_{arm}_low": d.low, f"gap_{arm}_high": d.high,
+                        f"{arm}_n": len(values),
+                        f"{arm}_var": float(values.var(ddof=1)) if len(values) > 1 else math.nan,
+                        f"{arm}_diverged": int((g[g[variant] == name]["state"] == "diverged").sum())})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _contrast(gaps: pd.DataFrame, arm: str, confidence: float = 0.95) -> tuple[float, float, float]:
+    """T = gap(largest N) - gap(smallest N) for one arm: four independent groups of seeds, a Welch-Satterthwaite
+    t interval on the contrast of their means."""
+    table = gaps.sort_values("n")
+    a, b = table.iloc[-1], table.iloc[0]
+    t = float(a[f"gap_{arm}"] - b[f"gap_{arm}"])
+    parts = [(a[f"{arm}_var"], a[f"{arm}_n"]), (a["sb_var"], a["sb_n"]), (b[f"{arm}_var"], b[f"{arm}_n"]),
+             (b["sb_var"], b["sb_n"])]
+    if any(not (n > 1 and math.isfinite(v)) for v, n in parts):
+        return t, math.nan, math.nan
+    terms = [v / n for v, n in parts]
+    var = sum(terms)
+    if var == 0:
+        return t, t, t
+    dof = var ** 2 / sum(x ** 2 / (n - 1) for x, (_, n) in zip(terms, parts))
+    half = float(scipy_stats.t.ppf((1 + confidence) / 2, dof)) * math.sqrt(var)
+    return t, t - half, t + half
+
+
+def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARGIN) -> PredictorTest:
+    """Hoffer's gap. steps: at equal steps the gap closes (lower end above -margin, no diverged seed) at every
+    N, and at equal epochs a gap (upper end below -margin) exists at some N. Otherwise, T = gap_steps(N_large)
+    - gap_steps(N_small): B/N when T's interval lies above 0 (the gap shrinks as B/N falls), B/B_crit when it
+    lies within [-margin, +margin] (the gap stays while B/N falls 4x, B_crit fixed), undecided when it
+    straddles (seeds are added once, then inconclusive), none when it lies below 0. Verdict (Hoffer's claim:
+    the number of updates): steps reproduced; B/N partly if the gap closes at equal steps at the largest N,
+    else not reproduced; B/B_crit and none not reproduced; undecided inconclusive."""
+    c, c_low, c_high = _octaves(ratio)
+    sep = separable(ratio)
+    problems = [f"N = {r.n}: {r.unfinished} runs not finished" for r in gaps.itertuples() if r.unfinished]
+    problems += [f"N = {r.n}: fewer than 2 seeds in a group" for r in gaps.itertuples()
+                 if min(r.sb_n, r.epochs_n, r.steps_n) < 2]
+    table = gaps.sort_values("n")
+    if not problems and not (table["gap_epochs_high"] < -margin).any():
+        problems.append("no gap at equal epochs at any N: nothing to explain")
+    t = t_low = t_high = math.nan
+    extend = False
+    if problems:
+        return PredictorTest("gap", "undecided", t, t_low, t_high, c, c_low, c_high, sep, gaps,
+                             Verdict.NOT_TESTABLE, "; ".join(problems), extend, tuple(problems))
+    closes = (table["gap_steps_low"] > -margin) & (table["steps_diverged"] == 0)
+    extend = bool(((table["gap_steps_low"] <= -margin) & (table["gap_steps_high"] > -margin)).any())
+    if closes.all():
+        predictor, why = "steps", "at equal steps the gap closes at every N; at equal epochs there is one"
+    else:
+        t, t_low, t_high = _contrast(table, "steps")
+        shown = f"T = {100 * t:+.2f} [{100 * t_low:+.2f}, {100 * t_high:+.2f}] points"
+        if not sep:
+            predictor, why = "undecided", f"B_crit moves {c:+.2f} octaves: B/N and B/B_crit are not separable"
+        elif t_low > 0:
+            predictor = "B/N"
+            why = f"at equal steps the gap shrinks as B/N falls 4x: {shown}"
+        elif -margin <= t_low and t_high <= margin:
+            predictor = "B/B_crit"
+            why = f"at equal steps the gap stays as B/N falls 4x: {shown}"
+        elif t_high < 0:
+            predictor, why = "none", f"the gap grows as B/N falls: T = {100 * t:+.2f} points"
+        else:
+            predictor, why = "undecided", f"{shown} straddles"
+            extend = True
+    if predictor == "steps":
+        verdict = Verdict.REPRODUCED
+    elif predictor == "B/N":
+        verdict = Verdict.PARTLY if bool(closes.iloc[-1]) else Verdict.NOT_REPRODUCED
+    elif predictor == "undecided":
+        verdict = Verdict.INCONCLUSIVE
+    else:
+        verdict = Verdict.NOT_REPRODUCED
+    return PredictorTest("gap", predictor, t, t_low, t_high, c, c_low, c_high, sep, gaps, verdict, why, extend)

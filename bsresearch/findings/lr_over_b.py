@@ -1,0 +1,169 @@
+"""lr/B at a common train loss (Smith & Le 2018; Jastrzebski et al. 2017): is the test accuracy of runs trained
+to the same train loss a function of lr/B alone, and where does it stop being one? Protocol version 5
+(docs/protocols.md#lr-over-b). No torch import.
+
+    runs = runs.assign(reached=...)            # a run reached the common train loss (budget target, ended ok there)
+    table = diagonal_table(runs)               # per (lr/B, lr): seeds, seeds at the target, test accuracy
+    test = equivalence_test(runs)              # along each lr/B diagonal: how far in lr it stays a function of lr/B
+
+A diagonal is a set of cells with one value of lr/B and lr (hence B) growing by factors of 2. Along it, each
+lr is compared with the diagonal's smallest lr (the reference) by Welch's interval on the test accuracy of the
+runs that reached the target: "same" when the interval lies inside [-margin, +margin], "differs" when it lies
+wholly outside, "undecided" otherwise; a cell where fewer than 3 seeds reached the target "stops" (training
+breaks there). The span of a diagonal is (the largest lr up to which every lr is "same") / (the reference lr).
+
+Analysis only (no matplotlib): the figures are bsresearch.plots.findings.lr_over_b.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..config import ConfigError
+from ..stats import welch_interval
+from .verdict import Verdict
+
+MARGIN = 0.01          # 1 point: "the same accuracy"
+MIN_REACHED = 3        # seeds of 5 that must reach the target for a cell to count
+MIN_SPAN = 4.0         # lr/B alone must predict the accuracy over at least a factor 4 of lr (and of B)
+MIN_LRS = 3            # a diagonal needs this many cells that reach the target to be judged
+FINISHED = ("ok", "diverged")
+
+
+def _with_ratio(runs: pd.DataFrame, lr: str, batch: str) -> pd.DataFrame:
+    for column in (lr, batch, "seed", "state", "reached"):
+        if column not in runs:
+            raise ConfigError(f"lr/B analysis: the runs table has no column {column!r}")
+    ratio = pd.to_numeric(runs[lr], errors="coerce") / pd.to_numeric(runs[batch], errors="coerce")
+    # lr/B rounded to 6 significant digits: cells of one diagonal share it exactly in the specs
+    return runs.assign(lr_over_b=[float(f"{r:.6g}") for r in ratio], _lr=pd.to_numeric(runs[lr], errors="coerce"))
+
+
+def diagonal_table(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", batch: str = "batch_size",
+                   min_reached: int = MIN_REACHED) -> pd.DataFrame:
+    """Per (lr_over_b, lr): batch size, seeds, seeds that reached the target, mean and std of `metric` over
+    those, and `included` (at least min_reached reached)."""
+    data = _with_ratio(runs, lr, batch)
+    out = []
+    for (ratio, lr_value), g in data.groupby(["lr_over_b", "_lr"], sort=True):
+        reached = g[g["reached"].astype(bool)]
+        values = pd.to_numeric(reached[metric], errors="coerce").dropna()
+        out.append({"lr_over_b": ratio, "lr": lr_value, "batch_size": int(g[batch].iloc[0]), "n": len(g),
+                    "n_reached": len(reached), "mean": float(values.mean()) if len(values) else math.nan,
+                    "std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
+                    "included": len(reached) >= min_reached,
+                    "unfinished": int((~g["state"].isin(FINISHED)).sum())})
+    return pd.DataFrame(out)
+
+
+def along_diagonals(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", batch: str = "batch_size",
+                    margin: float = MARGIN, min_reached: int = MIN_REACHED, confidence: float = 0.95) -> pd.DataFrame:
+    """One row per cell: its diagonal's reference lr, the Welch difference from the reference (fraction), and
+    the status: reference | same | differs | undecided | stops (fewer than min_reached seeds at the target)."""
+    data = _with_ratio(runs, lr, batch)
+    table = diagonal_table(runs, metric, lr, batch, min_reached)
+    out = []
+    for ratio, cells in table.groupby("lr_over_b", sort=True):
+        included = cells[cells["included"]]
+        if included.empty:
+            continue
+        ref_lr = float(included["lr"].min())
+        on = data[(data["lr_over_b"] == ratio) & data["reached"].astype(bool)]
+        ref = pd.to_numeric(on[np.isclose(on["_lr"], ref_lr)][metric], errors="coerce")
+        for cell in cells.sort_values("lr").itertuples():
+            if cell.lr < ref_lr:
+                status, d = "stops", None
+            elif np.isclose(cell.lr, ref_lr):
+                status, d = "reference", None
+            elif not cell.included:
+                status, d = "stops", None
+            else:
+                values = pd.to_numeric(on[np.isclose(on["_lr"], cell.lr)][metric], errors="coerce")
+                d = welch_interval(values, ref, confidence)
+                if not math.isfinite(d.low):
+                    status = "undecided"
+                elif -margin <= d.low and d.high <= margin:
+                    status = "same"
+                elif d.low > margin or d.high < -margin:
+                    status = "differs"
+                else:
+                    status = "undecided"
+            out.append({"lr_over_b": ratio, "lr": cell.lr, "batch_size": cell.batch_size, "reference_lr": ref_lr,
+                        "n_reached": cell.n_reached, "mean": cell.mean,
+                        "diff": d.diff if d else (0.0 if status == "reference" else math.nan),
+                        "low": d.low if d else math.nan, "high": d.high if d else math.nan, "status": status})
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True)
+class EquivalenceTest:
+    """docs/protocols.md#lr-over-b: per diagonal, the span in lr over which lr/B alone predicts the accuracy."""
+    per_diagonal: pd.DataFrame   # lr_over_b, reference_lr, span, stops_at (lr of the first cell that is not
+    #                              "same": NaN if none), stops_why (differs / stops / undecided / grid end),
+    #                              n_included, undecided_before_span
+    cells: pd.DataFrame          # along_diagonals
+    n_holding: int               # diagonals whose span is at least min_span
+    n_diagonals: int
+    min_span: float
+    verdict: Verdict
+    why: str
+    extend_seeds: bool
+    problems: tuple[str, ...] = ()
+
+
+def equivalence_test(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", batch: str = "batch_size",
+                     margin: float = MARGIN, min_span: float = MIN_SPAN, min_reached: int = MIN_REACHED,
+                     min_lrs: int = MIN_LRS, max_seeds: int = 8, confidence: float = 0.95) -> EquivalenceTest:
+    """Reproduced when every diagonal's span is at least min_span (lr/B alone predicts the accuracy over a
+    factor min_span of lr and of B at every lr/B tried); partly when some but not all are; not reproduced when
+    none is. Not testable: unfinished runs, fewer than 2 diagonals, or a diagonal with fewer than min_lrs
+    cells that reach the target. extend_seeds: an "undecided" cell comes before its diagonal's span reaches
+    min_span, with fewer than max_seeds seeds (statistics item 3: once, to 8)."""
+    table = diagonal_table(runs, metric, lr, batch, min_reached)
+    cells = along_diagonals(runs, metric, lr, batch, margin, min_reached, confidence)
+    problems = []
+    if int(table["unfinished"].sum()):
+        problems.append(f"{int(table['unfinished'].sum())} runs not finished")
+    rows, extend = [], False
+    n_seeds = int(runs["seed"].nunique())
+    for ratio, g in table.groupby("lr_over_b", sort=True):
+        mine = cells[cells["lr_over_b"] == ratio].sort_values("lr") if len(cells) else cells
+        n_included = int(g["included"].sum())
+        if n_included < min_lrs:
+            problems.append(f"lr/B = {ratio:.3g}: {n_included} cells reach the target (needs {min_lrs})")
+        span, stops_at, why, undecided = 1.0, math.nan, "grid end", False
+        started = False
+        for c in mine.itertuples():
+            if c.status == "reference":
+                started, span = True, 1.0
+                continue
+            if not started:
+                continue
+            if c.status == "same":
+                span = c.lr / c.reference_lr
+                continue
+            stops_at, why = c.lr, c.status
+            undecided = c.status == "undecided" and span < min_span
+            break
+        extend = extend or (undecided and n_seeds < max_seeds)
+        rows.append({"lr_over_b": ratio, "reference_lr": float(mine["reference_lr"].iloc[0]) if len(mine) else math.nan,
+                     "span": span, "stops_at": stops_at, "stops_why": why, "n_included": n_included,
+                     "undecided_before_span": undecided})
+    per = pd.DataFrame(rows)
+    if len(per) < 2:
+        problems.append(f"{len(per)} diagonal(s): needs 2")
+    holding = int((per["span"] >= min_span).sum()) if len(per) else 0
+    if problems:
+        verdict, why_all = Verdict.NOT_TESTABLE, "; ".join(problems)
+    elif holding == len(per):
+        verdict = Verdict.REPRODUCED
+        why_all = f"every diagonal ({holding}) is a function of lr/B over >= {min_span:g}x in lr"
+    elif holding:
+        verdict, why_all = Verdict.PARTLY, f"{holding} of {len(per)} diagonals hold over >= {min_span:g}x in lr"
+    else:
+        verdict, why_all = Verdict.NOT_REPRODUCED, f"no diagonal holds over {min_span:g}x in lr"
+    return EquivalenceTest(per, cells, holding, len(per), min_span, verdict, why_all,
+                           extend and verdict != Verdict.NOT_TESTABLE, tuple(problems))

@@ -1,0 +1,45 @@
+"""Figures of the B/N-or-steps test (protocol v5): the break against N per arm, beside what B/N and B_crit
+predict; the gap against N per arm."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+
+from ...findings.bn_budget import PredictorTest
+
+
+def break_vs_n(ax: Axes, test: PredictorTest, bcrit: pd.DataFrame | None = None) -> None:
+    """b(N, arm) (a break beyond the grid drawn at 2x the largest batch, open marker), the B/N line through the
+    smallest N's steps-arm break and, if given, B_crit(N) scaled to it: the deciding statistic is the slope."""
+    table = test.table
+    for arm, marker in (("epochs", "o"), ("steps", "s")):
+        mine = table[table["arm"] == arm].sort_values("n")
+        top = 2 * mine["largest"].max() if len(mine) else np.nan
+        shown = mine["b_break"].where(np.isfinite(mine["b_break"]), top)
+        ax.plot(mine["n"], shown, marker=marker, label=f"break, {arm} arm")
+    steps = table[(table["arm"] == "steps") & np.isfinite(table["b_break"])].sort_values("n")
+    if len(steps):
+        n0, b0 = steps["n"].iloc[0], steps["b_break"].iloc[0]
+        ns = np.array(sorted(table["n"].unique()), dtype=float)
+        ax.plot(ns, b0 * ns / n0, "k--", lw=1, label="B/N fixed")
+        if bcrit is not None and len(bcrit):
+            ref = float(bcrit.sort_values("n")["b_crit"].iloc[0])
+            ax.plot(bcrit["n"], b0 * bcrit["b_crit"] / ref, "k:", lw=1, label="B/B_crit fixed")
+    ax.set(xscale="log", yscale="log", xlabel="N (training examples)", ylabel="smallest batch that fails",
+           title=f"break: {test.predictor} ({test.verdict})")
+    ax.legend(fontsize=7)
+
+
+def gap_vs_n(ax: Axes, test: PredictorTest) -> None:
+    """gap_epochs and gap_steps (points) against N with their Welch intervals, and the -1 point margin."""
+    table = test.table.sort_values("n")
+    for arm, marker in (("epochs", "o"), ("steps", "s")):
+        y = 100 * table[f"gap_{arm}"]
+        err = [y - 100 * table[f"gap_{arm}_low"], 100 * table[f"gap_{arm}_high"] - y]
+        ax.errorbar(table["n"], y, yerr=err, marker=marker, capsize=3, label=f"LB - SB, {arm} arm")
+    ax.axhline(-1, color="k", ls="--", lw=1)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set(xscale="log", xlabel="N (training examples)", ylabel="test accuracy gap (points)",
+           title=f"gap: {test.predictor} ({test.verdict})")
+    ax.legend(fontsize=7)

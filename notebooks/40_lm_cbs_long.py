@@ -1,0 +1,58 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: bsresearch (.venv)
+#     language: python
+#     name: bsresearch
+# ---
+
+# %% [markdown]
+# # Merrill et al. 2025: the critical batch size by branching, longer and with a reference that has not stalled
+#
+# docs/protocols.md#lm-cbs-long (protocol v5). Windows T0/2, checkpoints 2^17 ... 2^23 tokens, reference batch 8.
+# The stall criterion is computed on the reference first; the test (`findings.lm_cbs.long_cbs_test`) uses the
+# checkpoints before the first stalled one.
+
+# %% tags=["parameters"]
+from typing import Optional
+
+sweep: str = "lm_cbs_long"                         # the sweep's name: its runs are in RUNS_DIR/SWEEP/
+runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
+out_dir: str = "reports/lm_cbs_long"               # figures and tables are written here (relative: to the project)
+spec_path: Optional[str] = "experiments/lm_cbs_long.yaml"   # the spec: which variant each run belongs to
+
+# %%
+import matplotlib.pyplot as plt
+
+from bsresearch import results
+from bsresearch.findings import lm_cbs
+from bsresearch.paths import project_path
+from bsresearch.plots import save_figure
+from bsresearch.plots.findings import lm_cbs as figures
+
+runs_dir, out = project_path(runs_dir), project_path(out_dir)
+out.mkdir(parents=True, exist_ok=True)
+runs = results.load(sweep, runs_root=runs_dir)
+print(f"{len(runs)} runs:", dict(runs["state"].value_counts()))
+
+# %%
+branches = lm_cbs.branch_losses(runs)
+stalls = lm_cbs.stall_table(branches, lm_cbs.checkpoint_losses(runs))
+stalls.to_csv(out / "stall.csv", index=False)
+print(stalls.to_string(index=False))
+cbs = lm_cbs.critical_batch_sizes(branches)
+test = lm_cbs.long_cbs_test(cbs, stalls)
+print(f"VERDICT (CBS by branching, protocol v5): {test.verdict.upper()} - {test.why}")
+if test.last_used != test.last_planned:
+    print(f"the reference has stalled: the test uses the checkpoints up to {test.last_used:g} of {test.last_planned:g}")
+cbs.to_csv(out / "cbs_per_seed.csv", index=False)
+table = lm_cbs.cbs_by_checkpoint(cbs, runs)
+table.to_csv(out / "cbs_by_checkpoint.csv", index=False)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+figures.cbs_vs_tokens(axes[0], table, cbs)
+figures.ratio_vs_k(axes[1], lm_cbs.loss_ratios(branches))
+caption = ("Left: the CBS by branching (geometric mean over seeds) and B_simple against tokens. Right: L_k / L_1 "
+           "against k per checkpoint.")
+save_figure(fig, out / "cbs_vs_tokens", caption)

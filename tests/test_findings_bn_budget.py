@@ -1,0 +1,119 @@
+"""B/N, B/B_crit or steps (protocol v5): each verdict of the break test and of the gap test can occur, on
+made-up tables with known answers."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bsresearch.findings import bn_budget
+from bsresearch.findings.adam_vs_sgd import CriticalBatchRatio
+from bsresearch.findings.verdict import Verdict
+from bsresearch.measure.critical import fit_critical_batch
+
+NS = (10000, 20000, 40000)
+GRID = (250, 500, 1000, 2000, 4000)
+SEEDS = (40, 41, 42, 43, 44)
+
+
+def ratio(octaves, half=0.3):
+    r = 2.0 ** octaves
+    return CriticalBatchRatio(r, r * 2 ** -half, r * 2 ** half, 10.0, 40.0 * r, (30.0, 50.0), 40.0, (30.0, 50.0),
+                              True, 2.0, Verdict.NOT_REPRODUCED, True)
+
+
+def goyal_rows(breaks):
+    """breaks[(n, arm)] = the smallest batch that fails at every lr (inf: none); the best lr is k = 1."""
+    rows = []
+    for n in NS:
+        for i, seed in enumerate(SEEDS):
+            rows.append({"train_size": n, "batch_size": 32, "effective_lr": 0.05, "seed": seed, "state": "ok",
+                         "test_acc": 0.98 + 0.001 * (i - 2), "arm": "epochs"})
+            for arm in bn_budget.ARMS:
+                for b in GRID:
+                    for k in range(4):
+                        acc = (0.98 if b < breaks[(n, arm)] else 0.90) - 0.002 * abs(k - 1)
+                        rows.append({"train_size": n, "batch_size": b, "effective_lr": 0.05 * b / 32 / 2 ** k,
+                                     "seed": seed, "state": "ok", "test_acc": acc + 0.001 * (i - 2), "arm": arm})
+    return pd.DataFrame(rows)
+
+
+def by_n(epochs, steps):
+    return {**{(n, "epochs"): b for n, b in zip(NS, epochs)}, **{(n, "steps"): b for n, b in zip(NS, steps)}}
+
+
+@pytest.mark.parametrize("epochs, steps, c, predictor, verdict", [
+    ((500, 1000, 2000), (500, 1000, 2000), 0.0, "B/N", Verdict.REPRODUCED),
+    ((1000, 1000, 1000), (1000, 1000, 1000), 0.0, "B/B_crit", Verdict.PARTLY),
+    ((500, 1000, 2000), (math.inf,) * 3, 0.0, "steps", Verdict.NOT_REPRODUCED),
+    ((500, 1000, 2000), (4000, 1000, 250), 0.0, "none", Verdict.NOT_REPRODUCED),
+    ((500, 1000, 2000), (500, 1000, 2000), 2.0, "undecided", Verdict.INCONCLUSIVE),
+    ((math.inf,) * 3, (math.inf,) * 3, 0.0, "undecided", Verdict.NOT_TESTABLE),
+])
+def test_the_break_test_names_each_predictor(epochs, steps, c, predictor, verdict):
+    table = bn_budget.goyal_breaks(goyal_rows(by_n(epochs, steps)))
+    assert len(table) == 6 and not any(table["problems"])
+    test = bn_budget.break_test(table, ratio(c))
+    assert (test.predictor, test.verdict) == (predictor, verdict), test.why
+
+
+def test_a_break_beyond_the_grid_at_the_largest_n_is_a_lower_bound():
+    table = bn_budget.goyal_breaks(goyal_rows(by_n((500, 1000, 2000), (1000, 4000, math.inf))))
+    test = bn_budget.break_test(table, ratio(0.0))
+    assert test.shift == pytest.approx(math.log2(8000 / 1000)) and test.shift_high == math.inf
+    assert test.predictor == "none"      # >= 3 octaves: neither B/N (+2) nor B_crit (0)
+
+
+def test_a_best_lr_on_the_bottom_edge_makes_the_break_not_testable():
+    rows = goyal_rows(by_n((500, 1000, 2000), (500, 1000, 2000)))
+    k3 = np.isclose(rows["effective_lr"], 0.05 * rows["batch_size"] / 32 / 8) & (rows["batch_size"] == 250)
+    rows.loc[k3, "test_acc"] += 0.01
+    test = bn_budget.break_test(bn_budget.goyal_breaks(rows), ratio(0.0))
+    assert test.verdict == Verdict.NOT_TESTABLE and "bottom edge" in test.why
+
+
+def hoffer_rows(at_epochs, at_steps, spread=0.002):
+    rows = []
+    for n, ge, gs in zip(NS, at_epochs, at_steps):
+        for i, seed in enumerate(SEEDS):
+            e = spread * (i - 2)
+            for variant, acc in (("sb", 0.98), ("lb_sqrt_gbn", 0.98 + ge), ("lb_sqrt_gbn_ra", 0.98 + gs)):
+                rows.append({"train_size": n, "variant": variant, "seed": seed, "state": "ok", "test_acc": acc + e})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("at_epochs, at_steps, c, predictor, verdict", [
+    ((-0.05, -0.04, -0.03), (0.0, 0.0, 0.0), 0.0, "steps", Verdict.REPRODUCED),
+    ((-0.05, -0.04, -0.03), (-0.05, -0.025, 0.0), 0.0, "B/N", Verdict.PARTLY),
+    ((-0.05, -0.04, -0.03), (-0.08, -0.06, -0.04), 0.0, "B/N", Verdict.NOT_REPRODUCED),
+    ((-0.05, -0.04, -0.03), (-0.03, -0.03, -0.03), 0.0, "B/B_crit", Verdict.NOT_REPRODUCED),
+    ((-0.05, -0.04, -0.03), (-0.02, -0.03, -0.05), 0.0, "none", Verdict.NOT_REPRODUCED),
+    ((-0.05, -0.04, -0.03), (-0.05, -0.025, 0.0), 2.0, "undecided", Verdict.INCONCLUSIVE),
+    ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), 0.0, "undecided", Verdict.NOT_TESTABLE),
+])
+def test_the_gap_test_names_each_predictor(at_epochs, at_steps, c, predictor, verdict):
+    test = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_rows(at_epochs, at_steps)), ratio(c))
+    assert (test.predictor, test.verdict) == (predictor, verdict), test.why
+
+
+def test_a_straddling_contrast_is_undecided_and_adds_seeds():
+    test = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_rows((-0.05,) * 3, (-0.03, -0.03, -0.02), 0.01)),
+                              ratio(0.0))
+    assert test.predictor == "undecided" and test.extend_seeds and test.verdict == Verdict.INCONCLUSIVE
+
+
+def test_bcrit_by_n_fits_each_n_and_the_shift_is_their_ratio():
+    rows = []
+    for n, b_crit in ((10000, 40.0), (40000, 40.0)):
+        for b in (4, 8, 16, 40, 80, 200, 400, 1000):
+            for m, lr in enumerate((0.05, 0.1, 0.2)):
+                for i, seed in enumerate(SEEDS):
+                    s = 800 * (1 + b_crit / b) * (1 + 0.2 * abs(m - 1)) * (1 + 0.02 * (i - 2))
+                    rows.append({"train_size": n, "batch_size": b, "lr": lr, "seed": seed, "state": "ok",
+                                 "steps_to_target": s, "examples_to_target": s * b})
+    bcrit = bn_budget.critical_batch_by_n(pd.DataFrame(rows))
+    assert list(bcrit["n"]) == [10000, 40000] and bcrit["valid"].all()
+    assert bcrit["b_crit"].to_numpy() == pytest.approx([40.0, 40.0], rel=0.05)
+    shift = bn_budget.bcrit_shift(bcrit)
+    assert shift.ratio == pytest.approx(1.0, rel=0.05) and bn_budget.separable(shift)
+    assert fit_critical_batch([8, 80], [900, 1200]).n_points == 2

@@ -1,0 +1,92 @@
+"""The language-model tests of protocol v5: the stall criterion of the branching test, beta2 at every batch
+size, SGD at its held-out best lr; each verdict on made-up runs."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from bsresearch.findings import lm_cbs, lm_small_batch
+from bsresearch.findings.verdict import Verdict
+
+CHECKPOINTS = (131072.0, 524288.0, 2097152.0, 8388608.0)
+KS = (1, 4, 16, 64)
+
+
+def branching(keep_up, at_loss, end_loss, beaten=1.0, seeds=(40, 41, 42, 43, 44), b0=8):
+    rows = []
+    for seed in seeds:
+        for c in CHECKPOINTS:
+            for k in KS:
+                loss = end_loss(c) * (1.0 if k <= keep_up(c) else 1.05) * (beaten if k == 4 else 1.0)
+                rows.append({"batch_schedule": "tokens", "batch_at_tokens": (c,), "batch_sizes": (k * b0,),
+                             "batch_size": b0, "budget_amount": 1.5 * c, "seed": seed, "state": "ok",
+                             "test_loss": loss})
+            rows.append({"batch_schedule": "constant", "batch_at_tokens": (), "batch_sizes": (), "batch_size": b0,
+                         "budget_amount": c, "seed": seed, "state": "ok", "test_loss": at_loss(c)})
+    return pd.DataFrame(rows)
+
+
+GROWS = {131072.0: 1, 524288.0: 4, 2097152.0: 16, 8388608.0: 16}
+
+
+def analyse(runs):
+    branches = lm_cbs.branch_losses(runs)
+    stalls = lm_cbs.stall_table(branches, lm_cbs.checkpoint_losses(runs))
+    return lm_cbs.long_cbs_test(lm_cbs.critical_batch_sizes(branches), stalls)
+
+
+def test_a_reference_still_improving_keeps_every_checkpoint():
+    test = analyse(branching(GROWS.get, lambda c: 3.0, lambda c: 2.8))
+    assert not test.stalls["stalled"].any() and test.last_used == CHECKPOINTS[-1]
+    assert test.verdict == Verdict.REPRODUCED        # growth 8 -> 128 then a plateau 128 -> 128
+
+
+def test_a_stalled_last_checkpoint_is_dropped_and_the_test_made_on_the_others():
+    end = {c: 2.8 for c in CHECKPOINTS[:-1]} | {CHECKPOINTS[-1]: 2.99}    # improves by < 2% at the last
+    test = analyse(branching(GROWS.get, lambda c: 3.0, end.get))
+    assert test.stalls.set_index("checkpoint")["stalled"].tolist() == [False, False, False, True]
+    assert test.last_used == CHECKPOINTS[-2] and test.verdict == Verdict.PARTLY     # 32 -> 128: no plateau yet
+
+
+def test_a_larger_batch_beating_the_reference_is_a_stall_and_too_few_checkpoints_is_not_testable():
+    test = analyse(branching(GROWS.get, lambda c: 3.0, lambda c: 2.8, beaten=0.99))
+    assert test.stalls["stalled"].sum() == 3 and test.verdict == Verdict.NOT_TESTABLE and test.test is None
+
+
+def small_batch_runs(fixed_minus_half, seeds=(40, 41, 42, 43, 44), sgd=None, steps=2 ** 14):
+    rows = []
+    for b, d in fixed_minus_half.items():
+        for i, seed in enumerate(seeds):
+            e = 0.002 * (i - 2)
+            base = {"batch_size": b, "seed": seed, "state": "ok", "micro_batch_size": np.nan,
+                    "total_steps": steps // b, "lr": 1e-3}
+            rows.append({**base, "optimizer": "adam", "beta2_scaling": "none", "test_loss": 2.0 + d + e})
+            rows.append({**base, "optimizer": "adam", "beta2_scaling": "half_life", "test_loss": 2.0 + e})
+    for lr, loss in (sgd or {}).items():
+        for i, seed in enumerate(seeds):
+            rows.append({"batch_size": 1, "seed": seed, "state": "ok", "micro_batch_size": np.nan,
+                         "total_steps": steps, "lr": lr, "optimizer": "sgd", "beta2_scaling": "none",
+                         "test_loss": loss + 0.002 * (i - 2)})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("d, verdict", [
+    ({1: 0.06, 4: 0.02, 16: 0.0}, Verdict.REPRODUCED),
+    ({1: 0.06, 4: -0.02, 16: 0.0}, Verdict.PARTLY),
+    ({1: 0.0, 4: 0.02, 16: 0.0}, Verdict.NOT_REPRODUCED),
+])
+def test_beta2_at_every_batch_size(d, verdict):
+    assert lm_small_batch.beta2_by_batch_test(small_batch_runs(d)).verdict == verdict
+
+
+def test_too_few_updates_is_not_testable():
+    test = lm_small_batch.beta2_by_batch_test(small_batch_runs({1: 0.06, 64: 0.0}, steps=2 ** 15))
+    assert test.verdict == Verdict.NOT_TESTABLE and "64" in test.why
+
+
+def test_sgd_at_its_held_out_best_lr():
+    near = lm_small_batch.sgd_test(small_batch_runs({1: 0.06}, sgd={0.3: 2.1, 1.0: 2.01, 3.0: 2.2}))
+    assert near.verdict == Verdict.REPRODUCED and near.held_out_lrs == (1.0,) * 5
+    far = lm_small_batch.sgd_test(small_batch_runs({1: 0.06}, sgd={0.3: 2.6, 1.0: 2.5, 3.0: 2.7}))
+    assert far.verdict == Verdict.NOT_REPRODUCED
+    edge = lm_small_batch.sgd_test(small_batch_runs({1: 0.06}, sgd={0.3: 2.6, 1.0: 2.5, 3.0: 2.4}))
+    assert edge.verdict == Verdict.NOT_TESTABLE and edge.edge == "largest"
