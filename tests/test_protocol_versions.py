@@ -38,17 +38,25 @@ def judged_by_table() -> dict[str, str]:
     return out
 
 
+def spec_names() -> set[str]:
+    """The names of the specs under experiments/ (a report folder is named after its spec)."""
+    return {m[1] for path in (ROOT / "experiments").rglob("*.yaml")
+            for m in [re.search(r"^name:\s*(\S+)", path.read_text(), re.M)] if m}
+
+
 def test_every_committed_report_has_a_protocol_version_of_the_versions_table():
     folders = committed_report_folders()
     assert len(folders) >= 30
     assert not [f for f in folders if f not in PROTOCOL_VERSION], "a committed report with no protocol version"
-    assert not [f for f in PROTOCOL_VERSION if f not in folders], "a version for a report that is not committed"
+    # a pre-registered test whose report is not drawn yet has its version already, so its first captions name it
+    assert not [f for f in PROTOCOL_VERSION if f not in folders and f not in spec_names()], \
+        "a version for a report that is neither committed nor named by a spec"
     assert set(PROTOCOL_VERSION.values()) <= protocol_versions()
 
 
 def test_reports_readme_names_the_same_version_for_every_report():
     table = judged_by_table()
-    assert set(table) == set(PROTOCOL_VERSION)
+    assert set(table) == {name for name in PROTOCOL_VERSION if name in committed_report_folders()}
     assert {name: v for name, v in table.items() if PROTOCOL_VERSION[name] != v} == {}
 
 

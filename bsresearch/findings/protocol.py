@@ -26,6 +26,9 @@ PROTOCOL_VERSION: dict[str, str] = {
     # mechanism tests
     "masters_luschi_mechanism": "4", "goyal_mechanism": "4", "steps_to_target_large_mechanism": "4",
     "smith_le_mechanism": "4", "hoffer_mechanism": "4",
+    # version 5: B/N against B/B_crit and the step budget, lr/B at a common loss, the LM tests at a size
+    "bn_budget_goyal": "5", "lr_over_b_mnist1d": "5", "lr_over_b_fashion": "5", "lm_cbs_long": "5",
+    "lm_small_batch_v5": "5",
 }
 
 ALSO: dict[str, str] = {   # a second test a report carries, under a later version
