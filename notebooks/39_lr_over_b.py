@@ -40,15 +40,38 @@ print(f"{len(runs)} runs:", dict(runs["state"].value_counts()), "| reached:", in
 test = lr_over_b.equivalence_test(runs)
 print(f"VERDICT (lr/B at a common train loss, protocol v5): {test.verdict.upper()} - {test.why}")
 if test.extend_seeds:
-    print("an undecided cell comes before a diagonal's span reaches 4: seeds 45-47 are added once")
+    print("PROVISIONAL: an undecided cell comes before a diagonal's span reaches 4 with "
+          f"{runs['seed'].nunique()} seeds; the protocol adds seeds 45-47 once, and then judges")
 test.per_diagonal.to_csv(out / "test.csv", index=False)
 test.cells.to_csv(out / "cells.csv", index=False)
 print(test.per_diagonal.to_string(index=False))
-lr_over_b.diagonal_table(runs).to_csv(out / "diagonals.csv", index=False)
+table = lr_over_b.diagonal_table(runs)
+table.to_csv(out / "diagonals.csv", index=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 4))
 figures.difference_vs_lr(ax, test)
-caption = ("Test accuracy at a common train loss minus that at the diagonal's smallest lr (Welch 95%), against "
-           "lr, per lr/B; the band is +-1 point; x: fewer than 3 seeds reached the target.")
-save_figure(fig, out / "difference_vs_lr", caption)
+caption = ("Test accuracy at a common train loss minus that at the diagonal's smallest lr (Welch 95% interval "
+           f"over seeds), against lr, per lr/B; the band is +-1 point; x: fewer than 3 seeds reached the target. "
+           f"Verdict: {test.verdict} ({test.why}).")
+save_figure(fig, out / "difference_vs_lr", caption, runs=runs)
+plt.show()
+
+# %% [markdown]
+# ## Secondary (not the verdict)
+# Test accuracy against lr/B at every lr (does it rise with the noise up to the edge of trainability?), the steps
+# to the target per cell, and the same test at margins of 0.5 and 2 points.
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 4))
+accuracy = lr_over_b.accuracy_table(runs)
+accuracy.to_csv(out / "accuracy_vs_lr_over_b.csv", index=False)
+figures.accuracy_vs_lr_over_b(ax, accuracy)
+save_figure(fig, out / "accuracy_vs_lr_over_b", "Test accuracy at a common train loss (mean and 95% t interval over "
+            "the seeds that reached it) against lr/B, one line per lr.", runs=runs)
+plt.show()
+steps = lr_over_b.steps_table(runs)
+steps.to_csv(out / "steps_to_target.csv", index=False)
+margins = lr_over_b.margin_table(runs, (0.005, 0.01, 0.02))
+margins.to_csv(out / "margins.csv", index=False)
+print(margins.to_string(index=False))

@@ -46,3 +46,18 @@ def test_too_few_cells_at_the_target_is_not_testable_and_undecided_adds_seeds():
     assert few.verdict == Verdict.NOT_TESTABLE
     wide = lr_over_b.equivalence_test(runs(lambda r, lr: 0.9 - (0.008 if lr >= 0.02 else 0.0), spread=0.006))
     assert wide.extend_seeds and wide.per_diagonal["undecided_before_span"].all()
+
+
+def test_the_secondary_tables_accuracy_with_t_intervals_steps_and_other_margins():
+    made_up = runs(lambda r, lr: 0.9 + 100 * r, reached=lambda r, lr: lr < 0.16).assign(
+        steps_to_target=lambda d: 1000 / d["lr"])
+    accuracy = lr_over_b.accuracy_table(made_up)
+    assert len(accuracy) == 2 * 4   # the cells at lr 0.16 reached nothing
+    row = accuracy[(accuracy["lr"] == 0.01) & (accuracy["lr_over_b"] == 1 / 1600)].iloc[0]
+    # five seeds at 0.9625 + 0.001 (i - 2): mean 0.9625, std 0.00158, t(4) = 2.776
+    assert abs(row["mean"] - (0.9 + 100 / 1600)) < 1e-12
+    assert abs((row["high"] - row["mean"]) - 2.776 * 0.001581 / 5 ** 0.5) < 1e-5
+    steps = lr_over_b.steps_table(made_up)
+    assert set(steps["mean_steps"]) == {1000 / lr for lr in (0.01, 0.02, 0.04, 0.08)}
+    margins = lr_over_b.margin_table(made_up, (0.005, 0.01))
+    assert sorted(set(margins["margin"])) == [0.005, 0.01] and len(margins) == 4

@@ -5,6 +5,7 @@ to the same train loss a function of lr/B alone, and where does it stop being on
     runs = runs.assign(reached=...)            # a run reached the common train loss (budget target, ended ok there)
     table = diagonal_table(runs)               # per (lr/B, lr): seeds, seeds at the target, test accuracy
     test = equivalence_test(runs)              # along each lr/B diagonal: how far in lr it stays a function of lr/B
+    steps_table(runs), margin_table(runs)      # secondary: steps to the target per cell; the test at other margins
 
 A diagonal is a set of cells with one value of lr/B and lr (hence B) growing by factors of 2. Along it, each
 lr is compared with the diagonal's smallest lr (the reference) by Welch's interval on the test accuracy of the
@@ -23,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
-from ..stats import welch_interval
+from ..stats import t_interval, welch_interval
 from .verdict import Verdict
 
 MARGIN = 0.01          # 1 point: "the same accuracy"
@@ -167,3 +168,34 @@ def equivalence_test(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr
         verdict, why_all = Verdict.NOT_REPRODUCED, f"no diagonal holds over {min_span:g}x in lr"
     return EquivalenceTest(per, cells, holding, len(per), min_span, verdict, why_all,
                            extend and verdict != Verdict.NOT_TESTABLE, tuple(problems))
+
+
+def accuracy_table(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr",
+                   batch: str = "batch_size") -> pd.DataFrame:
+    """Secondary: per (lr/B, lr), the mean test accuracy of the seeds that reached the target and its 95% t
+    interval over them (stats.t_interval); cells no seed reached are left out."""
+    reached = _with_ratio(runs[runs["reached"]], lr, batch)
+    rows = []
+    for (ratio, rate), g in reached.groupby(["lr_over_b", "_lr"], sort=True):
+        mean, std, low, high = t_interval(g[metric])
+        rows.append({"lr_over_b": ratio, "lr": rate, "n_reached": len(g), "mean": mean, "std": std, "low": low,
+                     "high": high})
+    return pd.DataFrame(rows)
+
+
+def steps_table(runs: pd.DataFrame, lr: str = "lr", batch: str = "batch_size") -> pd.DataFrame:
+    """Secondary: per (lr/B, lr, B), the seeds that reached the target and their steps to it (mean, min, max)."""
+    reached = _with_ratio(runs[runs["reached"]], lr, batch)
+    return (reached.groupby(["lr_over_b", lr, batch], as_index=False)
+            .agg(n_reached=("steps_to_target", "size"), mean_steps=("steps_to_target", "mean"),
+                 min_steps=("steps_to_target", "min"), max_steps=("steps_to_target", "max")))
+
+
+def margin_table(runs: pd.DataFrame, margins: tuple[float, ...] = (0.005, 0.01, 0.02)) -> pd.DataFrame:
+    """Secondary: the equivalence test's per-diagonal span at each margin (0.01 is the pre-registered one)."""
+    rows = []
+    for margin in margins:
+        test = equivalence_test(runs, margin=margin)
+        rows += [{"margin": margin, **row, "verdict": str(test.verdict)}
+                 for row in test.per_diagonal.to_dict("records")]
+    return pd.DataFrame(rows)

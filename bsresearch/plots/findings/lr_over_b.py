@@ -1,6 +1,7 @@
 """Figure of the lr/B test (protocol v5): the difference from each diagonal's reference lr against lr."""
 from __future__ import annotations
 
+import pandas as pd
 from matplotlib.axes import Axes
 
 from ...findings.lr_over_b import EquivalenceTest
@@ -21,4 +22,16 @@ def difference_vs_lr(ax: Axes, test: EquivalenceTest) -> None:
     ax.axhspan(-1, 1, color="grey", alpha=0.2)
     ax.set(xscale="log", xlabel="lr", ylabel="test accuracy - reference lr's (points)",
            title=f"lr/B alone? {test.verdict}")
+    ax.legend(fontsize=7)
+
+
+def accuracy_vs_lr_over_b(ax: Axes, table: pd.DataFrame) -> None:
+    """Secondary: test accuracy at the common train loss (mean and 95% t interval over the seeds that reached it:
+    findings.lr_over_b.accuracy_table) against lr/B, one line per lr."""
+    for lr, g in table.groupby("lr", sort=True):
+        g = g.sort_values("lr_over_b")
+        y = 100 * g["mean"]
+        err = [(y - 100 * g["low"]).fillna(0), (100 * g["high"] - y).fillna(0)]
+        ax.errorbar(g["lr_over_b"], y, yerr=err, marker="o", capsize=3, label=f"lr {lr:g}")
+    ax.set(xscale="log", xlabel="lr / B", ylabel="test accuracy (%)")
     ax.legend(fontsize=7)
