@@ -97,6 +97,11 @@ class Features:
         """The batch dimension (what is common to every tensor)."""
         return torch.Size([len(self)])
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every tensor, as torch.Tensor.nbytes."""
+        return sum(t.nbytes for t in self.tensors.values())
+
 
 pytree.register_pytree_node(
     Features, lambda f: (list(f.tensors.values()), list(f.tensors)),

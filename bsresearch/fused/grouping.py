@@ -173,9 +173,10 @@ def show_bytes(n: float) -> str:
 
 def resident_bytes(data: Any) -> int:
     """The bytes a run's data takes as tensors (training and test split): exact for resident data, estimated
-    from the first training example for a streamed Dataset (its items are tensors or numbers of one shape)."""
+    from the first training example for a streamed Dataset (its items are tensors, named tensors or numbers of
+    one shape)."""
     x, y = data.first(1)
-    per_example = x.element_size() * x.numel() + y.element_size() * y.numel()
+    per_example = x.nbytes + y.nbytes
     return per_example * (data.n_train + data.n_test)
 
 
