@@ -99,7 +99,7 @@ def test_a_lost_dask_worker_s_run_is_run_again(tmp_path):
         threading.Thread(target=lose_a_worker, daemon=True).start()
         report = run_sweep(spec, runs, executor="dask", scheduler=lc.scheduler_address, engine="library",
                            fuse="off", progress=False)
-    assert all(o.state in ("ok", "died") for o in report.outcomes)
+    assert all(o.state in ("ok", "died") for o in report.outcomes), [(o.state, o.error) for o in report.outcomes]
     again = run_sweep(spec, runs, executor="local", engine="library", workers=2, fuse="off", retry_failed=True,
                       progress=False)
     assert again.all_finished and all(RunDir(d).state() == "ok" for d in dirs) and no_half_written_files(dirs)

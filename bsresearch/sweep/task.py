@@ -155,8 +155,8 @@ def worker_identity(pid: int | None = None) -> tuple[str, int]:
 
 # ----------------------------------------------------------------------------- the run lock
 @contextlib.contextmanager
-def run_lock(run_dir: str | Path) -> Iterator[bool]:
-    """Try to take the run's lock without waiting; yields True when held (released on exit or death)."""
+def run_lock(run_dir: str | Path, wait: float = 0.0) -> Iterator[bool]:
+    """Try to take the run's lock, for up to `wait` seconds; yields True when held (released on exit or death)."""
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     if fcntl is None:
@@ -164,11 +164,16 @@ def run_lock(run_dir: str | Path) -> Iterator[bool]:
         return
     fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.1)
         try:
             yield True
         finally:

@@ -51,6 +51,10 @@ from .task import (
 )
 
 PREVIOUS_OWNER_WAIT = 15.0  # seconds to wait for a process left over from a killed attempt to exit
+# Seconds to wait for a run's lock before calling it busy: a worker killed with SIGKILL (a lost Dask worker)
+# takes its run process with it (task.die_with_parent), but that process lets go of the lock only once it has
+# exited, which a loaded machine can take seconds to do, while the run's task is already rescheduled elsewhere.
+LOCK_WAIT = 10.0
 EXIT_BUSY = 75              # worker exit status when another live process holds the run's lock
 
 
@@ -58,7 +62,7 @@ def execute_task(task: RunTask) -> RunOutcome:
     """Run `task` in this process unless it is finished or locked; the verdict is in status.json."""
     start = time.monotonic()
     rd = RunDir(task.run_dir)
-    with run_lock(rd.path) as held:
+    with run_lock(rd.path, LOCK_WAIT) as held:
         if not held:
             return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it")
         if is_complete(rd.path):  # completed by someone else since the sweep was planned
@@ -100,7 +104,7 @@ def execute_group(task: GroupTask) -> list[RunOutcome]:
     with contextlib.ExitStack() as locks:
         for member in task.members:
             rd = RunDir(member.run_dir)
-            if not locks.enter_context(run_lock(rd.path)):
+            if not locks.enter_context(run_lock(rd.path, LOCK_WAIT)):
                 outcomes[member.run_id] = RunOutcome(member.run_id, member.label, BUSY,
                                                      "another live process is running it")
             elif rd.is_finished():  # finished by someone else since the sweep was planned
