@@ -7,6 +7,7 @@ time and memory, so a benchmark times exactly what a run executes.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -51,7 +52,8 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                   batches: Sequence[tuple[torch.Tensor, torch.Tensor]], precision: str = "fp32",
                   scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
                   after_backward: Callable[[int], None] | None = None,
-                  before_update: Callable[[], None] | None = None) -> torch.Tensor:
+                  before_update: Callable[[], None] | None = None,
+                  no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> torch.Tensor:
     """One optimizer update on the examples of `batches`; returns the batch's mean loss (a detached float32
     0-d tensor, not synchronised).
 
@@ -61,16 +63,18 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     its current mode. Gradients are set to None first and kept after the update, so a step's memory is
     the trainer's. `after_backward(i)` runs after micro-batch i's backward pass, `before_update()` after
     the last one, before the optimizer (and GradScaler, for fp16) update: the in-loop noise-scale
-    estimator reads gradient norms there.
+    estimator reads gradient norms there. `no_sync` (a DistributedDataParallel model's, on several devices) wraps
+    every micro-batch but the last, so their gradients accumulate without the all-reduce (bsresearch.distributed).
     """
     optimizer.zero_grad(set_to_none=True)
     n_examples = sum(len(y) for _, y in batches)
     total_loss = torch.zeros((), device=batches[0][0].device)
     for i, (x, y) in enumerate(batches):
-        with autocast(precision, x.device):
-            loss = loss_fn(model(x), y)
-        loss = micro_batch_loss(loss, len(y), n_examples)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        with no_sync() if no_sync is not None and i < len(batches) - 1 else contextlib.nullcontext():
+            with autocast(precision, x.device):
+                loss = loss_fn(model(x), y)
+            loss = micro_batch_loss(loss, len(y), n_examples)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         if after_backward is not None:
             after_backward(i)
         total_loss += loss.detach().float()
