@@ -164,6 +164,23 @@ def lost(exc: BaseException) -> bool:
 
 
 # ----------------------------------------------------------------------------- BatchNorm over the devices
+class _SumOverDevices(torch.autograd.Function):
+    """The sum of a tensor over the group's devices; its gradient is the sum of the devices' gradients (each
+    device's loss depends on every device's input through the sum)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        out = grad.clone()
+        dist.all_reduce(out)
+        return out
+
+
 class AllReduceBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm over the global batch on the CPU, where torch's SyncBatchNorm does not run: in training, the
     count, sum and sum of squares of each channel are all-reduced (differentiably: the backward all-reduces
@@ -178,11 +195,10 @@ class AllReduceBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or not dist.is_initialized() or dist.get_world_size() == 1:
             return super().forward(x)
-        from torch.distributed.nn.functional import all_reduce
         channels, dims = x.shape[1], [0, *range(2, x.dim())]
         x64 = x.double()
         count = torch.full((1,), x.numel() // channels, dtype=torch.float64, device=x.device)
-        total = all_reduce(torch.cat([x64.sum(dims), (x64 * x64).sum(dims), count]))
+        total = _SumOverDevices.apply(torch.cat([x64.sum(dims), (x64 * x64).sum(dims), count]))
         n = total[-1]
         mean = total[:channels] / n
         var = (total[channels:2 * channels] / n - mean * mean).clamp_min(0)
@@ -482,11 +498,14 @@ def _rank_main(index: int, cfg: RunConfig, run_dir: str | None, init_method: str
         raise SystemExit(1)
 
 
-def start_method(cfg: RunConfig) -> str:
-    """fork on the CPU (the processes start in a moment), spawn with CUDA (a forked CUDA context does not work);
-    BSRESEARCH_START_METHOD chooses."""
-    return os.environ.get("BSRESEARCH_START_METHOD") or ("spawn" if resolve_device(cfg.device).type == "cuda"
-                                                         else "fork")
+def start_method() -> str:
+    """forkserver: the device processes are forked from a server process started once per process (it has
+    imported this module, so later groups start in a moment), never from the caller, whose threads (a notebook's,
+    a progress bar's, a CUDA context) a fork would copy mid-lock. BSRESEARCH_START_METHOD chooses another."""
+    method = os.environ.get("BSRESEARCH_START_METHOD") or "forkserver"
+    if method == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload([__name__])
+    return method
 
 
 def run_on_devices(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None = None,
@@ -509,7 +528,7 @@ def run_on_devices(cfg: RunConfig, run_dir: str | Path | None = None, progress: 
         context = mp.start_processes(
             _rank_main, args=(cfg, str(rd.path) if rd else None, f"file://{tmp}/rendezvous", tmp, progress,
                               overwrite, tuple(callbacks)),
-            nprocs=cfg.devices, join=False, start_method=start_method(cfg))
+            nprocs=cfg.devices, join=False, start_method=start_method())
         failure = None
         try:
             while not context.join(JOIN_POLL_SECONDS):

@@ -4,6 +4,7 @@ Each group test starts its processes by fork (a moment each) and meets through a
 folder, so tests running side by side never share a port; the starting process ends its children however a
 test ends."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,9 +18,14 @@ from bsresearch import config as C
 from bsresearch import schedule
 from bsresearch.cli import main as cli_main
 from bsresearch.config import ConfigError
-from bsresearch.distributed import GroupPlace, first_host, group_from_environment
+from bsresearch.data import load_dataset
+from bsresearch.distributed import AllReduceBatchNorm, GroupPlace, first_host, group_from_environment
+from bsresearch.engine import train_step
+from bsresearch.loop import Callback
+from bsresearch.losses import loss_for
+from bsresearch.noise_tracker import squared_grad_norm, two_batch_estimate
 from bsresearch.rundir import RunDir
-from bsresearch.state import load_checkpoint
+from bsresearch.state import load_checkpoint, new_state
 from bsresearch.train import run
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -137,3 +143,100 @@ def test_torchrun_starts_the_same_command_and_it_joins_the_group(tmp_path):
     assert_same_weights(tmp_path / "one", tmp_path / "run")
     assert_same_history(one.history, RunDir(tmp_path / "run").history_rows())
     assert json.loads((tmp_path / "run" / "status.json").read_text())["devices"]["count"] == 2
+
+
+# ----------------------------------------------------------------------------- accumulation: one all-reduce
+class AllReduceCounter(Callback):
+    """Rank 0 writes the bucket all-reduces of every optimizer update (the communication hook counts them)."""
+
+    def __init__(self, path):
+        self.path, self.counts, self.seen = Path(path), [], 0
+
+    def after_step(self, loop, losses):
+        total = loop.engine.norms.allreduces
+        self.counts.append(total - self.seen)
+        self.seen = total
+        if torch.distributed.get_rank() == 0:
+            self.path.write_text(json.dumps(self.counts))
+
+
+@pytest.mark.parametrize("micro", [None, 16])
+def test_micro_batches_skip_the_all_reduce_until_the_last(tmp_path, micro):
+    """DDP's no_sync: an update of 4 micro-batches all-reduces each gradient bucket once, as an update of one."""
+    cfg = tiny_config(budget_amount=5, batch_size=64, micro_batch_size=micro, devices=2)
+    assert run(cfg, tmp_path / "run", callbacks=[AllReduceCounter(tmp_path / "counts.json")]).state == "ok"
+    assert json.loads((tmp_path / "counts.json").read_text()) == [1] * 5   # the tiny MLP is one bucket
+
+
+# ----------------------------------------------------------------------------- BatchNorm
+def parameters_only(run_dir):
+    return {k: v for k, v in weights(run_dir).items() if "running" not in k and "num_batches" not in k}
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn1d"])
+def test_each_device_normalising_its_share_is_ghost_batchnorm_at_the_per_device_batch(tmp_path, model):
+    """Oracle: one process with ghost batches of the per-device batch (32 of a batch of 64 on 2 devices; 16 with
+    micro-batches of 32). The parameters agree; the running statistics are the first device's (DDP's buffer
+    broadcast), not every ghost batch's in turn, so evaluations differ slightly."""
+    shape = dict(model=model, width=8, depth=2) if model == "cnn1d" else {}
+    for micro, ghost in ((None, 32), (32, 16)):
+        cfg = tiny_config(budget_amount=6, batch_size=64, micro_batch_size=micro, batchnorm=True,
+                          save_checkpoint=True, **shape)
+        one = tmp_path / f"one{micro}"
+        run(cfg.replace(ghost_batch_size=ghost), one)
+        two = run(cfg.replace(devices=2), tmp_path / f"two{micro}")
+        assert two.state == "ok"
+        a, b = parameters_only(one), parameters_only(tmp_path / f"two{micro}")
+        for k in a:
+            assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), (micro, k)
+        assert RunDir(tmp_path / f"two{micro}").config()["derived"]["bn_statistics_batch"] == ghost
+        assert RunDir(tmp_path / f"two{micro}").status()["devices"]["batchnorm"] == "per_device"
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn1d"])
+def test_sync_batchnorm_is_batchnorm_over_the_global_batch(tmp_path, model):
+    """Oracle: one process at the global batch, running statistics and evaluations included."""
+    shape = dict(model=model, width=8, depth=2) if model == "cnn1d" else {}
+    cfg = tiny_config(budget_amount=6, batch_size=64, batchnorm=True, save_checkpoint=True, **shape)
+    one = run(cfg, tmp_path / "one")
+    two = run(cfg.replace(devices=2, sync_batchnorm=True), tmp_path / "two")
+    assert two.state == "ok"
+    assert_same_weights(tmp_path / "one", tmp_path / "two", rtol=1e-4, atol=1e-5)
+    assert_same_history(one.history, two.history, rel=1e-4)
+    assert RunDir(tmp_path / "two").status()["devices"]["batchnorm"] == "global"
+
+
+def test_all_reduce_batchnorm_outside_a_group_is_batchnorm():
+    x = torch.randn(16, 3, 5)
+    plain, ours = torch.nn.BatchNorm1d(3), AllReduceBatchNorm(3)
+    assert torch.allclose(plain(x), ours(x)) and torch.allclose(plain.running_var, ours.running_var)
+
+
+# ----------------------------------------------------------------------------- the noise scale from the hook
+def test_the_hook_noise_scale_is_the_two_batch_estimator_on_the_devices_partition(tmp_path):
+    """Oracle: in one process, on the same global batch at the same weights, the mean-loss gradient of each
+    device's share (the first and second halves) and of the whole batch; two_batch_estimate with B_small =
+    32, B_big = 64. EMA decay 0: each step's row holds that step's estimate."""
+    cfg = tiny_config(budget_amount=3, batch_size=64, eval_every=1, noise_scale_ema=0.0)
+    two = run(cfg.replace(devices=2), tmp_path / "two")
+    data = load_dataset("synthetic", train_size=256)
+    state = new_state(cfg, data, torch.device("cpu"))
+    loss = loss_for("cross_entropy")
+    expected = []
+    for step in range(3):
+        saved = state.sampler.state_dict()
+        idx = state.sampler.next()
+        state.sampler.load_state_dict(saved)          # train_step draws the same batch again
+        norms = []
+        for part in (idx[:32], idx[32:], idx):
+            state.model.zero_grad()
+            loss(state.model(data.x_train[part]), data.y_train[part]).backward()
+            norms.append(float(squared_grad_norm(state.model)))
+        expected.append(two_batch_estimate((norms[0] + norms[1]) / 2, norms[2], 32, 64))
+        train_step(state, cfg, data, schedule.lr_at(cfg, step, data.n_train), loss)
+    rows = two.history[1:]
+    for row, (grad_sq, trace) in zip(rows, expected):
+        assert row["device_noise_grad_sq_norm_ema"] == pytest.approx(grad_sq, rel=1e-4)
+        assert row["device_noise_trace_cov_ema"] == pytest.approx(trace, rel=1e-4)
+        assert row["device_noise_b_simple_ema"] == pytest.approx(trace / grad_sq, rel=1e-3)
+    assert math.isnan(two.history[0]["device_noise_b_simple_ema"])
