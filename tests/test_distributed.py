@@ -5,14 +5,17 @@ folder, so tests running side by side never share a port; the starting process e
 test ends."""
 import json
 import math
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import killed_at, tiny_config
 
 from bsresearch import config as C
 from bsresearch import schedule
@@ -21,7 +24,7 @@ from bsresearch.config import ConfigError
 from bsresearch.data import load_dataset
 from bsresearch.distributed import AllReduceBatchNorm, GroupPlace, first_host, group_from_environment
 from bsresearch.engine import train_step
-from bsresearch.loop import Callback
+from bsresearch.loop import Callback, StepHooks
 from bsresearch.losses import loss_for
 from bsresearch.noise_tracker import squared_grad_norm, two_batch_estimate
 from bsresearch.rundir import RunDir
@@ -240,3 +243,74 @@ def test_the_hook_noise_scale_is_the_two_batch_estimator_on_the_devices_partitio
         assert row["device_noise_trace_cov_ema"] == pytest.approx(trace, rel=1e-4)
         assert row["device_noise_b_simple_ema"] == pytest.approx(trace / grad_sq, rel=1e-3)
     assert math.isnan(two.history[0]["device_noise_b_simple_ema"])
+
+
+# ----------------------------------------------------------------------------- faults
+class KillAt(Callback):
+    """SIGKILL this device's process when the loop reaches `step` (on `rank` only)."""
+
+    def __init__(self, step, rank):
+        self.step, self.rank = step, rank
+
+    def after_step(self, loop, losses):
+        if loop.step == self.step and torch.distributed.get_rank() == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class OutOfMemoryAt(KillAt):
+    """Device `rank` runs out of memory inside its update at `step`."""
+
+    def after_step(self, loop, losses):
+        pass
+
+    def step_hooks(self, loop, member):
+        if member.state.step == self.step and torch.distributed.get_rank() == self.rank:
+            def fail(i):
+                raise MemoryError("simulated: out of memory on one device")
+            return StepHooks(after_backward=fail)
+        return None
+
+
+def test_a_killed_device_process_ends_the_run_died_and_it_resumes_on_one_device(tmp_path):
+    """kill -9 of one device process: the run ends `died` in bounded time, the other process is stopped, the
+    checkpoint stays; the run resumes from it on 1 device at the same sample position, lr and schedule, and
+    ends as the uninterrupted one-device run does (to float32 rounding)."""
+    cfg = tiny_config(budget_amount=16, batch_size=64, checkpoint_every=4, save_checkpoint=True, devices=2,
+                      schedule="cosine")
+    started = time.monotonic()
+    result = run(cfg, tmp_path / "run", callbacks=[KillAt(10, rank=1)])
+    assert time.monotonic() - started < 90
+    assert result.state == "died" and "device process 1" in result.error and "SIGKILL" in result.error
+    assert RunDir(tmp_path / "run").state() == "died" and not multiprocessing.active_children()
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["state"]["step"] == 8
+    resumed = run(cfg.replace(devices=1), tmp_path / "run")
+    assert resumed.state == "ok" and RunDir(tmp_path / "run").status()["resumed_from"] == 8
+    whole = run(cfg.replace(devices=1), tmp_path / "whole")
+    assert_same_weights(tmp_path / "whole", tmp_path / "run")
+    assert_same_history(whole.history, resumed.history)
+
+
+def test_a_one_device_run_resumes_on_two_devices(tmp_path):
+    cfg = tiny_config(budget_amount=16, batch_size=64, checkpoint_every=4, save_checkpoint=True, schedule="cosine")
+    with killed_at(10):
+        run(cfg, tmp_path / "run")
+    resumed = run(cfg.replace(devices=2), tmp_path / "run")
+    assert resumed.state == "ok" and RunDir(tmp_path / "run").status()["resumed_from"] == 8
+    whole = run(cfg, tmp_path / "whole")
+    assert_same_weights(tmp_path / "whole", tmp_path / "run")
+    assert_same_history(whole.history, resumed.history)
+
+
+def test_out_of_memory_on_one_device_is_out_of_memory_of_the_run(tmp_path):
+    cfg = tiny_config(budget_amount=16, batch_size=64, devices=2)
+    result = run(cfg, tmp_path / "run", callbacks=[OutOfMemoryAt(5, rank=1)])
+    assert result.state == "oom" and result.error.startswith("device 1: out of memory at step 5")
+    assert RunDir(tmp_path / "run").state() == "oom"
+
+
+def test_a_finished_run_is_not_trained_again_on_other_devices(tmp_path):
+    cfg = tiny_config(budget_amount=4, batch_size=64, save_checkpoint=True)
+    run(cfg, tmp_path / "run")
+    before = (tmp_path / "run" / "status.json").read_text()
+    assert run(cfg.replace(devices=2), tmp_path / "run").state == "ok"
+    assert (tmp_path / "run" / "status.json").read_text() == before
