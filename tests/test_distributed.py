@@ -314,3 +314,35 @@ def test_a_finished_run_is_not_trained_again_on_other_devices(tmp_path):
     before = (tmp_path / "run" / "status.json").read_text()
     assert run(cfg.replace(devices=2), tmp_path / "run").state == "ok"
     assert (tmp_path / "run" / "status.json").read_text() == before
+
+
+# ----------------------------------------------------------------------------- sweeps
+SPEC = """name: devices
+timeout: 300
+base: {dataset: synthetic, train_size: 256, model: mlp, width: 16, depth: 1, budget: steps, budget_amount: 6,
+       eval_schedule: every, eval_every: 3, device: cpu, save_checkpoint: false, devices: 2}
+grid:
+  batch_size: [32, 64]
+seeds: [0]
+"""
+
+
+def test_a_sweep_gives_each_run_its_devices(tmp_path, monkeypatch):
+    from bsresearch.sweep import supervise
+    from bsresearch.sweep.executors import default_workers
+    from bsresearch.sweep.runner import run_sweep
+    from bsresearch.sweep.task import RunTask
+    assert default_workers(10, ("0", "1", "2", "3"), devices=2) == 2 and default_workers(10, (), devices=64) == 1
+    assert supervise.slot_gpus(("0", "1", "2", "3"), 1, 2) == ["2", "3"]
+    task = RunTask(run_dir=str(tmp_path), config={"devices": 2, "device": "auto"}, label="x", engine="library",
+                   gpus=("0", "1", "2", "3"))
+    assert supervise.worker_env(task, 1)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    (tmp_path / "devices.yaml").write_text(SPEC)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    dry = run_sweep(tmp_path / "devices.yaml", runs_root=tmp_path / "runs", dry_run=True, workers=2, engine="library")
+    assert "2 devices per run (worker 0: GPUs 0,1; worker 1: GPUs 2,3)" in dry.summary()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    report = run_sweep(tmp_path / "devices.yaml", runs_root=tmp_path / "runs", workers=1, engine="library",
+                       progress=False)
+    assert set(report.final_states().values()) == {"ok"}, report.summary()
+    assert "2 devices per run (one process each, started by the run)" in report.summary()
