@@ -258,23 +258,30 @@ class GradientNorms:
     """The state of the communication hook `gradient_norms_hook`: over one optimizer update, this device's
     squared gradient norm before the all-reduce (`local`, of its share's mean-loss gradient) and the squared
     norm of the averaged gradient after it (`reduced`), summed over DDP's buckets; `allreduces` counts the
-    bucket all-reduces (a test counts them per update)."""
+    bucket all-reduces (a test counts them per update). Where `losses` collects the update's micro-batch losses
+    (DeviceEngine), the last bucket's all-reduce carries this device's mean loss and `local` too, so that
+    `carried` holds the global batch loss and the devices' mean |g|^2 with no collective of their own."""
 
     def __init__(self, world: int) -> None:
         self.world = world
         self.local: torch.Tensor | None = None
         self.reduced: torch.Tensor | None = None
+        self.losses: list[torch.Tensor] | None = None
+        self.carried: torch.Tensor | None = None
         self.allreduces = 0
 
     def reset(self, device: torch.device) -> None:
         self.local = torch.zeros((), device=device)
         self.reduced = torch.zeros((), device=device)
+        self.carried = None
+        if self.losses is not None:
+            self.losses = []
 
 
 def gradient_norms_hook(state: GradientNorms, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's all-reduce of a bucket (the mean over devices, as DDP's default), recording |g|^2 of this device's
     bucket before it and of the averaged bucket after it into `state`: two dot products per bucket, no
-    extra collective."""
+    extra collective (the last bucket carries the loss and the local norm along, where state.losses is kept)."""
     buffer = bucket.buffer()
     state.allreduces += 1
     if state.local is None or state.reduced is None:
@@ -282,15 +289,24 @@ def gradient_norms_hook(state: GradientNorms, bucket: dist.GradBucket) -> torch.
     assert state.local is not None
     flat = buffer.float()
     state.local += torch.dot(flat, flat)
-    buffer.div_(state.world)
-    future = dist.all_reduce(buffer, async_op=True).get_future()
+    carry = bool(state.losses) and bucket.is_last()
+    if carry:
+        assert state.losses is not None
+        extra = torch.stack([torch.stack(state.losses).float().mean(), state.local]).to(buffer.dtype)
+        packed = torch.cat([buffer, extra]).div_(state.world)
+    else:
+        packed = buffer.div_(state.world)
+    future = dist.all_reduce(packed, async_op=True).get_future()
 
     def after(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         out = fut.value()[0]
+        if carry:
+            buffer.copy_(out[:-2])
+            state.carried = out[-2:].float()
         assert state.reduced is not None
-        mean = out.float()
+        mean = buffer.float()
         state.reduced += torch.dot(mean, mean)
-        return out
+        return buffer
     return future.then(after)
 
 
@@ -303,8 +319,8 @@ gradient_norms_hook.__annotations__.update(bucket=dist.GradBucket, state=Gradien
 class DeviceEngine(ModelEngine):
     """The loop's engine on one device of a group: the member's model wrapped in DistributedDataParallel (its
     TrainState keeps the plain module, so checkpoints do not depend on the number of devices), fed its share
-    of each global batch; one small all-reduce a step gives the global batch loss and the devices' mean
-    squared gradient norm (DeviceNoiseScale)."""
+    of each global batch. The global batch loss and the devices' mean squared gradient norm (DeviceNoiseScale)
+    travel with the last gradient bucket's all-reduce (gradient_norms_hook): one all-reduce per bucket a step."""
     can_split = False
 
     def __init__(self, data: Data, loss: Loss, task: Task, member: Member, device: torch.device) -> None:
@@ -319,6 +335,7 @@ class DeviceEngine(ModelEngine):
         self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                            **sync)
         self.norms = GradientNorms(self.world)
+        self.norms.losses = []
         self.ddp.register_comm_hook(self.norms, gradient_norms_hook)
         self.samples: dict[int, tuple[torch.Tensor, torch.Tensor, int, int]] = {}   # member index -> last step's
 
@@ -342,23 +359,32 @@ class DeviceEngine(ModelEngine):
                     group["betas"] = (group["betas"][0], schedule.adam_beta2_at(cfg, big))
             part = (cfg.micro_batch_size or big) // self.world
             self.norms.reset(self.device)
-            value = training_step(self.ddp, state.optimizer, list(zip(x.split(part), y.split(part))), cfg.precision,
-                                  state.scaler, self.loss, after_backward=hook.after_backward if hook else None,
+            micro = list(zip(x.split(part), y.split(part)))
+            value = training_step(self.ddp, state.optimizer, micro, cfg.precision, state.scaler, self._recorded_loss,
+                                  after_backward=hook.after_backward if hook else None,
                                   before_update=hook.before_update if hook else None, no_sync=self.ddp.no_sync)
             assert self.norms.local is not None and self.norms.reduced is not None
-            scale_sq = state.scaler.get_scale() ** 2 if state.scaler else 1.0
-            both = torch.stack([value.float(), self.norms.local / scale_sq])
-            dist.all_reduce(both)     # the global batch loss, and the devices' mean |g|^2
+            both = self.norms.carried
+            if both is None:   # no bucket carried them (no gradient reached DDP): a collective of their own
+                both = torch.stack([value.float(), self.norms.local]) / self.world
+                dist.all_reduce(both)
         except Exception as exc:
             if lost(exc) and not is_out_of_memory(exc):
                 raise DeviceLost(f"a collective failed (another device's process is gone, or the group waited "
                                  f"longer than {COLLECTIVE_TIMEOUT:g} s): {str(exc).strip().splitlines()[0]}") from exc
             raise
-        both /= self.world
-        self.samples[member.index] = (both[1], self.norms.reduced / scale_sq, len(y), big)
+        scale_sq = state.scaler.get_scale() ** 2 if state.scaler else 1.0   # the squared norms of scaled gradients
+        self.samples[member.index] = (both[1] / scale_sq, self.norms.reduced / scale_sq, len(y), big)
         state.step += 1
         state.examples_seen += big
         return both[:1]
+
+    def _recorded_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The run's loss, each micro-batch's value kept for the last bucket's all-reduce (GradientNorms)."""
+        value = self.loss(output, target)
+        assert self.norms.losses is not None
+        self.norms.losses.append(value.detach())
+        return value
 
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
         if self.has_buffers:   # every device evaluates rank 0's running statistics, as DDP trains with them
