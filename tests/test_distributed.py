@@ -346,3 +346,19 @@ def test_a_sweep_gives_each_run_its_devices(tmp_path, monkeypatch):
                        progress=False)
     assert set(report.final_states().values()) == {"ok"}, report.summary()
     assert "2 devices per run (one process each, started by the run)" in report.summary()
+
+
+def test_accumulation_plans_reason_per_device():
+    from bsresearch.systems.plan import accumulation_plan, largest_batch_on_devices
+    one = accumulation_plan(1000, 300)
+    assert (one.micro_batch_size, one.accumulation_steps, one.devices) == (250, 4, 1)
+    two = accumulation_plan(1000, 300, devices=2)     # each device holds 300: its 500 as 2 x 250
+    assert (two.micro_batch_size, two.per_device_batch, two.accumulation_steps) == (500, 250, 2)
+    four = accumulation_plan(4096, 300, devices=4)    # shares of 1024 in 4 x 256
+    assert (four.micro_batch_size, four.per_device_batch, four.accumulation_steps) == (1024, 256, 4)
+    cfg = four.apply(tiny_config(batch_size=32))
+    assert (cfg.batch_size, cfg.micro_batch_size, cfg.devices) == (4096, 1024, 4)
+    assert C.accumulation_steps(cfg) == 4 and schedule.device_values(cfg)["per_device_batch"] == 256
+    assert largest_batch_on_devices(700, 4) == 2800
+    with pytest.raises(ConfigError, match="equal per-device shares"):
+        accumulation_plan(1001, 300, devices=2)
