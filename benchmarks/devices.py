@@ -14,6 +14,7 @@ Ratios: speedup = toolkit_2 / toolkit_1, fraction of ideal = speedup / 2, toolki
 (the hook is part of every toolkit run on several devices), the hook's overhead = minimal_2 / minimal_2_hook - 1.
 
     python benchmarks/devices.py [--repeats 3] [--seconds 3] [--workloads mlp256,cnn1d4000]
+    python benchmarks/devices.py --hook-rounds 7     # the hook alone: both loops within one group, interleaved
 
 Writes benchmarks/results/devices_<machine>.csv (one row per workload: medians, spreads, ratios, lscpu's model
 name, the load average at the start and the end).
@@ -120,6 +121,45 @@ def minimal(cfg: RunConfig, world: int, hook: bool = False) -> float:
         return float(json.loads(Path(out).read_text()))
 
 
+def _hook_rounds(rank: int, cfg: RunConfig, init: str, out: str, rounds: int) -> None:
+    """In one group of 2 processes, the same loop with DDP's own all-reduce and with the noise-scale hook, one
+    after the other for `rounds` rounds (a fresh DDP model each), so that both see the same machine."""
+    prepare_process(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    data = dataset_for(cfg, "cpu")
+    x_all, y_all = data.x_train, data.y_train  # type: ignore[union-attr]
+    loss_fn, gen, share = loss_for(cfg.loss), make_generator(cfg.seed, "data"), cfg.batch_size // 2
+    rates: dict[str, list[float]] = {"builtin": [], "hook": []}
+    for _ in range(rounds):
+        for kind in rates:
+            model = model_for(cfg, data, make_generator(cfg.seed, "init"))
+            optimizer = make_optimizer(cfg, model)
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr
+            net = DistributedDataParallel(model)
+            if kind == "hook":
+                net.register_comm_hook(GradientNorms(2), gradient_norms_hook)
+            steps = int(cfg.budget_amount)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                idx = torch.randperm(data.n_train, generator=gen)[:cfg.batch_size][rank * share:(rank + 1) * share]
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(net(x_all[idx]), y_all[idx]).backward()
+                optimizer.step()
+            rates[kind].append(steps / (time.perf_counter() - start))
+    if rank == 0:
+        Path(out).write_text(json.dumps(rates))
+    dist.destroy_process_group()
+
+
+def hook_overhead(cfg: RunConfig, rounds: int) -> dict[str, list[float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_hook_rounds, args=(cfg, f"file://{tmp}/store", f"{tmp}/rates.json", rounds), nprocs=2,
+                           start_method="forkserver")
+        return json.loads(Path(f"{tmp}/rates.json").read_text())
+
+
 def lscpu_model() -> str:
     try:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -135,12 +175,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="aimed length of one measurement")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--hook-rounds", type=int, default=0,
+                        help="instead: the hook's overhead within one group, this many interleaved rounds")
     args = parser.parse_args()
     prepare_process(1)
     load_start = os.getloadavg()
     rows = []
     for name in args.workloads.split(","):
         model, batch = WORKLOADS[name]
+        if args.hook_rounds:
+            steps = max(10, round(args.seconds * toolkit(config(model, batch, 5))))
+            rates = hook_overhead(config(model, batch, steps), args.hook_rounds)
+            builtin, b_spread = median_and_spread(rates["builtin"])
+            hooked, h_spread = median_and_spread(rates["hook"])
+            rows.append({"workload": name, "steps": steps, "builtin_steps_per_s": builtin, "builtin_spread": b_spread,
+                         "hook_steps_per_s": hooked, "hook_spread": h_spread, "hook_overhead": builtin / hooked - 1,
+                         "rounds": args.hook_rounds})
+            print(rows[-1], flush=True)
+            continue
         probe = toolkit(config(model, batch, 5))          # steps per second, roughly: size the measurements
         steps = max(10, round(args.seconds * probe))
         one, two = config(model, batch, steps), config(model, batch, steps, devices=2)
@@ -162,7 +214,8 @@ def main() -> None:
     frame["cpu"], frame["cores"] = lscpu_model(), os.cpu_count()
     frame["load_start"], frame["load_end"] = f"{load_start[0]:.2f}", f"{os.getloadavg()[0]:.2f}"
     frame["torch"] = torch.__version__
-    out = Path(args.out) if args.out else RESULTS / f"devices_{machine_label(torch.device('cpu'))}.csv"
+    kind = "devices_hook" if args.hook_rounds else "devices"
+    out = Path(args.out) if args.out else RESULTS / f"{kind}_{machine_label(torch.device('cpu'))}.csv"
     frame.to_csv(out, index=False)
     print(f"wrote {out}")
 
