@@ -59,6 +59,11 @@ MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "
 # with more threads or another checkpoint interval finds the finished result.
 OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoint", "data_loading", "loader_workers",
                       "trackers", "mlflow_tracking_uri")
+# Fields that say on how many devices a run trains (bsresearch/distributed.py): left out of the run id (and
+# the trajectory key), since the run on N devices computes the numbers of the run on one device at the same
+# global batch; where it does not (BatchNorm over each device's share), device_science puts the difference
+# into the id as the ghost batch size it amounts to.
+DEVICE_FIELDS = ("devices", "sync_batchnorm")
 # Fields added after run ids were first published: left out of the id while they keep these values, so
 # every run id made before them still names the same run.
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs": {}, "dataset_kwargs": {},
@@ -174,6 +179,8 @@ class RunConfig:
     max_steps: int = 20_000             # budget target: give up after this many steps
     # --- mechanics
     micro_batch_size: int | None = None  # gradient accumulation: memory only, the batch size is unchanged
+    devices: int = 1                    # processes (one device each) that train the run together, data-parallel
+    sync_batchnorm: bool = False        # devices > 1: BatchNorm over the global batch, not each device's share
     precision: str = "fp32"             # fp32 | bf16 (autocast, CPU and CUDA) | fp16 (CUDA, GradScaler)
     sampling: str = "shuffle"           # shuffle (epochs without replacement) | replacement (iid batches)
     # --- evaluation
@@ -261,7 +268,9 @@ def run_id(cfg: RunConfig) -> str:
     file is a different run (ConfigError when the file cannot be found).
     """
     d = {k: v for k, v in cfg.to_dict().items()
-         if k not in OPERATIONAL_FIELDS and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
+         if k not in OPERATIONAL_FIELDS and k not in DEVICE_FIELDS
+         and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
+    d.update(device_science(cfg))
     _name_sources(cfg, d)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -305,6 +314,30 @@ def accumulation_steps(cfg: RunConfig) -> int:
     return cfg.batch_size // (cfg.micro_batch_size or cfg.batch_size)
 
 
+def device_batches(cfg: RunConfig) -> tuple[int, ...]:
+    """Examples each device runs in one forward pass, per batch of the schedule: (micro_batch_size or the
+    batch) / devices, the per-device batch = batch_size / (devices x accumulation steps)."""
+    return tuple((cfg.micro_batch_size or b) // cfg.devices for b in batch_sizes_of(cfg))
+
+
+def per_device_statistics(cfg: RunConfig) -> bool:
+    """Whether BatchNorm normalises each device's share on its own (batchnorm on several devices without
+    sync_batchnorm): ghost BatchNorm whose ghost batch is at most the per-device batch."""
+    return cfg.batchnorm and cfg.devices > 1 and not cfg.sync_batchnorm
+
+
+def device_science(cfg: RunConfig) -> dict[str, Any]:
+    """What the number of devices changes in what a run computes, for its run id: nothing ({}) without
+    BatchNorm, with sync_batchnorm or with an explicit ghost_batch_size (then it equals the single-device run);
+    BatchNorm over each device's share is ghost BatchNorm at the per-device batch, hashed as that ghost size
+    (the same id as the single-device run with that ghost_batch_size), or as the number of devices where the
+    per-device batch changes along a batch schedule."""
+    if not per_device_statistics(cfg) or cfg.ghost_batch_size is not None:
+        return {}
+    sizes = set(device_batches(cfg))
+    return {"ghost_batch_size": sizes.pop()} if len(sizes) == 1 else {"devices": cfg.devices}
+
+
 def phase_batch_size(cfg: RunConfig, phase: int) -> int:
     """The batch size after `phase` milestones (step) or changes (tokens) of the batch schedule."""
     if cfg.batch_schedule == "tokens":
@@ -329,7 +362,9 @@ def trajectory_key(cfg: RunConfig) -> str | None:
     if not (cfg.schedule == "constant" and cfg.eval_schedule == "every" and cfg.budget == "tokens"
             and cfg.batch_schedule in ("constant", "tokens")):
         return None
-    d = {k: v for k, v in cfg.to_dict().items() if k not in TRAJECTORY_FREE_FIELDS and k not in OPERATIONAL_FIELDS}
+    d = {k: v for k, v in cfg.to_dict().items()
+         if k not in TRAJECTORY_FREE_FIELDS and k not in OPERATIONAL_FIELDS and k not in DEVICE_FIELDS}
+    d.update(device_science(cfg))
     d["snapshot_at_tokens"] = list(cfg.snapshot_at_tokens)
     _name_sources(cfg, d)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -449,7 +484,9 @@ def bn_batches(cfg: RunConfig) -> list[int]:
     if not cfg.batchnorm:
         return []
     sizes: set[int] = set()
-    for size in {cfg.micro_batch_size or p for p in batch_sizes_of(cfg)}:
+    shares = device_batches(cfg) if per_device_statistics(cfg) else \
+        tuple(cfg.micro_batch_size or p for p in batch_sizes_of(cfg))
+    for size in set(shares):
         ghost = cfg.ghost_batch_size or size
         sizes |= {min(ghost, size)} | ({size % ghost} if size > ghost and size % ghost else set())
     return sorted(sizes, reverse=True)
@@ -467,6 +504,40 @@ def _validate_batchnorm_batches(cfg: RunConfig) -> None:
                           f"a ghost_batch_size that divides the (micro-)batch, or leaves at least 2 over")
 
 
+def _validate_devices(cfg: RunConfig) -> None:
+    """A run on several devices: every batch splits into devices x accumulation steps equal shares; BatchNorm
+    over each device's share or over the global batch, coherent with ghost_batch_size; the features that train
+    on one device only."""
+    if cfg.sync_batchnorm and not cfg.batchnorm:
+        raise ConfigError("sync_batchnorm needs batchnorm: true")
+    if cfg.sync_batchnorm and cfg.ghost_batch_size is not None:
+        raise ConfigError(f"sync_batchnorm normalises over the global batch; ghost_batch_size "
+                          f"{cfg.ghost_batch_size} normalises over ghost batches: choose one")
+    if cfg.devices == 1:
+        return
+    for size in batch_sizes_of(cfg):
+        micro = cfg.micro_batch_size or size
+        if micro % cfg.devices:
+            steps = size // micro
+            raise ConfigError(f"batch_size {size} on {cfg.devices} devices with {steps} accumulation step(s): the "
+                              f"per-device batch {size} / ({cfg.devices} x {steps}) is not a whole number; choose a "
+                              f"batch_size (and micro_batch_size) that devices x accumulation steps divides")
+    if per_device_statistics(cfg) and cfg.ghost_batch_size is not None:
+        bad = [s for s in device_batches(cfg) if s % cfg.ghost_batch_size]
+        if bad:
+            share = bad[0]
+            raise ConfigError(f"ghost_batch_size {cfg.ghost_batch_size} must divide the per-device batch {share} "
+                              f"on {cfg.devices} devices (each device normalises its own share), or set "
+                              f"sync_batchnorm")
+    if cfg.noise_scale_every:
+        raise ConfigError(f"noise_scale_every is the one-device estimator from micro-batches; on {cfg.devices} "
+                          f"devices the run records the noise scale from the devices' gradients at every step "
+                          f"(history: device_noise_*): set noise_scale_every 0")
+    if cfg.snapshot_at_tokens:
+        raise ConfigError(f"snapshot_at_tokens is not supported on {cfg.devices} devices yet (a run that shares "
+                          f"its trajectory trains on one device)")
+
+
 def _validate(cfg: RunConfig) -> None:
     for name, accepted in [("optimizer", OPTIMIZERS),
                            ("lr_scaling", LR_SCALINGS), ("schedule", SCHEDULES), ("budget", BUDGETS),
@@ -478,7 +549,7 @@ def _validate(cfg: RunConfig) -> None:
                  "eval_test_size", "measure_train_size"):
         _positive(cfg, name, allow_none=True)
     for name in ("lr", "batch_size", "base_batch_size", "max_steps", "eval_every", "eval_per_decade",
-                 "target_loss", "budget_amount", "lr_decay_factor"):
+                 "target_loss", "budget_amount", "lr_decay_factor", "devices"):
         _positive(cfg, name)
     for name in ("weight_decay", "warmup_epochs", "seed", "threads", "checkpoint_every", "noise_scale_every",
                  "loader_workers"):
@@ -515,6 +586,7 @@ def _validate(cfg: RunConfig) -> None:
                               f"batch_schedule {cfg.batch_schedule!r}")
     if cfg.ghost_batch_size is not None and not cfg.batchnorm:
         raise ConfigError("ghost_batch_size needs batchnorm: true")
+    _validate_devices(cfg)
     _validate_batchnorm_batches(cfg)
     if cfg.loader_workers and cfg.data_loading == "resident":
         raise ConfigError(f"loader_workers {cfg.loader_workers} is for a DataLoader (data_loading stream or auto); "

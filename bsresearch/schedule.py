@@ -20,7 +20,9 @@ from .config import (
     accumulation_steps,
     batch_sizes_of,
     bn_batches,
+    device_batches,
     is_reference,
+    per_device_statistics,
     phase_batch_size,
     reference_sources,
     run_id,
@@ -55,8 +57,22 @@ def bn_statistics_batch(cfg: RunConfig) -> int | None:
     """
     if not cfg.batchnorm:
         return None
-    size = cfg.micro_batch_size or cfg.batch_size
+    size = device_batches(cfg)[0] if per_device_statistics(cfg) else cfg.micro_batch_size or cfg.batch_size
     return min(size, cfg.ghost_batch_size) if cfg.ghost_batch_size else size
+
+
+def device_values(cfg: RunConfig) -> dict[str, Any]:
+    """A run on several devices, in config.json: the devices, the per-device batch (batch_size / (devices x
+    accumulation steps), examples one device runs at once; a list along a batch schedule), the micro-batch
+    (examples of one accumulation step over all devices), and where BatchNorm takes its statistics
+    (per_device: each device's share, a ghost batch; global: all devices together). {} on one device."""
+    if cfg.devices == 1:
+        return {}
+    shares = device_batches(cfg)
+    return {"devices": cfg.devices, "per_device_batch": shares[0] if len(set(shares)) == 1 else list(shares),
+            "micro_batch": cfg.micro_batch_size or cfg.batch_size,
+            "batchnorm_statistics": None if not cfg.batchnorm else "per_device" if per_device_statistics(cfg)
+            else "global"}
 
 
 def steps_per_epoch(cfg: RunConfig, n_train: int) -> int:
@@ -199,6 +215,7 @@ def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[s
         "accumulation_steps": accumulation_steps(cfg),
         "bn_statistics_batch": bn_statistics_batch(cfg),
         **({"bn_batches": bn_batches(cfg)} if cfg.ghost_batch_size else {}),
+        **device_values(cfg),
         "batch_phases": [list(p) for p in batch_phases(cfg, n_train, tokens_per_example)],
         **({"adam_beta2": [adam_beta2_at(cfg, b) for b in batch_sizes_of(cfg)]} if cfg.optimizer != "sgd" else {}),
         **({"trajectory": trajectory_key(cfg), "trajectory_end": trajectory_end(cfg, n_train, tokens_per_example),

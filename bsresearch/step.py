@@ -7,6 +7,7 @@ time and memory, so a benchmark times exactly what a run executes.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -63,7 +64,8 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                   batches: Sequence[tuple[Inputs, torch.Tensor]], precision: str = "fp32",
                   scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
                   after_backward: Callable[[int], None] | None = None,
-                  before_update: Callable[[], None] | None = None, count: Count | None = None) -> torch.Tensor:
+                  before_update: Callable[[], None] | None = None, count: Count | None = None,
+                  no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> torch.Tensor:
     """One optimizer update on the examples of `batches`; returns the batch's mean loss (a detached float32
     0-d tensor, not synchronised).
 
@@ -76,6 +78,8 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     estimator reads gradient norms there. With `count` (a token-level loss: Task.count) micro-batches are
     weighted by their share of the batch's real tokens instead of its examples. The inputs may be named
     tensors and the output anything batch.logits_of reads (losses.Loss.of runs the model into its loss).
+    `no_sync` (a DistributedDataParallel model's, on several devices) wraps every micro-batch but the last, so
+    their gradients accumulate without the all-reduce (bsresearch.distributed).
     """
     optimizer.zero_grad(set_to_none=True)
     loss_of = loss_for(loss_fn).of
@@ -84,10 +88,11 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     n_batch: int | torch.Tensor = sum(sizes)
     total_loss = torch.zeros((), device=batches[0][0].device)
     for i, ((x, y), size) in enumerate(zip(batches, sizes)):
-        with autocast(precision, x.device):
-            loss = loss_of(model, x, y)
-        loss = micro_batch_loss(loss, size, n_batch)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        with no_sync() if no_sync is not None and i < len(batches) - 1 else contextlib.nullcontext():
+            with autocast(precision, x.device):
+                loss = loss_of(model, x, y)
+            loss = micro_batch_loss(loss, size, n_batch)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         if after_backward is not None:
             after_backward(i)
         total_loss += loss.detach().float()

@@ -46,8 +46,12 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     Failures during work (NaN or exploding loss, out of memory, any other exception) end the run with
     state diverged/oom/failed, recorded in status.json; they are returned, not raised. A run directory
     that already holds a finished run is returned as is (unless overwrite); one with a resumable
-    checkpoint continues from it exactly.
+    checkpoint continues from it exactly. With `devices` > 1 the run trains on that many processes
+    (distributed.run_on_devices: started here, or joining the group torchrun or srun started).
     """
+    if cfg.devices > 1:
+        from .distributed import run_on_devices
+        return run_on_devices(cfg, run_dir, progress, overwrite, callbacks)
     finished = None if overwrite else finished_result(run_dir)
     if finished is not None:   # read-only storage is fine for these
         return finished

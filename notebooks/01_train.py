@@ -68,6 +68,8 @@ target_loss: float = 0.01               # budget target: stop when the full-trai
 max_steps: int = 20000                  # budget target: give up after this many steps
 # --- mechanics
 micro_batch_size: Optional[int] = None  # gradient accumulation: memory only, the batch size is unchanged
+devices: int = 1                        # processes (one device each) that train the run together, data-parallel
+sync_batchnorm: bool = False            # devices > 1: BatchNorm over the global batch, not each device's share
 precision: str = "fp32"                 # fp32 | bf16 (autocast, CPU and CUDA) | fp16 (CUDA, GradScaler)
 sampling: str = "shuffle"               # shuffle (epochs without replacement) | replacement (iid batches)
 # --- evaluation

@@ -46,6 +46,8 @@ def unsupported_reason(cfg: RunConfig) -> str | None:
     if cfg.model in ("convnet", "resnet") and cfg.batchnorm:
         return (f"model {cfg.model!r} with BatchNorm is not supported in a fused group (its running statistics "
                 f"cannot be vmapped; the batched BatchNorm covers {', '.join(STACKED_MODELS)} only)")
+    if cfg.devices > 1:
+        return f"devices {cfg.devices}: a run on several devices trains alone (one process per device)"
     if cfg.precision != "fp32":
         return f"precision {cfg.precision!r} is not supported in a fused group (fp32 only)"
     if cfg.noise_scale_every > 0:

@@ -77,13 +77,14 @@ def visible_gpus() -> tuple[str, ...]:
     return tuple(str(i) for i, _ in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU ")))
 
 
-def default_workers(n_runs: int, gpus: tuple[str, ...]) -> int:
-    """One worker per GPU, else one per CPU core this process may use; never more than the runs."""
+def default_workers(n_runs: int, gpus: tuple[str, ...], devices: int = 1) -> int:
+    """One worker per GPU, else one per CPU core this process may use, each run taking `devices` of them (a run on
+    several devices: one process per device); never more than the runs."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return max(1, min(n_runs, len(gpus) or cores))
+    return max(1, min(n_runs, (len(gpus) or cores) // max(1, devices)))
 
 
 def check_dask(scheduler: str | None = None, cluster: str | None = None,

@@ -134,6 +134,18 @@ class SweepReport:
                 out.setdefault(p.group, []).append(p.point.run_id)
         return out
 
+    def allocation(self) -> str:
+        """The devices each run trains on: '2 devices per run (worker 0: GPUs 0,1; worker 1: GPUs 2,3)' on the
+        local executor with GPUs, else the processes each run starts (one per device; a Dask or Slurm worker
+        must hold that many devices)."""
+        devices = max(p.point.config.devices for p in self.planned)
+        gpus = visible_gpus() if self.executor == "local" else ()
+        if gpus and self.executor == "local":
+            slots = "; ".join(f"worker {w}: GPUs " + ",".join(supervise.slot_gpus(gpus, w, devices))
+                              for w in range(self.workers))
+            return f"{devices} devices per run ({slots})"
+        return f"{devices} devices per run (one process each, started by the run)"
+
     def summary(self) -> str:
         counts = Counter(self.final_states().values())
         # a busy run, or one finished since this sweep planned it, was executed by another process
@@ -141,6 +153,7 @@ class SweepReport:
         others = len(self.waited) + sum(o.elsewhere for o in self.outcomes)
         how = [f"{ran} executed with {self.executor}/{self.engine}", f"{self.workers} worker(s)"]
         how += [f"{len(self.groups)} fused group(s)"] * bool(self.groups)
+        how += [self.allocation()] * any(p.point.config.devices > 1 for p in self.planned)
         how += [f"{others} run by another process"] * bool(others)
         lines = [f"sweep {self.spec.name}: {len(self.planned)} runs in {self.sweep_dir} "
                  f"({', '.join(how)}, {self.seconds:.1f} s)",
@@ -337,7 +350,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     planned = plan(points, sweep_dir, retry_failed)
     todo = [p for p in planned if p.action == "run"]
     gpus = () if remote else visible_gpus()
-    workers = workers or default_workers(len(todo), gpus)
+    devices = max((p.point.config.devices for p in todo), default=1)
+    workers = workers or default_workers(len(todo), gpus, devices)
     notebook = run_template(spec) if engine == "papermill" else spec.notebook
     if fuse == "auto":
         planned = assign_groups(planned, workers, fuse_max, engine, notebook, gpus, streamed=streamed)

@@ -70,6 +70,12 @@ def current_slot() -> int | None:
     return int(name) if name.isdigit() else None
 
 
+def slot_gpus(gpus: tuple[str, ...], slot: int, devices: int = 1) -> list[str]:
+    """The GPUs of worker slot `slot` whose runs each train on `devices` devices: `devices` consecutive GPUs,
+    slot 0 the first ones (a run on several devices needs as many slots' GPUs; runner.default_workers)."""
+    return [gpus[(slot * devices + k) % len(gpus)] for k in range(devices)]
+
+
 def worker_env(task: RunTask | GroupTask, slot: int | None) -> dict[str, str]:
     """The worker's environment: thread counts, one GPU per slot when GPUs were handed out, our pid."""
     env = dict(os.environ)
@@ -79,7 +85,7 @@ def worker_env(task: RunTask | GroupTask, slot: int | None) -> dict[str, str]:
             env[var] = str(threads)
     device = str(task.config.get("device", "auto"))
     if task.gpus and slot is not None and device in ("auto", "cuda"):  # explicit cuda:N is left alone
-        env["CUDA_VISIBLE_DEVICES"] = task.gpus[slot % len(task.gpus)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(slot_gpus(task.gpus, slot, int(task.config.get("devices") or 1)))
     # the worker and its kernel import this very bsresearch, installed or not
     package_parent = str(Path(__file__).resolve().parents[2])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
