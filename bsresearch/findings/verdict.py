@@ -4,8 +4,8 @@ dataclass carries `verdict: Verdict`, and reports, tables and captions write its
     Verdict.REPRODUCED       "reproduced": the test's interval clears every threshold the protocol names
     Verdict.PARTLY           "partly": part of the prediction holds (the point, or one of two statistics)
     Verdict.NOT_REPRODUCED   "not reproduced": the prediction fails
-    Verdict.INCONCLUSIVE     "inconclusive": the interval straddles the threshold; the protocol adds seeds
-                             (smith_kindermans only)
+    Verdict.INCONCLUSIVE     "inconclusive": the test cannot tell its outcomes apart (smith_kindermans: the
+                             interval straddles the threshold; bn_budget: the predictors predict the same)
     Verdict.NOT_TESTABLE     "not testable": the data cannot decide (runs unfinished, a grid edge, no interval)
 
 A Verdict is a str: it equals its text ("reproduced" == Verdict.REPRODUCED), and str(), f-strings, CSV
