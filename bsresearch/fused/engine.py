@@ -15,6 +15,7 @@ BatchNorm buffers, evaluation):
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -27,9 +28,10 @@ from ..step import micro_batch_loss
 from .optim import FusedOptimizer
 
 
-class FusedEngine:
+class FusedEngine(ABC):
     """What the fused engines share (module docstring). A subclass sets up its parameters, then calls
-    `_start(flat)`, and gives the forward program (`_losses`) and the storage of the parameters."""
+    `_start(flat)`, and gives the forward program (`_losses`) and the storage of the parameters (the abstract
+    methods below)."""
     can_split = True
 
     def __init__(self, members: Sequence[Member], data: Dataset) -> None:
@@ -46,38 +48,38 @@ class FusedEngine:
         self.optimizer = FusedOptimizer.for_members([m.cfg for m in self.members], flat)
 
     # --- what a subclass gives
+    @abstractmethod
     def _parameters(self) -> torch.Tensor:
         """The members' parameters now, (K, P), without autograd history."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _zero_grad(self) -> None:
         """Before a step's first backward pass: no gradient from the previous step."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _gradient(self) -> torch.Tensor:
         """After a step's backward passes: the accumulated gradient (K, P), the optimizer's scratch space."""
-        raise NotImplementedError
 
     def _members_per_pass(self, micro_batch_size: int, k: int) -> int:
         """How many members one forward/backward pass takes (all of them, unless a subclass says otherwise)."""
         return k
 
+    @abstractmethod
     def _losses(self, lo: int, n: int, micro: torch.Tensor) -> torch.Tensor:
         """The mean losses (n,) of the members at rows lo..lo+n, each on its row of `micro` (n, b) (indices
         into the training set), in training mode, with autograd history: the forward program."""
-        raise NotImplementedError
 
     def _backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradient of `loss` (a 0-d sum of members' losses) into the members' gradient."""
         loss.backward()
 
+    @abstractmethod
     def _keep(self, index: torch.Tensor) -> None:
         """Keep only the members at rows `index` in the parameters (and whatever else holds a row per member)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _unstack(self, member: Member, row: int) -> None:
         """Write row `row` (weights, buffers, optimizer state) into the member's TrainState (_write_optimizer)."""
-        raise NotImplementedError
 
     # --- the loop's engine (loop.Engine)
     def _rows(self, members: list[Member]) -> list[int]:
