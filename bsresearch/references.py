@@ -77,17 +77,24 @@ def find_file(source: str) -> Path | None:
     return next((c.resolve() for c in candidates if c.is_file()), None)
 
 
+def _file_reference(text: str) -> Reference | None:
+    """`text` parsed when it is a well-formed reference to a file; None for a built-in name, a module reference
+    or a malformed value (RunConfig's validation names what is wrong with one)."""
+    if not looks_like_reference(text):
+        return None
+    try:
+        ref = parse(text)
+    except ConfigError:
+        return None
+    return ref if ref.is_file else None
+
+
 def normalize(text: str) -> str:
     """The reference written so that every process finds its file, whatever its working directory: relative
     to the bsresearch checkout when the file is in it, else absolute. A reference to a module, or to a file
     not found, is returned as it is (loading reports what is missing)."""
-    if not looks_like_reference(text):
-        return text
-    try:
-        ref = parse(text)
-    except ConfigError:
-        return text
-    if not ref.is_file:
+    ref = _file_reference(text)
+    if ref is None:
         return text
     found = find_file(ref.source)
     if found is None:
@@ -122,13 +129,8 @@ def resolve_in(text: str, folder: Path, where: str) -> str:
     `normalize` writes it. ConfigError naming the file and the folder searched (`where` says what the folder
     is) when the file is not there. A built-in name, a module reference or a malformed value is returned as it
     is (RunConfig's validation names what is wrong with it)."""
-    if not looks_like_reference(text):
-        return text
-    try:
-        ref = parse(text)
-    except ConfigError:
-        return text
-    if not ref.is_file:
+    ref = _file_reference(text)
+    if ref is None:
         return text
     path = Path(ref.source).expanduser()
     full = path if path.is_absolute() else Path(folder) / path
