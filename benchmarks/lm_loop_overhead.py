@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, median_and_spread, start, write_results  # noqa: E402
+from sequence_loops import bsresearch_run, hand_written  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.models import model_for  # noqa: E402
-from bsresearch.runtime import make_generator  # noqa: E402
-from bsresearch.train import run  # noqa: E402
 
 LR = 3e-3
 
@@ -42,49 +38,13 @@ def config(batch_size: int, steps: int, device: torch.device, **changes) -> RunC
                      device=str(device), save_checkpoint=False, **changes)
 
 
-def bsresearch_run(cfg: RunConfig) -> tuple[float, float]:
-    """(seconds of training, final batch-loss-free check value: the last evaluation's train loss)."""
-    result = run(cfg, progress=False)
-    assert result.state == "ok", result.error
-    return result.metrics["train_seconds"], result.metrics["train_loss"]
-
-
-def hand_written(cfg: RunConfig, data, device: torch.device) -> tuple[float, float]:
-    """The same steps by hand; returns (seconds, the train loss on the same evaluation examples)."""
-    model = model_for(cfg, data, make_generator(cfg.seed, "init")).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    x, y = data.x_train, data.y_train
-    generator = make_generator(cfg.seed, "data", device)
-    order, position = torch.randperm(len(x), generator=generator, device=device), 0
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start_time = time.perf_counter()
-    for _ in range(int(cfg.budget_amount)):
-        if position + cfg.batch_size > len(x):
-            order, position = torch.randperm(len(x), generator=generator, device=device), 0
-        idx = order[position:position + cfg.batch_size]
-        position += cfg.batch_size
-        optimizer.zero_grad(set_to_none=True)
-        logits = model(x[idx])
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[idx].reshape(-1)).backward()
-        optimizer.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start_time
-    model.eval()
-    with torch.no_grad():
-        logits = model(x[:cfg.batch_size])
-        check = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[:cfg.batch_size].reshape(-1)).item()
-    return seconds, check
-
-
 def measure(batch_size: int, device: torch.device, seconds: float, repeats: int) -> list[dict]:
     probe = config(batch_size, 2, device)
     data = dataset_for(probe, device)
-    two_steps, _ = hand_written(probe, data, device)   # a first pass: allocation, and the step's length
+    two_steps, _ = hand_written(probe, data, device, LR)   # a first pass: allocation, and the step's length
     steps = max(3, math.ceil(seconds / max(two_steps / 2, 1e-3)))
     candidates = {
-        "hand-written loop": lambda: hand_written(config(batch_size, steps, device), data, device),
+        "hand-written loop": lambda: hand_written(config(batch_size, steps, device), data, device, LR),
         "bsresearch, resident data": lambda: bsresearch_run(config(batch_size, steps, device)),
         "bsresearch, DataLoader": lambda: bsresearch_run(config(batch_size, steps, device, data_loading="stream")),
         "bsresearch, DataLoader, 1 worker": lambda: bsresearch_run(
