@@ -267,6 +267,7 @@ class GradientNorms:
         self.local: torch.Tensor | None = None
         self.reduced: torch.Tensor | None = None
         self.losses: list[torch.Tensor] | None = None
+        self.weights: list[torch.Tensor] | None = None   # the micro-batches' token shares (a token-level loss)
         self.carried: torch.Tensor | None = None
         self.allreduces = 0
 
@@ -274,6 +275,7 @@ class GradientNorms:
         self.local = torch.zeros((), device=device)
         self.reduced = torch.zeros((), device=device)
         self.carried = None
+        self.weights = None
         if self.losses is not None:
             self.losses = []
 
@@ -292,7 +294,9 @@ def gradient_norms_hook(state: GradientNorms, bucket: dist.GradBucket) -> torch.
     carry = bool(state.losses) and bucket.is_last()
     if carry:
         assert state.losses is not None
-        extra = torch.stack([torch.stack(state.losses).float().mean(), state.local]).to(buffer.dtype)
+        losses = torch.stack(state.losses).float()
+        loss = losses.mean() if state.weights is None else (losses.double() * torch.stack(state.weights)).sum()
+        extra = torch.stack([loss.float(), state.local]).to(buffer.dtype)
         packed = torch.cat([buffer, extra]).div_(state.world)
     else:
         packed = buffer.div_(state.world)
@@ -360,9 +364,12 @@ class DeviceEngine(ModelEngine):
             part = (cfg.micro_batch_size or big) // self.world
             self.norms.reset(self.device)
             micro = list(zip(x.split(part), y.split(part)))
-            value = training_step(self.ddp, state.optimizer, micro, cfg.precision, state.scaler, self._recorded_loss,
+            total = self._token_share(micro) if self.task.token_level else None
+            value = training_step(self.ddp, state.optimizer, micro, cfg.precision, state.scaler,
+                                  dataclasses.replace(self.loss, fn=self._recorded_loss),
                                   after_backward=hook.after_backward if hook else None,
-                                  before_update=hook.before_update if hook else None, no_sync=self.ddp.no_sync)
+                                  before_update=hook.before_update if hook else None, no_sync=self.ddp.no_sync,
+                                  count=self.task.count if total is not None else None, total=total)
             assert self.norms.local is not None and self.norms.reduced is not None
             both = self.norms.carried
             if both is None:   # no bucket carried them (no gradient reached DDP): a collective of their own
@@ -379,8 +386,22 @@ class DeviceEngine(ModelEngine):
         state.examples_seen += big
         return both[:1]
 
-    def _recorded_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The run's loss, each micro-batch's value kept for the last bucket's all-reduce (GradientNorms)."""
+    def _token_share(self, micro: list[tuple[Any, torch.Tensor]]) -> torch.Tensor:
+        """For a token-level loss: the global batch's real tokens over the number of devices, what each device's
+        micro-batch shares are of (step.training_step's `total`), so that DDP's mean of the devices' gradients
+        is the global batch's mean over its real tokens whatever each device's share holds (one all-reduce of
+        one number a step). The micro-batches' shares also weight the loss the last bucket carries."""
+        counts = [self.task.count(y) for _, y in micro]
+        total = torch.stack(counts).sum().to(self.device, torch.float64)
+        dist.all_reduce(total)
+        total /= self.world
+        self.norms.weights = [c.to(self.device, torch.float64) / total for c in counts]
+        return total
+
+    def _recorded_loss(self, output: Any, target: torch.Tensor) -> torch.Tensor:
+        """The run's loss, each micro-batch's value kept for the last bucket's all-reduce (GradientNorms). It
+        stands in for the run's Loss under the same name, so that `loss: model` still feeds the model its
+        labels (Loss.of)."""
         value = self.loss(output, target)
         assert self.norms.losses is not None
         self.norms.losses.append(value.detach())

@@ -65,7 +65,8 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                   scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
                   after_backward: Callable[[int], None] | None = None,
                   before_update: Callable[[], None] | None = None, count: Count | None = None,
-                  no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> torch.Tensor:
+                  no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+                  total: torch.Tensor | None = None) -> torch.Tensor:
     """One optimizer update on the examples of `batches`; returns the batch's mean loss (a detached float32
     0-d tensor, not synchronised).
 
@@ -79,13 +80,16 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     weighted by their share of the batch's real tokens instead of its examples. The inputs may be named
     tensors and the output anything batch.logits_of reads (losses.Loss.of runs the model into its loss).
     `no_sync` (a DistributedDataParallel model's, on several devices) wraps every micro-batch but the last, so
-    their gradients accumulate without the all-reduce (bsresearch.distributed).
+    their gradients accumulate without the all-reduce (bsresearch.distributed). `total` (with `count`) is what
+    the shares are of instead of this process's own count: on several devices, the global batch's real tokens
+    over the number of devices, so that DDP's mean over devices is the global batch's mean over its real tokens.
     """
     optimizer.zero_grad(set_to_none=True)
     loss_of = loss_for(loss_fn).of
-    sizes: list[int | torch.Tensor] = [count(y) for _, y in batches] if count is not None and len(batches) > 1 \
+    by_count = count is not None and (len(batches) > 1 or total is not None)
+    sizes: list[int | torch.Tensor] = [count(y) for _, y in batches] if by_count and count is not None \
         else [len(y) for _, y in batches]
-    n_batch: int | torch.Tensor = sum(sizes)
+    n_batch: int | torch.Tensor = sum(sizes) if total is None or not by_count else total
     total_loss = torch.zeros((), device=batches[0][0].device)
     for i, ((x, y), size) in enumerate(zip(batches, sizes)):
         with no_sync() if no_sync is not None and i < len(batches) - 1 else contextlib.nullcontext():

@@ -349,6 +349,26 @@ def test_a_padded_runs_evaluation_is_the_mean_over_real_tokens(hf_file):
     assert value == pytest.approx(float(oracle), rel=1e-5)
 
 
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+@pytest.mark.parametrize("micro", [None, 4])
+def test_a_padded_run_on_two_devices_is_the_run_of_one_device(hf_file, tmp_path, micro):
+    """Each device's share holds its own number of real tokens: weighted by the global batch's tokens (one
+    all-reduce of the count), DDP's mean over devices is the global batch's mean over its real tokens.
+    Oracle: the run on one device at the same global batch (weights, losses), with and without accumulation."""
+    from bsresearch.state import load_checkpoint
+    cfg = lm_cfg(hf_file, budget_amount=4, eval_every=2, save_checkpoint=True, micro_batch_size=micro)
+    one = run(cfg, tmp_path / "one", progress=False)
+    two = run(cfg.replace(devices=2), tmp_path / "two", progress=False)
+    assert one.state == two.state == "ok"
+    for ra, rb in zip(one.history, two.history, strict=True):
+        assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-5), ra["step"]
+        assert rb["test_loss"] == pytest.approx(ra["test_loss"], rel=1e-5, nan_ok=True), ra["step"]
+    wa, wb = (load_checkpoint(tmp_path / d / "checkpoint.pt")["state"]["model"] for d in ("one", "two"))
+    # atol: Adam scales the attention bias's gradients of ~0 (their rounding differs) to steps of ~lr
+    assert all(torch.allclose(wa[k].float(), wb[k].float(), rtol=1e-4, atol=2e-5) for k in wa)
+
+
 # ----------------------------------------------------------------------------- curvature through attention
 class TinyAttention(nn.Module):
     """One head of self-attention and a readout: 2 x 4 x 4 + 4 x 3 parameters, torch's fused attention."""
