@@ -1,4 +1,5 @@
-"""Sizes written as text: a memory size ('2GiB' -> bytes) and a list of sizes ('16,32,64' -> [16, 32, 64]).
+"""Sizes written as text: a memory size ('2GiB' -> bytes), a list of sizes ('16,32,64' -> [16, 32, 64]) and a
+count ('4' -> 4: a number of devices, repeats, threads).
 
 For the command line and for library settings alike (advise's AdviseConfig.memory_budget, a notebook's
 parameter). A mistake is a ConfigError naming the setting. No import but errors.py; no torch.
@@ -35,3 +36,18 @@ def parse_ints(text: str, name: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise ConfigError(f"{name} must be a comma-separated list of positive integers; got {text!r}")
     return values
+
+
+def parse_count(text: str | None, name: str, allow_zero: bool = False) -> int | None:
+    """'4' -> 4; None stays None. A positive integer (with allow_zero, 0 too); ConfigError naming `name` and
+    the accepted values otherwise ('0', '-1', '1.5', 'x')."""
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < (0 if allow_zero else 1):
+        raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} integer "
+                          f"({'0, ' if allow_zero else ''}1, 2, ...); got {text!r}")
+    return value

@@ -95,6 +95,60 @@ def test_largest_batch_search_with_a_simulated_oom_and_the_accumulation_plan_bey
     assert advice.table.set_index("batch_size").loc[32, "accumulation_steps"] == 1
 
 
+def test_on_two_devices_the_search_is_one_devices_and_the_plans_split_each_batch(no_collection):
+    """devices=2: batch sizes are global; the search runs over the per-device shares (the same search as on one
+    device), the global largest batch is 2x the per-device one, and every plan's per-device micro-batch is within
+    the per-device limit. The simulated OOM is per forward pass: a row would be 'oom' had a device been given more
+    than its share."""
+    make, data = (lambda: OOMAbove(40)), regression_mlp.make_data(n=256)
+    one = advise(make, data, "mse", batch_sizes=[8, 16, 32, 64], noise_examples=32, **QUICK)
+    two = advise(make, data, "mse", batch_sizes=[16, 32, 64, 128], noise_examples=32, devices=2, **QUICK)
+    assert two.search.sizes_tried == one.search.sizes_tried == [8, 16, 32, 64, 48, 40, 44, 42, 41]
+    assert two.devices == 2 and one.devices == 1
+    assert two.largest_batch_size == one.largest_batch_size == 40 and two.safe_batch_size == 36
+    assert two.largest_global_batch_size == 80 and one.largest_global_batch_size == 40
+    assert two.memory_fit is not None and two.memory_fit == one.memory_fit   # peak against the per-device batch
+    table = two.table.set_index("batch_size")
+    assert (table["status"] == "ok").all() and (table["devices"] == 2).all()
+    assert table["per_device_batch"].tolist() == [8, 16, 32, 32]
+    assert table["accumulation_steps"].tolist() == [1, 1, 1, 2]
+    for b, row in table.iterrows():
+        micro, steps = int(row["micro_batch_size"]), int(row["accumulation_steps"])
+        assert micro * steps == b and micro % 2 == 0 and micro // 2 == row["per_device_batch"] <= 36
+    assert two.per_device_batch == two.micro_batch_size // 2
+    record = two.to_dict()
+    assert record["memory"]["devices"] == 2 and record["memory"]["largest_batch_size"] == 40
+    assert record["memory"]["largest_global_batch_size"] == 80
+    assert record["recommendation"]["devices"] == 2
+    assert record["recommendation"]["per_device_batch"] == two.micro_batch_size // 2
+    assert [r["per_device_batch"] for r in record["table"]] == [8, 16, 32, 32]
+    summary = two.summary()
+    assert "largest batch that fits: 40 per device" in summary and "80 on 2 devices without accumulation" in summary
+    assert "2 devices not timed" in summary and any("were not timed" in n for n in two.notes)
+
+
+def test_devices_must_be_a_positive_integer_that_splits_every_batch():
+    data = regression_mlp.make_data(n=64)
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ConfigError, match=r"devices must be a positive integer \(1, 2, ...\)"):
+            advise(regression_mlp.make_model, data, "mse", devices=bad, **QUICK)
+    with pytest.raises(ConfigError, match="batch_sizes must split into 4 equal per-device shares .* got 6"):
+        advise(regression_mlp.make_model, data, "mse", batch_sizes=[8, 6, 16], devices=4, **QUICK)
+
+
+def test_advise_config_takes_the_configs_devices():
+    from conftest import tiny_config
+
+    from bsresearch.advise import AdviseConfig, advise_config
+    settings = AdviseConfig(batch_sizes=(4, 8), noise_examples=16, **QUICK)
+    advice = advise_config(tiny_config(devices=2), settings)
+    assert advice.devices == 2 and advice.to_dict()["memory"]["devices"] == 2
+    assert advice.table["per_device_batch"].tolist() == [2, 4]
+    assert advise_config(tiny_config(devices=2), settings, devices=1).devices == 1   # the settings name it
+    with pytest.raises(ConfigError, match="equal per-device shares"):
+        advise_config(tiny_config(devices=3, batch_size=33, base_batch_size=33), settings)
+
+
 def test_cpu_memory_model_decides_what_fits_within_a_budget():
     make = lambda: regression_mlp.make_model(width=32)  # noqa: E731
     data = regression_mlp.make_data(n=128)

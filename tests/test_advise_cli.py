@@ -109,3 +109,41 @@ def test_what_advise_assumed_is_said_beside_the_recommendation(tmp_path, capsys)
     assert main(["advise", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.02", "--base-batch-size", "8",
                  "--out", str(tmp_path / "b"), *QUICK]) == 0
     assert sum(line.startswith("  assumed") for line in capsys.readouterr().out.splitlines()) == 1
+
+
+def test_devices_flag_and_the_configs_devices(tmp_path, capsys):
+    out = tmp_path / "two"
+    assert main(["advise", "--model", "mlp", "--dataset", "synthetic", "--devices", "2", "--out", str(out),
+                 *QUICK]) == 0
+    printed = capsys.readouterr().out
+    record = json.loads((out / "advice.json").read_text())
+    memory, rec = record["memory"], record["recommendation"]
+    assert memory["devices"] == 2 and rec["devices"] == 2 and memory["sizes_tried"] == [2, 4]   # per-device shares
+    assert memory["largest_global_batch_size"] == 2 * memory["largest_batch_size"] == 8
+    assert rec["per_device_batch"] == rec["micro_batch_size"] // 2
+    table = pd.read_csv(out / "advice.csv")
+    assert table["devices"].tolist() == [2, 2] and table["per_device_batch"].tolist() == [2, 4]
+    assert "on 2 devices" in printed and "2 devices not timed" in printed
+    # a config file's devices, unless --devices names them
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"model": "mlp", "dataset": "synthetic", "devices": 2}))
+    assert main(["advise", str(config), "--out", str(tmp_path / "cfg"), *QUICK]) == 0
+    assert json.loads((tmp_path / "cfg" / "advice.json").read_text())["memory"]["devices"] == 2
+    assert main(["advise", str(config), "--devices", "1", "--out", str(tmp_path / "one"), *QUICK]) == 0
+    assert json.loads((tmp_path / "one" / "advice.json").read_text())["memory"]["devices"] == 1
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("0", "--devices must be a positive integer (1, 2, ...); got '0'"),
+    ("-1", "--devices must be a positive integer (1, 2, ...); got '-1'"),
+    ("1.5", "--devices must be a positive integer (1, 2, ...); got '1.5'"),
+    ("x", "--devices must be a positive integer (1, 2, ...); got 'x'"),
+    ("3", "batch_sizes must split into 3 equal per-device shares (multiples of devices 3); got 4"),
+])
+def test_bad_devices_are_one_line_and_exit_2(tmp_path, capsys, value, expected):
+    out = tmp_path / "advice"
+    rc = main(["advise", "--model", "mlp", "--dataset", "synthetic", "--devices", value, "--out", str(out), *QUICK])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("bsresearch: error: ") and expected in err, err
+    assert "Traceback" not in err and not out.exists()

@@ -144,7 +144,42 @@ def test_bench_command_writes_table_summary_and_figure(tmp_path, capsys):
     assert "recommended batch size" in capsys.readouterr().out
 
 
+def test_bench_on_two_devices_reports_the_global_batch_and_a_per_device_plan(tmp_path, capsys):
+    """The same search as on one device (one device measured), the global largest batch exactly 2x its per-device
+    largest, and the target global batch's plan: per-device micro-batches within the per-device limit."""
+    base = [*TINY_BENCH, "--no-figure", "--label", "t"]
+    assert main(["bench", *base, "--out", str(tmp_path / "one")]) == 0
+    assert main(["bench", *base, "--out", str(tmp_path / "two"), "--devices", "2", "--target-batch-size", "512",
+                 "--b-simple", "50"]) == 0
+    printed = capsys.readouterr().out
+    one = pd.read_csv(tmp_path / "one" / "systems_summary_t.csv").iloc[0]
+    two = pd.read_csv(tmp_path / "two" / "systems_summary_t.csv").iloc[0]
+    assert one["devices"] == 1 and two["devices"] == 2
+    assert 2 <= two["largest_batch"] == one["largest_batch"] < 64        # the per-device search is unchanged
+    assert two["search_trials"] == one["search_trials"]
+    assert two["largest_global_batch"] == 2 * two["largest_batch"] and two["safe_global_batch"] == 2 * two["safe_batch"]
+    assert one["largest_global_batch"] == one["largest_batch"]
+    limit = two["safe_batch"]                                            # the search stopped below its limit
+    assert not two["search_reached_limit"]
+    micro, steps, share = (int(two[c]) for c in ("target_micro_batch_size", "target_accumulation_steps",
+                                                 "target_per_device_batch"))
+    assert two["target_batch_size"] == 512 and micro * steps == 512 and micro % 2 == 0 and share == micro // 2
+    assert share <= limit < 256 and steps > 1
+    assert 256 % share == 0 and not any(256 % s == 0 for s in range(share + 1, limit + 1))   # the fewest steps
+    assert "on 2 devices: largest_batch and the sweep are one device's" in printed and "not timed" in printed
+    rec = pd.read_csv(tmp_path / "two" / "systems_recommendation_t.csv")
+    assert rec["batch_size"].tolist() == [4, 8, 16] and rec["per_device_batch"].tolist() == [2, 4, 8]
+    assert "recommended batch size" in printed and "on 2 devices" in printed
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--devices", "0"], "devices must be a positive integer (1, 2, ...); got '0'"),
+    (["--devices", "-2"], "devices must be a positive integer (1, 2, ...); got '-2'"),
+    (["--devices", "1.5"], "devices must be a positive integer (1, 2, ...); got '1.5'"),
+    (["--devices", "two"], "devices must be a positive integer (1, 2, ...); got 'two'"),
+    (["--devices", "2", "--target-batch-size", "101"],
+     "target_batch_size 101 does not split into 2 equal per-device shares; accepted: a multiple of 2"),
+    (["--target-batch-size", "0"], "target_batch_size must be a positive integer"),
     (["--memory-budget", "lots"], "memory_budget must be a size"),
     (["--models", "transformer"], "unknown model 'transformer'"),
     (["--models", "convnet:mnist1d"], "needs an image dataset"),

@@ -21,7 +21,18 @@ and recommends the batch that maximises examples/s x statistical efficiency 1 / 
 there (schedule.scale_lr), flagged when the batch is beyond the critical batch (B > B_simple).
 
 What advise measures and how is an AdviseConfig (batch sizes, memory budget, the lr rule, how many examples
-and draws, timing repeats, seed, device); advise() takes one, or its fields as keyword arguments.
+and draws, timing repeats, seed, device, devices); advise() takes one, or its fields as keyword arguments.
+
+On several devices (`devices` N, RunConfig.devices: a run of N data-parallel processes) the batch sizes are
+global batches, each split into N equal shares, and everything is still measured on one device: every device
+holds the same share, so the search for the largest batch that fits is a search on one device (the largest
+per-device batch; an out-of-memory error on one device is one of the run), the largest global batch without
+accumulation is N times it (systems.plan.largest_batch_on_devices), and each batch's plan splits its
+micro-batches over the devices with each device's share within the per-device limit
+(systems.plan.accumulation_plan(..., devices=N)). Memory is that of one device's share, and the time is one
+device running its share of each update: examples_per_second is one device's. The N devices together are not
+timed (the gradient all-reduce between them is not measured) and no N-device throughput is derived; the
+ranking by time to the target compares batch sizes by one device's time per update.
 
 The batches for memory and time are the first B examples of the data (repeated cyclically when B is
 larger than the data): a step's time and memory do not depend on the values.
@@ -58,7 +69,7 @@ from ..state import new_state
 from ..step import optimizer_for
 from ..systems.fit import MemoryFit, fit_memory
 from ..systems.memory import memory_cap, step_memory
-from ..systems.plan import accumulation_plan, largest_divisor_at_most
+from ..systems.plan import accumulation_plan, largest_batch_on_devices, largest_divisor_at_most
 from ..systems.recommend import time_to_target
 from ..systems.search import BatchSearch, largest_batch_size
 from ..systems.timing import steps_for, summarise, time_steps, torch_threads
@@ -109,6 +120,7 @@ class AdviseConfig:
     threads: int | None = 1               # torch CPU threads while timing (None: as they are)
     seed: int = 0                         # initial weights of fresh models and every random draw
     device: str | torch.device = "auto"
+    devices: int | None = None            # devices a run trains on; batch sizes are global (None: the config's, or 1)
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
@@ -129,6 +141,14 @@ class AdviseConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{name} must be an integer of at least {least}; got {value!r}")
+        if self.devices is not None:
+            if not isinstance(self.devices, (int, np.integer)) or isinstance(self.devices, bool) or self.devices < 1:
+                raise ConfigError(f"devices must be a positive integer (1, 2, ...); got {self.devices!r}")
+            object.__setattr__(self, "devices", int(self.devices))
+            unequal = [b for b in self.batch_sizes if b % self.devices]
+            if unequal:
+                raise ConfigError(f"batch_sizes must split into {self.devices} equal per-device shares (multiples of "
+                                  f"devices {self.devices}); got {unequal[0]}")
         if self.limit < self.batch_sizes[0]:
             raise ConfigError(f"max_batch_size {self.limit} is below the smallest batch size {self.batch_sizes[0]}")
         if self.base_lr is not None and not (isinstance(self.base_lr, (int, float)) and 0 < self.base_lr < math.inf):
@@ -165,8 +185,8 @@ class Advice:
     noise_method: str                     # exact_per_example | two_batch
     noise_fallback: str | None            # why the exact method could not run (the error, by name)
     noise_examples: int                   # examples the noise scale was measured on
-    largest_batch_size: int               # largest batch that ran in one pass (search limit: search.limit)
-    safe_batch_size: int                  # largest x (1 - safety margin): the micro-batch limit used
+    largest_batch_size: int               # largest batch that ran in one pass on one device (per device)
+    safe_batch_size: int                  # largest x (1 - safety margin): the per-device micro-batch limit used
     search: BatchSearch
     memory_budget: int | None
     memory_fit: MemoryFit | None          # peak = fixed + per_example x B (CPU: decides the search)
@@ -176,11 +196,24 @@ class Advice:
     notes: tuple[str, ...] = field(default=())
     measured_at: str = "the given weights"  # where B_simple was measured: the given weights or the initial ones
     assumptions: tuple[str, ...] = field(default=())  # what advise assumed because it was not given (summary)
+    devices: int = 1                      # devices sharing each batch; the search, memory and time are one device's
+
+    @property
+    def per_device_batch(self) -> int:
+        """Examples each device runs at once at the recommended batch: micro_batch_size / devices."""
+        return self.micro_batch_size // self.devices
+
+    @property
+    def largest_global_batch_size(self) -> int:
+        """The largest global batch without accumulation: the largest per-device batch x devices."""
+        return largest_batch_on_devices(self.largest_batch_size, self.devices)
 
     def summary(self) -> str:
         """A few lines for a terminal."""
         plan = ("in one pass" if self.accumulation_steps == 1 else
                 f"as {self.accumulation_steps} micro-batches of {self.micro_batch_size} (gradient accumulation)")
+        if self.devices > 1:
+            plan = (f"on {self.devices} devices, {plan}: {self.per_device_batch} examples per device at once")
         interval = (f" [{self.b_simple_interval[0]:.3g}, {self.b_simple_interval[1]:.3g}]"
                     if self.b_simple_interval else "")
         row = self.table[self.table["batch_size"] == self.batch_size].iloc[0]
@@ -188,12 +221,17 @@ class Advice:
                  f"({self.lr_rule} rule from lr {self.base_lr:.4g} at batch {self.base_batch_size})"]
         lines += [f"  assumed (not given): {a}" for a in self.assumptions]
         lines += [f"  {row['examples_per_second']:.4g} examples/s x statistical efficiency "
-                 f"{row['statistical_efficiency']:.3f} on {self.device}",
+                 f"{row['statistical_efficiency']:.3f} on {self.device}"
+                 + (f" (one device running its share of each update; {self.devices} devices not timed)"
+                    if self.devices > 1 else ""),
                  f"  gradient noise scale B_simple {self.b_simple:.4g}{interval} examples at {self.measured_at} "
                  f"({self.noise_method}, {self.noise_examples} examples)",
                  f"  largest batch that fits: {self.largest_batch_size}"
+                 + (" per device" if self.devices > 1 else "")
                  + (" (the search limit: no out-of-memory below it)" if self.search.reached_limit else "")
-                 + (f" within {format_bytes(self.memory_budget)}" if self.memory_budget else "")]
+                 + (f" within {format_bytes(self.memory_budget)}" if self.memory_budget else "")
+                 + (f"; {self.largest_global_batch_size} on {self.devices} devices without accumulation"
+                    if self.devices > 1 else "")]
         if self.beyond_critical:
             lines.append(f"  note: batch {self.batch_size} is beyond the critical batch (B_simple "
                          f"{self.b_simple:.3g} at {self.measured_at}): it is recommended because it still makes the "
@@ -221,13 +259,16 @@ class Advice:
         fit = self.memory_fit
         return clean({
             "recommendation": {"batch_size": self.batch_size, "micro_batch_size": self.micro_batch_size,
-                               "accumulation_steps": self.accumulation_steps, "lr": self.lr,
+                               "accumulation_steps": self.accumulation_steps, "devices": self.devices,
+                               "per_device_batch": self.per_device_batch, "lr": self.lr,
                                "base_lr": self.base_lr, "base_batch_size": self.base_batch_size,
                                "lr_rule": self.lr_rule, "beyond_critical": self.beyond_critical},
             "noise_scale": {"b_simple": self.b_simple, "interval": self.b_simple_interval,
                             "method": self.noise_method, "fallback_reason": self.noise_fallback,
                             "n_examples": self.noise_examples},
-            "memory": {"largest_batch_size": self.largest_batch_size, "safe_batch_size": self.safe_batch_size,
+            "memory": {"devices": self.devices, "largest_batch_size": self.largest_batch_size,
+                       "largest_global_batch_size": self.largest_global_batch_size,
+                       "safe_batch_size": self.safe_batch_size,
                        "first_failure": self.search.first_failure, "search_reached_limit": self.search.reached_limit,
                        "search_limit": self.search.limit, "sizes_tried": self.search.sizes_tried,
                        "fits": [ok for _, ok in self.search.tried], "memory_budget": self.memory_budget,
@@ -389,11 +430,15 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     The table has one row per batch size: batch_size, micro_batch_size, accumulation_steps, status ('ok'
     or 'oom'), examples_per_second, seconds_per_step (median over repeats; q1/q3/min/max), peak_bytes and
     its parts (systems.memory.StepMemory, at the micro-batch), statistical_efficiency,
-    effective_examples_per_second, steps_to_target, predicted_seconds (systems.recommend), lr, beyond_critical.
+    effective_examples_per_second, steps_to_target, predicted_seconds (systems.recommend), lr, beyond_critical,
+    devices and per_device_batch (micro_batch_size / devices: what one device runs at once). On several devices
+    peak_bytes is one device's at per_device_batch and the times are one device's running its share of an update
+    (batch_size / devices examples): see the module docstring.
     """
     # --- every argument checked before any work
     settings = (settings or AdviseConfig()).replace(**changes)
     sizes, budget, limit = list(settings.batch_sizes), settings.memory_budget, settings.limit
+    devices = settings.devices or 1
     assert budget is None or isinstance(budget, int)
     dev = resolve_device(settings.device) if isinstance(settings.device, str) else torch.device(settings.device)
     loss = loss_for(loss_fn)
@@ -427,36 +472,40 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(settings.seed)
         # --- the largest batch that fits (CPU with a budget: the memory model, fitted from accounted peaks at
-        # the smallest sizes, decides)
+        # the smallest sizes, decides; on several devices a search on one device, over per-device batches)
+        shares, device_limit = [b // devices for b in sizes], limit // devices
         fit = None
         if dev.type != "cuda" and budget is not None:
-            fit_sizes = [b for b in sizes if b <= limit][:4]
+            fit_sizes = [b for b in shares if b <= device_limit][:4]
             if len(fit_sizes) < 2:
-                fit_sizes = [sizes[0], 2 * sizes[0]]
+                fit_sizes = [shares[0], 2 * shares[0]]
             fit = fit_memory(fit_sizes, [step_memory(probe, *batch(b), loss).peak_bytes for b in fit_sizes])
-        search = largest_batch_size(probe, None, memory_budget=budget, start=sizes[0], limit=limit,
+        search = largest_batch_size(probe, None, memory_budget=budget, start=shares[0], limit=device_limit,
                                     safety_margin=settings.safety_margin, fit=fit, batch_fn=batch, loss_fn=loss)
         del probe
-        safe = search.safe_batch_size if search.largest_batch_size < limit else limit
+        safe = search.safe_batch_size if search.largest_batch_size < device_limit else device_limit
         if search.largest_batch_size == 0:
             raise ConfigError(f"not even a batch of {search.sizes_tried[-1]} fits in memory"
                               + (f" (budget {budget} bytes)" if budget else "") + "; raise the memory budget")
 
-        # --- memory and throughput at each batch size (a batch beyond the safe size: its accumulation plan)
+        # --- memory and throughput at each batch size (a batch beyond the safe size: its accumulation plan; on
+        # several devices one device's share of it, in per-device micro-batches)
         rows = []
         threads = settings.threads if dev.type == "cpu" else None
         with memory_cap(budget, dev), torch_threads(threads):
             for b in sizes:
-                plan = accumulation_plan(b, safe if b > safe else b)
+                plan = accumulation_plan(b, safe, devices)
                 row: dict[str, Any] = {"batch_size": b, "micro_batch_size": plan.micro_batch_size,
-                                       "accumulation_steps": plan.accumulation_steps}
+                                       "accumulation_steps": plan.accumulation_steps, "devices": devices,
+                                       "per_device_batch": plan.per_device_batch}
                 with _quiet_oom(row, dev):
-                    row.update(_memory_and_time(models, batch, b, plan.micro_batch_size, loss, dev, settings))
+                    row.update(_memory_and_time(models, batch, b // devices, plan.per_device_batch, loss, dev,
+                                                settings))
                 rows.append(row)
         table = pd.DataFrame(rows)
         one_pass = table[(table["status"] == "ok") & (table["accumulation_steps"] == 1)]
         if fit is None and len(one_pass) >= 2:  # for the record (with a CPU budget, the fit that decided stays)
-            fit = fit_memory(one_pass["batch_size"].tolist(), one_pass["peak_bytes"].tolist())
+            fit = fit_memory(one_pass["per_device_batch"].tolist(), one_pass["peak_bytes"].tolist())  # one device's
 
         # --- the noise scale at the given weights, and optionally along training
         model = models.model()
@@ -471,6 +520,10 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
                 notes.append(f"no noise scale along training: a batch of {base_batch_size} has no two halves")
         if fallback:
             notes.append(f"exact per-example gradients could not run ({fallback}); used the two-batch estimator")
+        if devices > 1:
+            notes.append(f"on {devices} devices: memory and time are one device's running its share of each batch "
+                         f"(batch_size / {devices}); the {devices} devices together, and the communication between "
+                         f"them, were not timed")
 
         # --- the recommendation
         if not 0 < b_simple < math.inf:
@@ -495,7 +548,7 @@ def advise(model_fn: Callable[[], nn.Module] | nn.Module, data: Any, loss_fn: st
                   noise_fallback=fallback, noise_examples=min(n_noise, len(x)),
                   largest_batch_size=search.largest_batch_size, safe_batch_size=safe, search=search,
                   memory_budget=budget, memory_fit=fit, device=str(dev), table=table, noise_history=history,
-                  notes=tuple(notes), measured_at=measured_at, assumptions=tuple(assumptions))
+                  notes=tuple(notes), measured_at=measured_at, assumptions=tuple(assumptions), devices=devices)
 
 
 _INITIAL_WEIGHTS = ("the noise scale measured at the model's initial weights; it usually grows as the loss falls, "
@@ -512,10 +565,13 @@ def advise_config(cfg: RunConfig, settings: AdviseConfig | None = None, **change
     references alike (models.model_for, data.dataset_for, losses.loss_for): fresh models of the config's
     seed, the first max_examples training examples, the config's optimizer at cfg.lr, which is the base lr
     at cfg.base_batch_size. The settings' lr_rule, else the config's lr_scaling when it is linear or sqrt, else
-    advise's default by optimizer is the rule; the device is the config's unless the settings name one."""
+    advise's default by optimizer is the rule; the device is the config's unless the settings name one, and so
+    are the devices (cfg.devices: the batch sizes are then global batches, see advise)."""
     settings = (settings or AdviseConfig()).replace(**changes)
     if "device" not in changes and (settings.device == "auto"):
         settings = settings.replace(device=cfg.device)
+    if settings.devices is None:
+        settings = settings.replace(devices=cfg.devices)
     data = dataset_for(cfg, "cpu")
     x, y = data.first(min(settings.max_examples, data.n_train))
     init = make_generator(cfg.seed, "init")

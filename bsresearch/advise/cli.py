@@ -13,6 +13,11 @@ package.module:NAME, with --model-kwargs and --dataset-kwargs for the factories)
 (the recommendation and every measured number), OUT/advice.csv (one row per batch size), OUT/advice.png
 and OUT/advice.pdf, and prints a summary. Mistakes (a missing file or factory, a factory returning the
 wrong kind of object, a loss that is not a scalar) are one line and exit status 2, before any work.
+
+--devices N (or the config's devices): the batch sizes are global batches of a run on N devices, each a
+multiple of N. The search for the largest batch runs on one device (each device holds the same share) and the
+advice adds the largest global batch (N x the per-device one) and each plan's per-device micro-batch; memory
+and examples/s are one device's running its share: the N devices together are not timed.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from pathlib import Path
 
 from ..config import LR_SCALINGS
 from ..options import add_config_options, config_from_args
-from ..sizes import parse_bytes, parse_ints
+from ..sizes import parse_bytes, parse_count, parse_ints
 
 # The RunConfig fields advise takes: what to build (model, data, loss), the optimizer, where and the seed.
 ADVISE_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_batch_size", "dataset",
@@ -32,12 +37,14 @@ ADVISE_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_
 def _cmd_advise(args: argparse.Namespace) -> int:
     from .api import AdviseConfig
 
+    devices = parse_count(args.devices, "--devices")   # None: the config's devices
     cfg = config_from_args(args.config, {name: getattr(args, name) for name in ADVISE_FIELDS})
     settings = AdviseConfig(
         batch_sizes=tuple(parse_ints(args.batch_sizes, "--batch-sizes")) if args.batch_sizes else
         AdviseConfig.batch_sizes, memory_budget=parse_bytes(args.memory_budget, "--memory-budget")
         if args.memory_budget else None, lr_rule=args.lr_rule, train_steps=args.train_steps,
-        noise_examples=args.noise_examples, repeats=args.repeats)
+        noise_examples=args.noise_examples, repeats=args.repeats,
+        devices=devices if devices is not None else cfg.devices)
     from .api import advise_config
     from .plot import advice_figure
     advice = advise_config(cfg, settings)
@@ -76,6 +83,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "for adam/adamw]")
     p.add_argument("--memory-budget", help="e.g. 4GiB: the memory a step may use [the device's; on the CPU no limit]")
     p.add_argument("--batch-sizes", help="comma-separated batch sizes to measure [8,16,...,512]")
+    p.add_argument("--devices", metavar="N",
+                   help="devices the run trains on: batch sizes are global (multiples of N); the search measures one "
+                        "device's share and the advice adds the largest global batch [the config's devices, 1]")
     p.add_argument("--train-steps", type=_nonnegative_int, default=0,
                    help="also track the noise scale along this many training steps [0]")
     p.add_argument("--noise-examples", type=_nonnegative_int, default=512,

@@ -19,7 +19,7 @@ _API = {
     "flops": ["GPU_PEAKS", "GpuPeak", "StepFlops", "Tf32", "count_flops", "count_step_flops", "gpu_peak", "peak_flops",
               "step_peak", "tf32_settings"],
     "memory": ["StepMemory", "measure_memory", "memory_cap", "step_memory"],
-    "plan": ["AccumulationPlan", "accumulation_plan", "plan_for_budget"],
+    "plan": ["AccumulationPlan", "accumulation_plan", "check_shares", "largest_batch_on_devices", "plan_for_budget"],
     "recommend": ["Recommendation", "measure_b_simple", "recommend_batch_size", "time_to_target"],
     "search": ["BatchSearch", "largest_batch_size", "search_batch_size"],
     "timing": ["measure_throughput", "time_steps"],

@@ -4,6 +4,14 @@
 searches for the largest batch that fits, and counts FLOPs per step; `write_bench` saves the table, the
 per-workload summary and the figure, named with the device (the GPU model). `bsresearch bench` and
 benchmarks/systems_gpu.py are thin wrappers around these two.
+
+On several devices (`devices`: a run of RunConfig.devices processes, data-parallel) every measurement is
+still made on one device: each device holds the same share of a batch, so what one device holds is what each
+holds, and an out-of-memory error on one device is one of the run. The summary adds the global view: the
+largest global batch without accumulation (largest_batch_on_devices: the per-device largest times the
+devices) and, for a target global batch, the accumulation plan whose per-device micro-batch fits one device
+(plan.accumulation_plan). Throughput and FLOP/s stay one device's: N devices are not timed here, and no
+N-device throughput is derived from them.
 """
 from __future__ import annotations
 
@@ -20,11 +28,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..config import ConfigError
 from ..runtime import device_name
 from ..source import git_commit
 from .fit import MemoryFit, fit_memory_table
 from .flops import Tf32, count_step_flops, step_peak, tf32_settings
 from .memory import measure_memory
+from .plan import accumulation_plan, check_shares, largest_batch_on_devices
 from .presets import Preset
 from .search import BatchSearch, largest_batch_size
 from .timing import measure_throughput, torch_threads
@@ -35,7 +45,8 @@ from .workload import Workload, build_parts, free_memory, model_workload
 class BenchResult:
     """Everything one benchmark measured."""
     table: pd.DataFrame       # one row per (model, precision, optimizer, batch size): memory, throughput, FLOP/s
-    summary: pd.DataFrame     # one row per workload: largest batch, memory fit, FLOP/s at the largest batch
+    summary: pd.DataFrame     # one row per workload: largest batch (per device, and global on `devices`),
+                              # memory fit, FLOP/s at the largest batch, the plan for a target global batch
     searches: dict[str, BatchSearch] = field(default_factory=dict)   # workload label -> search
     fits: dict[str, MemoryFit] = field(default_factory=dict)         # workload label -> memory fit
     device: str = "cpu"
@@ -46,7 +57,8 @@ class BenchResult:
 def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device: torch.device | str,
               memory_budget: int | None = None, search: bool = True, search_limit: int = 2 ** 20,
               warmup: int = 3, repeats: int = 5, min_seconds: float = 0.05, threads: int | None = 1,
-              inference: bool = False, log: Callable[[str], None] | None = None) -> BenchResult:
+              inference: bool = False, devices: int = 1, target_batch_size: int | None = None,
+              log: Callable[[str], None] | None = None) -> BenchResult:
     """Measure every workload over `batch_sizes` (ascending) on `device`.
 
     Per workload: peak memory per batch size until the first out-of-memory (on CUDA under a cap of
@@ -58,7 +70,22 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
     The search's safe batch keeps a 10% margin, rounded down to a multiple of 8. An error other than running
     out of memory ends that workload's sweep with status 'error' (and its message) instead of losing the rest
     of the benchmark.
+
+    `devices`: the number of devices a run would train on (RunConfig.devices). The search stays a search on
+    one device, for the largest per-device batch (every device holds the same share, so measuring one is
+    enough); the summary adds `devices`, `largest_global_batch` = largest_batch x devices (the largest global
+    batch without accumulation) and `safe_global_batch` = safe_batch x devices. `target_batch_size`: a global
+    batch to plan for: the summary's target_* columns are its accumulation plan on `devices` devices (each
+    device's micro-batch at most the safe per-device batch, or the search limit when nothing failed below it).
+    A target that does not split into `devices` equal shares is a ConfigError before any work. Batch sizes,
+    throughput and FLOP/s in the table are one device's: the devices together are not timed.
     """
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise ConfigError(f"devices must be a positive integer (1, 2, ...); got {devices!r}")
+    if target_batch_size is not None:
+        if target_batch_size < 1:
+            raise ConfigError(f"target_batch_size must be a positive integer; got {target_batch_size!r}")
+        check_shares(target_batch_size, devices, "target_batch_size")
     device = torch.device(device)
     say = log or (lambda message: None)
     sizes = sorted(set(batch_sizes))
@@ -91,9 +118,11 @@ def run_bench(workloads: Sequence[Workload], batch_sizes: Sequence[int], device:
                                       fitting) for m in modes], ignore_index=True)
             table = _merge(memory, speed, w, device, name, tf32)
             tables.append(table)
-            summaries.append({**_summary(w, table, fit, found, memory_budget, name), "search_error": search_error})
+            summaries.append({**_summary(w, table, fit, found, memory_budget, name),
+                              **_on_devices(found, devices, target_batch_size), "search_error": search_error})
     settings = {"warmup": warmup, "repeats": repeats, "min_seconds": min_seconds, "threads": threads,
-                "memory_budget": memory_budget, "search_limit": search_limit, "batch_sizes": sizes}
+                "memory_budget": memory_budget, "search_limit": search_limit, "batch_sizes": sizes,
+                "devices": devices, "target_batch_size": target_batch_size}
     return BenchResult(pd.concat(tables, ignore_index=True), pd.DataFrame(summaries), searches, fits,
                        str(device), name, settings)
 
@@ -190,6 +219,27 @@ def _summary(w: Workload, table: pd.DataFrame, fit: MemoryFit | None, found: Bat
         row.update(largest_batch=found.largest_batch_size, safe_batch=found.safe_batch_size,
                    search_first_oom=found.first_failure, search_reached_limit=found.reached_limit,
                    search_trials=len(found.tried))
+    return row
+
+
+def _on_devices(found: BatchSearch | None, devices: int, target_batch_size: int | None) -> dict:
+    """The global view of one workload's search on `devices` devices: the largest global batch without
+    accumulation, and the accumulation plan of the target global batch (None where no search ran)."""
+    row: dict = {"devices": devices}
+    if found is not None:
+        row.update(largest_global_batch=largest_batch_on_devices(found.largest_batch_size, devices),
+                   safe_global_batch=largest_batch_on_devices(found.safe_batch_size, devices))
+    if target_batch_size is not None:
+        plan = None
+        if found is not None:
+            # per device: the safe batch, or the limit itself when nothing failed up to it (as advise plans)
+            limit = found.largest_batch_size if found.reached_limit else found.safe_batch_size
+            if limit >= 1:
+                plan = accumulation_plan(target_batch_size, limit, devices)
+        row.update(target_batch_size=target_batch_size,
+                   target_micro_batch_size=plan.micro_batch_size if plan else None,
+                   target_accumulation_steps=plan.accumulation_steps if plan else None,
+                   target_per_device_batch=plan.per_device_batch if plan else None)
     return row
 
 

@@ -3,6 +3,12 @@
     bsresearch bench --preset gpu                       # the GPU preset (cnn1d, convnet, resnet x fp32, bf16)
     bsresearch bench --models cnn1d --precisions fp32,bf16 --max-batch-size 4096 --memory-budget 256MiB
     bsresearch bench --preset gpu --device cpu --max-batch-size 8 --repeats 2 --warmup 1 --memory-budget 64MiB
+    bsresearch bench --preset gpu --devices 4 --target-batch-size 65536   # the largest batch on 4 GPUs, a plan
+
+With --devices N the search is still on one device (each device holds the same share): the summary adds the
+largest global batch without accumulation (N x the per-device largest) and, with --target-batch-size, that
+global batch's accumulation plan with its per-device micro-batch. Throughput is one device's: N devices are not
+timed.
 """
 from __future__ import annotations
 
@@ -12,20 +18,7 @@ from pathlib import Path
 
 from ..config import MODELS, PRECISIONS, ConfigError, check_name, did_you_mean
 from ..options import add_config_options, config_from_args
-from ..sizes import parse_bytes, parse_ints
-
-
-def _positive_int(text: str | None, name: str, allow_zero: bool = False) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < (0 if allow_zero else 1):
-        raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} integer; got {text!r}")
-    return value
-
+from ..sizes import parse_bytes, parse_count, parse_ints
 
 # The RunConfig fields `bench --model` takes: what the step trains (the batch size comes from the benchmark).
 BENCH_FIELDS = ("model", "model_kwargs", "width", "depth", "batchnorm", "ghost_batch_size", "dataset",
@@ -87,8 +80,8 @@ def bench_args(args: argparse.Namespace):
     device = resolve_device(args.device)
     for w in workloads:
         check_precision(w.cfg.precision, device)
-    low = _positive_int(args.min_batch_size, "min_batch_size") or preset.min_batch_size
-    high = _positive_int(args.max_batch_size, "max_batch_size") or preset.max_batch_size
+    low = parse_count(args.min_batch_size, "min_batch_size") or preset.min_batch_size
+    high = parse_count(args.max_batch_size, "max_batch_size") or preset.max_batch_size
     if args.batch_sizes:
         sizes = parse_ints(args.batch_sizes, "batch_sizes")
     else:
@@ -96,13 +89,18 @@ def bench_args(args: argparse.Namespace):
             raise ConfigError(f"min_batch_size {low} exceeds max_batch_size {high}")
         sizes = powers_of_two(low, high)
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    limit = _positive_int(args.search_limit, "search_limit") or (
+    limit = parse_count(args.search_limit, "search_limit") or (
         max(sizes) if args.max_batch_size or args.batch_sizes else preset.search_limit)
     if limit < min(sizes):
         raise ConfigError(f"search_limit {limit} is below the smallest batch size {min(sizes)}")
-    warmup = _positive_int(args.warmup, "warmup", allow_zero=True)
-    repeats = _positive_int(args.repeats, "repeats")
-    threads = _positive_int(args.threads, "threads", allow_zero=True)
+    warmup = parse_count(args.warmup, "warmup", allow_zero=True)
+    repeats = parse_count(args.repeats, "repeats")
+    threads = parse_count(args.threads, "threads", allow_zero=True)
+    devices = parse_count(args.devices, "devices") or 1
+    target = parse_count(args.target_batch_size, "target_batch_size")
+    if target is not None:
+        from .plan import check_shares
+        check_shares(target, devices, "target_batch_size")
     try:
         min_seconds = float(args.min_seconds)
     except ValueError:
@@ -119,7 +117,8 @@ def bench_args(args: argparse.Namespace):
             raise ConfigError(f"b_simple must be a positive number of examples; got {args.b_simple!r}")
     return dict(workloads=workloads, batch_sizes=sizes, device=device, memory_budget=budget,
                 search=not args.no_search, search_limit=limit, warmup=warmup, repeats=repeats,
-                min_seconds=min_seconds, threads=threads, inference=args.inference), b_simple
+                min_seconds=min_seconds, threads=threads, inference=args.inference, devices=devices,
+                target_batch_size=target), b_simple
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -129,18 +128,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     result = run_bench(**settings, log=log)
     label = args.label or device_label(settings["device"])
     paths = write_bench(result, args.out, stem=args.stem, label=label, figure=not args.no_figure)
-    columns = [c for c in ("model", "precision", "optimizer", "largest_timed_batch", "examples_per_second",
-                           "largest_batch", "safe_batch", "first_failed_batch", "achieved_tflops",
-                           "fraction_of_peak") if c in result.summary]
+    devices = settings["devices"]
+    shown = ["model", "precision", "optimizer", "largest_timed_batch", "examples_per_second", "largest_batch",
+             "safe_batch", "first_failed_batch", "achieved_tflops", "fraction_of_peak"]
+    if devices > 1:
+        shown.insert(shown.index("first_failed_batch"), "largest_global_batch")
+    if settings["target_batch_size"] is not None:
+        shown += ["target_batch_size", "target_micro_batch_size", "target_accumulation_steps",
+                  "target_per_device_batch"]
+    columns = [c for c in shown if c in result.summary]
     print(result.summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if devices > 1:
+        print(f"on {devices} devices: largest_batch and the sweep are one device's (each device holds its share); "
+              f"largest_global_batch = {devices} x largest_batch, without accumulation; throughput and FLOP/s "
+              f"are one device's ({devices} devices were not timed)")
     if b_simple is not None:
-        paths.append(_write_recommendations(result, b_simple, Path(args.out), args.stem, label))
+        paths.append(_write_recommendations(result, b_simple, Path(args.out), args.stem, label, devices))
     for path in paths:
         print(f"written: {path}")
     return 0
 
 
-def _write_recommendations(result, b_simple: float, out: Path, stem: str, label: str) -> Path:
+def _write_recommendations(result, b_simple: float, out: Path, stem: str, label: str, devices: int = 1) -> Path:
+    """The recommended batch of each workload. On `devices` devices a swept (per-device) batch b is the global
+    batch devices x b, and its time per step is one device's at b: the devices' communication is not timed."""
     import pandas as pd
 
     from .recommend import recommend_batch_size
@@ -149,8 +160,13 @@ def _write_recommendations(result, b_simple: float, out: Path, stem: str, label:
         train = rows[(rows["mode"] == "train") & (rows["status"] == "ok")]
         if train.empty:
             continue
+        if devices > 1:
+            train = train.assign(devices=devices, per_device_batch=train["batch_size"],
+                                 batch_size=train["batch_size"] * devices)
         rec = recommend_batch_size(train, b_simple)
-        print(f"{model} {precision} {optimizer}: recommended batch size {rec.batch_size} "
+        where = (f" on {devices} devices ({rec.batch_size // devices} per device; one device timed, the communication "
+                 f"between devices not)" if devices > 1 else "")
+        print(f"{model} {precision} {optimizer}: recommended batch size {rec.batch_size}{where} "
               f"(B_simple {b_simple:g}; predicted time to target {rec.predicted_seconds:.4g} s x S_min)")
         tables.append(rec.table.assign(recommended=rec.table["batch_size"] == rec.batch_size))
     path = out / f"{stem}_recommendation_{label}.csv"
@@ -178,6 +194,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-budget", help="cap memory, e.g. 2GiB: CUDA through the allocator's memory fraction, "
                                            "CPU through the fitted memory model")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N [auto]")
+    p.add_argument("--devices", default="1",
+                   help="devices a run trains on (RunConfig.devices): the search measures one device's share, the "
+                        "summary adds the largest global batch, N x the per-device one [1]")
+    p.add_argument("--target-batch-size",
+                   help="a global batch to plan: its accumulation plan on --devices, each device's micro-batch "
+                        "within the per-device largest batch (a multiple of --devices)")
     p.add_argument("--warmup", default="3", help="untimed steps before timing [3]")
     p.add_argument("--repeats", default="5", help="timed repeats; the median is reported [5]")
     p.add_argument("--min-seconds", default="0.05", help="each repeat runs enough steps to last this long [0.05]")

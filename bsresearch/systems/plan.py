@@ -55,6 +55,13 @@ def largest_divisor_at_most(n: int, bound: int) -> int:
     return best
 
 
+def check_shares(batch_size: int, devices: int, name: str = "batch_size") -> None:
+    """ConfigError (one line, naming `name`) unless batch_size splits into `devices` equal per-device shares."""
+    if batch_size % devices:
+        raise ConfigError(f"{name} {batch_size} does not split into {devices} equal per-device shares; accepted: "
+                          f"a multiple of {devices}")
+
+
 def accumulation_plan(batch_size: int, max_micro_batch_size: int, devices: int = 1) -> AccumulationPlan:
     """The fewest accumulation steps for batch_size with micro-batches of at most max_micro_batch_size.
 
@@ -68,8 +75,9 @@ def accumulation_plan(batch_size: int, max_micro_batch_size: int, devices: int =
     if max_micro_batch_size < 1:
         raise ConfigError(f"not even one example fits in memory (the largest micro-batch is "
                           f"{max_micro_batch_size}); raise the memory budget or use a smaller model")
-    if devices < 1 or batch_size % devices:
-        raise ConfigError(f"batch_size {batch_size} does not split into {devices} equal per-device shares")
+    if devices < 1:
+        raise ConfigError(f"devices must be a positive integer (1, 2, ...); got {devices!r}")
+    check_shares(batch_size, devices)
     share = largest_divisor_at_most(batch_size // devices, max_micro_batch_size)
     micro = share * devices
     return AccumulationPlan(batch_size=batch_size, micro_batch_size=micro, accumulation_steps=batch_size // micro,
