@@ -309,8 +309,8 @@ class Recording(Callback):
             try:
                 rd.write_history(state.history)
                 rd.write_metrics(metrics)
-                if m.outcome in ("oom", "failed"):
-                    if loop.device.type == "cuda":
+                if m.outcome in ("oom", "failed", "died"):   # the last resumable checkpoint stays (a device group
+                    if loop.device.type == "cuda":           # that lost a process: died mid-step, GroupRecording)
                         torch.cuda.empty_cache()
                 elif cfg.save_checkpoint:
                     loop.save(m, rd.checkpoint_path, resumable=False)

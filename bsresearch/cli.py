@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .config import FIELD_NAMES, ConfigError, check_name, did_you_mean, run_id
+from .launcher import LAUNCHERS, check_launcher, device_launcher, launcher_environment
+from .launcher import VARIABLE as LAUNCHER_VARIABLE
 from .options import add_config_options, config_from_args
 from .paths import project_folder
 
@@ -78,8 +80,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .train import run
     cfg = config_from_args(args.config, {n: getattr(args, n) for n in FIELD_NAMES})
     check_name("--name", args.name)  # RUNS/NAME: the same rule as a spec's name
+    check_launcher(args.launcher or device_launcher())
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.runs) / args.name / run_id(cfg)
-    result = run(cfg, run_dir, progress=None if not args.quiet else False, overwrite=args.overwrite)
+    with launcher_environment(args.launcher):
+        result = run(cfg, run_dir, progress=None if not args.quiet else False, overwrite=args.overwrite)
     print(result.summary())
     return 0 if result.state in ("ok", "diverged") else 1
 
@@ -94,6 +98,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="write exactly here instead of RUNS/NAME/<run_id>")
     p.add_argument("--overwrite", action="store_true", help="retrain even if the run directory holds a finished run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--launcher", choices=LAUNCHERS,
+                   help="how a run on several devices (--devices N) starts its N processes: processes: here, "
+                        "with torch.multiprocessing; srun: as one Slurm job step of N tasks inside the current "
+                        f"allocation (salloc, sbatch) [${LAUNCHER_VARIABLE} or processes]")
     add_config_options(p)
     p.set_defaults(handler=_cmd_train)
 

@@ -2,9 +2,11 @@
 the CPU, NCCL on CUDA), in the one setup (runsetup) and the one loop (loop.Loop).
 
     run_on_devices(cfg, run_dir)      train.run's path for cfg.devices > 1: join the group the environment
-                                      gives (torchrun, a Slurm job step), or start cfg.devices processes
-                                      (torch.multiprocessing) and judge how they ended
+                                      gives (torchrun, a Slurm job step), or start cfg.devices processes as the
+                                      launcher says (launcher.py: torch.multiprocessing here, or one Slurm job
+                                      step per run, srun) and judge how they ended
     run_rank(cfg, run_dir, place)     one process of the group: the setup, its member, DeviceEngine, the loop
+    step_task_main(folder)            one task of a run's Slurm job step (python -m bsresearch.device_task)
 
 What batch size means here: `batch_size` is the global batch of one optimizer update, whatever the number of
 devices. Every process draws the same global batches from the run's seeded BatchSampler (the order does not
@@ -36,9 +38,12 @@ import datetime
 import inspect
 import json
 import os
+import pickle
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import traceback
 from collections.abc import Iterator, Sequence
@@ -57,6 +62,7 @@ from .callbacks import Checkpointing, Divergence, Evaluation, Progress, Recordin
 from .config import ConfigError, RunConfig
 from .data import Data
 from .engine import ModelEngine
+from .launcher import allocation_has_gpus, check_launcher, device_launcher
 from .loop import Callback, Loop, Member, RunResult, StepHooks
 from .losses import Loss, Task
 from .noise_tracker import NoiseScaleEMA, noise_ema_columns, update_noise_ema
@@ -66,7 +72,7 @@ from .runtime import derive_seed, is_out_of_memory, model_randomness, oom_messag
 from .step import training_step
 
 __all__ = ["COLLECTIVE_TIMEOUT", "AllReduceBatchNorm", "DeviceEngine", "DeviceNoiseScale", "GradientNorms",
-           "GroupPlace", "group_from_environment", "run_on_devices", "run_rank"]
+           "GroupPlace", "group_from_environment", "run_on_devices", "run_rank", "slurm_place", "srun_command"]
 
 # Seconds a process waits in one collective before it gives up (torch.distributed's timeout): the bound on a
 # hang when a device's process is lost without its connections closing (NCCL). BSRESEARCH_COLLECTIVE_TIMEOUT
@@ -107,23 +113,31 @@ def first_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
 
 
-def group_from_environment(env: dict[str, str] | None = None) -> GroupPlace | None:
+def slurm_place(env: dict[str, str], init_method: str | None = None) -> GroupPlace | None:
+    """This process's place in a Slurm job step of more than one task: SLURM_PROCID of SLURM_STEP_NUM_TASKS
+    (SLURM_NTASKS), device SLURM_LOCALID of its node; the group meets at `init_method`, by default
+    tcp://MASTER_ADDR:MASTER_PORT (MASTER_ADDR default the step's first node, MASTER_PORT default 20000 + the
+    job id mod 20000). None outside such a step."""
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")) or 1)
+    if "SLURM_PROCID" not in env or tasks <= 1:
+        return None
+    if init_method is None:
+        host = env.get("MASTER_ADDR") or first_host(env.get("SLURM_STEP_NODELIST") or
+                                                   env.get("SLURM_JOB_NODELIST", "localhost"))
+        port = env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0") or 0) % 20000)
+        init_method = f"tcp://{host}:{port}"
+    return GroupPlace(int(env["SLURM_PROCID"]), tasks, int(env.get("SLURM_LOCALID", "0")), init_method)
+
+
+def group_from_environment(env: dict[str, str] | None = None, slurm: bool = True) -> GroupPlace | None:
     """The device group this process was started in: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-    MASTER_PORT, or a Slurm job step's SLURM_PROCID, SLURM_STEP_NUM_TASKS (SLURM_NTASKS) and SLURM_LOCALID
-    (the group meets at MASTER_ADDR, default the step's first node, and MASTER_PORT, default 20000 + the job
-    id mod 20000). None outside a group of more than one process."""
+    MASTER_PORT, or (unless `slurm` is False) a Slurm job step's (slurm_place). None outside a group of more
+    than one process."""
     env = dict(os.environ) if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])
         return GroupPlace(int(env["RANK"]), world, int(env.get("LOCAL_RANK", "0")), "env://") if world > 1 else None
-    tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")) or 1)
-    if "SLURM_PROCID" in env and tasks > 1:
-        host = env.get("MASTER_ADDR") or first_host(env.get("SLURM_STEP_NODELIST") or
-                                                   env.get("SLURM_JOB_NODELIST", "localhost"))
-        port = env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0") or 0) % 20000)
-        return GroupPlace(int(env["SLURM_PROCID"]), tasks, int(env.get("SLURM_LOCALID", "0")),
-                          f"tcp://{host}:{port}")
-    return None
+    return slurm_place(env) if slurm else None
 
 
 def group_device(cfg: RunConfig, local_rank: int) -> torch.device:
@@ -516,33 +530,51 @@ def run_rank(cfg: RunConfig, run_dir: str | Path | None, place: GroupPlace, prog
 
 
 # ----------------------------------------------------------------------------- starting the group
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when the process that started it dies (no orphaned device process)."""
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` to this process when the process that started it dies (no orphaned device
+    process)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)   # PR_SET_PDEATHSIG
 
 
-def _rank_main(index: int, cfg: RunConfig, run_dir: str | None, init_method: str, reports: str,
-               progress: bool | None, overwrite: bool, callbacks: Sequence[Callback]) -> None:
-    """A device process started by start_group: run its rank, and leave a report of how it ended."""
-    _die_with_parent()
+def _rank_report(place: GroupPlace, cfg: RunConfig, run_dir: str | None, reports: str | Path,
+                 progress: bool | None, overwrite: bool, callbacks: Sequence[Callback]) -> None:
+    """A device process of a group this package started (either launcher): run its rank, and leave a report of
+    how it ended in `reports`/rank<r>.json, which the starting process reads (_read_reports, _judge). Exits 2
+    on a ConfigError, 1 unless the run ended ok or diverged."""
     report: dict[str, Any]
     try:
-        result = run_rank(cfg, run_dir, GroupPlace(index, cfg.devices, index, init_method), progress, overwrite,
-                          callbacks)
+        result = run_rank(cfg, run_dir, place, progress, overwrite, callbacks)
         report = {"state": result.state, "error": result.error}
-        if index == 0 and run_dir is None:
+        if place.rank == 0 and run_dir is None:
             report.update(metrics=result.metrics, history=result.history)
     except ConfigError as exc:
         report = {"config_error": str(exc)}
     except BaseException as exc:
         report = {"state": "died" if lost(exc) else "oom" if is_out_of_memory(exc) else "failed",
                   "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    Path(reports, f"rank{index}.json").write_text(json.dumps(report, default=str))
+    _write_report(reports, place.rank, report)
     if "config_error" in report:
         raise SystemExit(2)
     if report["state"] not in ("ok", "diverged"):
         raise SystemExit(1)
+
+
+def _write_report(reports: str | Path, rank: int, report: dict[str, Any]) -> None:
+    Path(reports, f"rank{rank}.json").write_text(json.dumps(report, default=str))
+
+
+def _read_reports(reports: str | Path, devices: int) -> dict[int, dict[str, Any]]:
+    """rank -> the report each device process left (_rank_report); a process that left none is missing."""
+    return {i: json.loads(p.read_text()) for i in range(devices) if (p := Path(reports, f"rank{i}.json")).exists()}
+
+
+def _rank_main(index: int, cfg: RunConfig, run_dir: str | None, init_method: str, reports: str,
+               progress: bool | None, overwrite: bool, callbacks: Sequence[Callback]) -> None:
+    """A device process started by torch.multiprocessing (launcher processes): process `index` of this machine."""
+    _die_with_parent()
+    _rank_report(GroupPlace(index, cfg.devices, index, init_method), cfg, run_dir, reports, progress, overwrite,
+                 callbacks)
 
 
 def start_method() -> str:
@@ -558,25 +590,45 @@ def start_method() -> str:
 def run_on_devices(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None = None,
                    overwrite: bool = False, callbacks: Sequence[Callback] = ()) -> RunResult:
     """train.run for cfg.devices > 1. In a group the environment gives (torchrun, srun), train this process's
-    rank; otherwise start cfg.devices processes, one per device, wait for them and return the run's result.
-    A process that dies, fails or runs out of memory ends the others (within JOIN_POLL_SECONDS and their
-    SIGTERM) and the run: `died` (killed), `oom` or `failed`; a finished run directory is never written again."""
-    place = group_from_environment()
+    rank; otherwise start cfg.devices processes, one per device, as the launcher (launcher.py) says: with
+    torch.multiprocessing here, or as one Slurm job step (srun). Wait for them and return the run's result.
+    A process that dies, fails or runs out of memory ends the others and the run: `died` (killed), `oom` or
+    `failed`; a finished run directory is never written again.
+
+    With the srun launcher this process is the one that starts the step: the Slurm variables of its own
+    allocation (an sbatch script's SLURM_PROCID) do not make it a member of a group."""
+    chosen = device_launcher()
+    place = group_from_environment(slurm=chosen != "srun")
     if place is not None:
         return run_rank(cfg, run_dir, place, progress, overwrite, callbacks)
+    if chosen == "srun":
+        check_launcher(chosen)
     finished = None if overwrite else finished_result(run_dir)
     if finished is not None:
         return finished
     rd = RunDir(run_dir) if run_dir is not None else None
     if rd:
         check_writable(rd.path, "--runs or --run-dir")
+    start = _start_step if chosen == "srun" else _start_processes
+    reports, how_lost, device = start(cfg, rd, progress, overwrite, tuple(callbacks))
+    for i in sorted(reports):
+        if "config_error" in reports[i]:
+            raise ConfigError(reports[i]["config_error"])
+    return _judge(cfg, rd, reports, how_lost, device)
+
+
+def _start_processes(cfg: RunConfig, rd: RunDir | None, progress: bool | None, overwrite: bool,
+                     callbacks: tuple[Callback, ...]) -> tuple[dict[int, dict[str, Any]], str | None, torch.device]:
+    """Launcher processes: cfg.devices processes of this machine (torch.multiprocessing), watched every
+    JOIN_POLL_SECONDS; the first to fail ends the others (SIGTERM, then SIGKILL). Returns their reports, how the
+    group was lost (None: every process exited 0) and the device type."""
     device = group_device(cfg, cfg.devices - 1).type   # every process has a device
     with tempfile.TemporaryDirectory(prefix="bsresearch-devices-") as tmp:
         context = mp.start_processes(
             _rank_main, args=(cfg, str(rd.path) if rd else None, f"file://{tmp}/rendezvous", tmp, progress,
-                              overwrite, tuple(callbacks)),
+                              overwrite, callbacks),
             nprocs=cfg.devices, join=False, start_method=start_method())
-        failure = None
+        failure: BaseException | None = None
         try:
             while not context.join(JOIN_POLL_SECONDS):
                 pass
@@ -589,28 +641,118 @@ def run_on_devices(cfg: RunConfig, run_dir: str | Path | None = None, progress: 
                 if process.is_alive():
                     process.kill()
                 process.join()
-        reports = {i: json.loads(p.read_text()) for i in range(cfg.devices)
-                   if (p := Path(tmp, f"rank{i}.json")).exists()}
-    for i in sorted(reports):
-        if "config_error" in reports[i]:
-            raise ConfigError(reports[i]["config_error"])
-    return _judge(cfg, rd, reports, failure, torch.device(device))
+        reports = _read_reports(tmp, cfg.devices)
+    return reports, _lost_message(failure) if failure is not None else None, torch.device(device)
 
 
-def _judge(cfg: RunConfig, rd: RunDir | None, reports: dict[int, dict[str, Any]], failure: BaseException | None,
+# ----------------------------------------------------------------------------- one Slurm job step per run
+STEP_FILE = "step.pkl"       # in the step's folder: what its tasks train (device_task.py reads it)
+STEP_STOP_GRACE = 10.0       # seconds between srun's SIGTERM (it forwards it to the tasks) and SIGKILL
+
+
+def srun_command(devices: int, gpus: bool, folder: str | Path, name: str = "run", threads: int = 0) -> list[str]:
+    """The job step of one run: `devices` tasks of `python -m bsresearch.device_task FOLDER`, one GPU each on
+    CUDA (none asked for on the CPU), resources of their own (--exclusive: steps side by side never share a
+    GPU), and the whole step ended when one task fails (--kill-on-bad-exit)."""
+    command = ["srun", "--ntasks", str(devices)]
+    if gpus:
+        command += ["--gpus-per-task", "1"]
+    if threads > 0:
+        command += ["--cpus-per-task", str(threads)]
+    return [*command, "--exclusive", "--kill-on-bad-exit=1", "--job-name", f"bsresearch-{name}",
+            sys.executable, "-m", "bsresearch.device_task", str(folder)]
+
+
+def _step_uses_gpus(cfg: RunConfig) -> bool:
+    """Whether the step's tasks train on CUDA: device cuda, or auto where this process sees a GPU or the Slurm
+    allocation lists some (the tasks may run on other nodes than this one)."""
+    if cfg.device == "cpu":
+        return False
+    return cfg.device.startswith("cuda") or torch.cuda.is_available() or allocation_has_gpus()
+
+
+def _start_step(cfg: RunConfig, rd: RunDir | None, progress: bool | None, overwrite: bool,
+                callbacks: tuple[Callback, ...]) -> tuple[dict[int, dict[str, Any]], str | None, torch.device]:
+    """Launcher srun: the run as one job step of cfg.devices tasks in the current Slurm allocation. The tasks
+    meet through a file (torch.distributed's file:// init) in a fresh folder of the run directory (of the working
+    directory for a run without one), which every node sees on a cluster's shared filesystem and no other step
+    shares; the folder also carries what they train (STEP_FILE) and their reports, and is removed afterwards.
+    srun gets SIGTERM (which it forwards to the tasks) if this process dies or is interrupted."""
+    gpus = _step_uses_gpus(cfg)
+    home = (rd.path if rd else Path.cwd()).resolve()   # absolute: a task's working directory may differ
+    home.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=".devices-", dir=home))
+    try:
+        payload = pickle.dumps((cfg, str(home) if rd else None, progress, overwrite, callbacks))
+        (folder / STEP_FILE).write_bytes(pickle.dumps({"sys_path": list(sys.path), "payload": payload}))
+        env = dict(os.environ)
+        package_parent = str(Path(__file__).resolve().parents[1])   # the tasks import this very bsresearch
+        env["PYTHONPATH"] = os.pathsep.join([package_parent, *[p for p in env.get("PYTHONPATH", "").split(
+            os.pathsep) if p]])
+        command = srun_command(cfg.devices, gpus, folder, home.name if rd else "run", cfg.threads)
+        proc = subprocess.Popen(command, env=env, preexec_fn=lambda: _die_with_parent(signal.SIGTERM))
+        try:
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:   # interrupted: srun forwards SIGTERM to its tasks
+                proc.terminate()
+                try:
+                    proc.wait(timeout=STEP_STOP_GRACE)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        reports = _read_reports(folder, cfg.devices)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    how_lost = None
+    if code != 0:
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+        silent = [str(i) for i in range(cfg.devices) if i not in reports]
+        how_lost = (f"the Slurm job step (srun) {how}" +
+                    (f"; device task(s) {', '.join(silent)} ended without a report (killed or lost)" if silent else "")
+                    + "; the other tasks were stopped")
+    return reports, how_lost, torch.device("cuda" if gpus else "cpu")
+
+
+def step_task_main(folder: str | Path) -> None:
+    """One task of a run's job step (`python -m bsresearch.device_task FOLDER`, started by srun): its place
+    from Slurm's variables (slurm_place), meeting at FOLDER/rendezvous; then its rank, and its report, as a
+    device process of launcher processes does (_rank_report). With one GPU per task (--gpus-per-task 1, which
+    Slurm binds to the task), that GPU is device 0 of those the task sees."""
+    place = slurm_place(dict(os.environ), f"file://{Path(folder).resolve()}/rendezvous")
+    if place is None:
+        raise SystemExit("bsresearch.device_task: not a task of a Slurm job step of several tasks "
+                         "(SLURM_PROCID, SLURM_STEP_NUM_TASKS); it is started by the srun launcher")
+    step = pickle.loads(Path(folder, STEP_FILE).read_bytes())
+    for entry in reversed(step["sys_path"]):   # the callbacks' modules, importable as in the starting process
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        cfg, run_dir, progress, overwrite, callbacks = pickle.loads(step["payload"])
+    except Exception as exc:   # e.g. a callback whose module this node cannot import: the run failed
+        _write_report(folder, place.rank, {"state": "failed", "traceback": traceback.format_exc(),
+                                           "error": f"the task could not read its run: {type(exc).__name__}: {exc}"})
+        raise SystemExit(1) from None
+    if torch.cuda.is_available() and torch.cuda.device_count() == 1:
+        place = dataclasses.replace(place, local_rank=0)
+    _rank_report(place, cfg, run_dir, folder, progress, overwrite, callbacks)
+
+
+# ----------------------------------------------------------------------------- how the run ended
+def _judge(cfg: RunConfig, rd: RunDir | None, reports: dict[int, dict[str, Any]], how_lost: str | None,
            device: torch.device) -> RunResult:
-    """The run's result once its processes have ended. A finished run directory stands. Otherwise the cause:
-    a process's own failure or out-of-memory (one device's is the run's), else a process that was killed or
-    lost (`died`), else what rank 0 recorded."""
+    """The run's result once its processes have ended (either launcher). A finished run directory stands.
+    Otherwise the cause: a process's own failure or out-of-memory (one device's is the run's), else a process
+    that was killed or lost (`died`; `how_lost` says how the launcher saw it), else what rank 0 recorded."""
     if rd and rd.is_finished():
         return RunResult(rd.state() or "ok", rd.metrics(), rd.history_rows(), rd.path)
     own = [(i, r) for i, r in sorted(reports.items()) if r.get("state") in ("oom", "failed")]
     if own:
         i, r = min(own, key=lambda item: item[1]["state"] != "oom")
         state, error, trace = r["state"], f"device {i}: {r.get('error')}", r.get("traceback")
-    elif failure is not None or len(reports) < cfg.devices:
+    elif how_lost is not None or len(reports) < cfg.devices:
         state, trace = "died", None
-        error = _lost_message(failure) if failure is not None else "a device process ended without a report"
+        error = how_lost if how_lost is not None else "a device process ended without a report"
     elif rd is None and 0 in reports:
         r = reports[0]
         return RunResult(r["state"], r.get("metrics", {}), r.get("history", []), None, r.get("error"))
@@ -620,6 +762,13 @@ def _judge(cfg: RunConfig, rd: RunDir | None, reports: dict[int, dict[str, Any]]
         rd.write_status(state, error=error, traceback=trace, provenance=provenance(device))
     return RunResult(state, rd.metrics() if rd else {}, rd.history_rows() if rd and
                      (rd.path / "history.csv").exists() else [], rd.path if rd else None, error)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _lost_message(failure: BaseException) -> str:

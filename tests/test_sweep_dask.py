@@ -2,6 +2,7 @@
 Slurm/PBS job scripts dask-jobqueue would submit (checked without a cluster)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,20 @@ def test_localcluster_workers_know_their_slot(cluster):
                    for address in client.scheduler_info()["workers"]]
         slots = client.gather(futures)
     assert sorted(slots) == [0, 1]  # each worker's slot (and so its GPU) comes from its name
+
+
+def test_the_device_launcher_reaches_a_dask_worker_with_its_task(tmp_path, cluster, monkeypatch):
+    """A Dask worker's environment does not hold the sweep's choice (--launcher): the task carries it, and the
+    worker process it starts gets it (supervise.worker_env runs on the Dask worker)."""
+    from bsresearch.launcher import VARIABLE
+    from bsresearch.sweep.supervise import worker_env
+    from bsresearch.sweep.task import RunTask
+    monkeypatch.delenv(VARIABLE, raising=False)
+    task = RunTask(run_dir=str(tmp_path), config={"devices": 2}, label="x", engine="library", launcher="srun")
+    with distributed.Client(cluster) as client:
+        env, before = client.gather([client.submit(worker_env, task, None, pure=False),
+                                     client.submit(os.getenv, VARIABLE, pure=False)])
+    assert env[VARIABLE] == "srun" and before is None
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
+from ..launcher import LAUNCHERS
+from ..launcher import VARIABLE as LAUNCHER_VARIABLE
 from ..paths import project_folder
 from .executors import CLUSTERS, EXECUTORS
 
@@ -19,6 +21,7 @@ EXAMPLES = """examples:
   bsresearch sweep experiments/demo.yaml --executor dask --cluster slurm --workers 8 \\
       --cluster-option queue=gpu --cluster-option 'job_extra_directives=["--gres=gpu:1"]'
   bsresearch sweep experiments/demo.yaml --cluster slurm --job-script   # print a worker job script
+  bsresearch sweep experiments/demo.yaml --launcher srun --workers 4   # in salloc/sbatch: a job step per run
   bsresearch sweep experiments/demo.yaml --check            # damaged result files, unfinished runs
 Stop a sweep with Ctrl-C or `kill PID` (SIGTERM): either stops its workers, and the runs they held are redone
 by the next run of the sweep. Rerunning a sweep skips finished runs and redoes interrupted ones; --retry-failed
@@ -81,6 +84,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fuse", choices=("auto", "off"), default="auto",
                    help="auto: train pending runs that differ only in seed and shape-free hyperparameters "
                         "together, as fused groups; off: every run alone [auto]")
+    p.add_argument("--launcher", choices=LAUNCHERS,
+                   help="how each run on several devices (devices: N) starts its N processes: processes: on its "
+                        "worker's machine, with torch.multiprocessing; srun: as one Slurm job step of N tasks "
+                        "inside the current allocation (run the sweep inside salloc or an sbatch script) "
+                        f"[${LAUNCHER_VARIABLE} or processes]")
     p.add_argument("--fuse-max", type=int, metavar="K", help="at most K runs per fused group [32 on a CPU; "
                                                               "on CUDA what the memory model says fits]")
     p.set_defaults(handler=_cmd_sweep)
@@ -108,7 +116,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     report = run_sweep(spec, runs_root=args.runs, executor=executor, workers=args.workers,
                        scheduler=args.scheduler, cluster=args.cluster, cluster_options=options, engine=args.engine,
                        retry_failed=args.retry_failed, dry_run=args.dry_run, timeout=args.timeout,
-                       progress=False if args.quiet else None, fuse=args.fuse, fuse_max=args.fuse_max)
+                       progress=False if args.quiet else None, fuse=args.fuse, fuse_max=args.fuse_max,
+                       launcher=args.launcher)
     if args.dry_run:
         print(report.plan_table())
         todo = sum(p.action == "run" for p in report.planned)

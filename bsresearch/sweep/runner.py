@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import templates
 from ..config import ConfigError, RunConfig
+from ..launcher import allocation_tasks, check_launcher, device_launcher, launcher_environment
 from ..rundir import (
     FINISHED_STATES,
     MANIFEST,
@@ -93,6 +94,7 @@ class SweepReport:
     waited: tuple[RunOutcome, ...] = ()  # runs another live process held: what it recorded when done
     fuse: str = "off"
     dispatch: tuple[tuple[str, ...], ...] = ()  # the run ids of each task, in the order they are dispatched
+    launcher: str = "processes"  # how a run on several devices starts its processes (bsresearch.launcher)
 
     def final_states(self) -> dict[str, str]:
         """run_id -> state after the sweep (executed runs: their outcome; runs another process held: what
@@ -136,9 +138,12 @@ class SweepReport:
 
     def allocation(self) -> str:
         """The devices each run trains on: '2 devices per run (worker 0: GPUs 0,1; worker 1: GPUs 2,3)' on the
-        local executor with GPUs, else the processes each run starts (one per device; a Dask or Slurm worker
-        must hold that many devices)."""
+        local executor with GPUs, '2 devices per run (one Slurm job step of 2 tasks per run)' with the srun
+        launcher, else the processes each run starts (one per device; a Dask or Slurm worker must hold that
+        many devices)."""
         devices = max(p.point.config.devices for p in self.planned)
+        if self.launcher == "srun":
+            return f"{devices} devices per run (one Slurm job step of {devices} tasks per run)"
         gpus = visible_gpus() if self.executor == "local" else ()
         if gpus and self.executor == "local":
             slots = "; ".join(f"worker {w}: GPUs " + ",".join(supervise.slot_gpus(gpus, w, devices))
@@ -323,7 +328,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
               workers: int | None = None, scheduler: str | None = None, cluster: str | None = None,
               cluster_options: dict[str, Any] | None = None, engine: str | None = None,
               retry_failed: bool = False, dry_run: bool = False, timeout: float | None = None,
-              progress: bool | None = None, fuse: str = "auto", fuse_max: int | None = None) -> SweepReport:
+              progress: bool | None = None, fuse: str = "auto", fuse_max: int | None = None,
+              launcher: str | None = None) -> SweepReport:
     """Plan and execute a sweep; returns its report. Bad input raises ConfigError before any run starts.
 
     engine: "papermill" (default for local and dask: executes the spec's notebook per run) or "library"
@@ -331,6 +337,10 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     (not enforced by the inline executor, which runs in this process).
     fuse: "auto" trains pending runs that can fuse in groups of at most fuse_max (default: 32 on a CPU, and
     on CUDA what the memory model says fits); "off" runs each alone, as before fused runs existed.
+    launcher: how each run on several devices starts its processes ("processes" or "srun", bsresearch.launcher;
+    default: $BSRESEARCH_DEVICE_LAUNCHER, else processes); the tasks carry it to their workers. srun is
+    checked here (a Slurm allocation, srun on the PATH) unless the runs go to a remote Dask cluster, whose
+    workers are where the steps start.
     """
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     if not spec.has_runs:
@@ -343,21 +353,24 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
         raise ConfigError(f"--cluster {cluster} needs --workers N: the number of batch jobs to submit")
     if executor == "dask":
         check_dask(scheduler, cluster)  # before sweep.json is written
-    points = expand(spec)
     remote = executor == "dask" and (scheduler or cluster)
+    launcher = check_launcher(launcher or device_launcher(), here=not remote)
+    points = expand(spec)
     streamed = None if remote else check_data(points)  # a remote cluster may see data this machine does not
     sweep_dir = Path(runs_root).resolve() / spec.name
     planned = plan(points, sweep_dir, retry_failed)
     todo = [p for p in planned if p.action == "run"]
     gpus = () if remote else visible_gpus()
     devices = max((p.point.config.devices for p in todo), default=1)
-    workers = workers or default_workers(len(todo), gpus, devices)
+    slurm_tasks = allocation_tasks() if launcher == "srun" and not remote else None
+    workers = workers or (max(1, min(len(todo), slurm_tasks // devices)) if slurm_tasks
+                          else default_workers(len(todo), gpus, devices))
     notebook = run_template(spec) if engine == "papermill" else spec.notebook
     if fuse == "auto":
         planned = assign_groups(planned, workers, fuse_max, engine, notebook, gpus, streamed=streamed)
         todo = [p for p in planned if p.action == "run"]
     per_run = float(timeout or spec.timeout)
-    tasks = make_tasks(todo, sweep_dir, engine, str(notebook) if notebook else None, per_run, gpus)
+    tasks = make_tasks(todo, sweep_dir, engine, str(notebook) if notebook else None, per_run, gpus, launcher)
     if executor != "dask" and len(tasks) < len(todo):  # fused: fewer tasks than runs, no idle slots
         workers = max(1, min(workers, len(tasks)))
     start = time.monotonic()
@@ -369,7 +382,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     if dry_run or not todo:
         waited = () if dry_run else wait_for_others([p for p in planned if p.action == BUSY], progress)
         return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), (), 0.0, dry_run, waited,
-                           fuse, dispatch)
+                           fuse, dispatch, launcher)
     fn = execute if executor == "inline" else supervise.run_any
     window = {"inline": 1, "local": workers}.get(executor, len(tasks))
     outcomes: list[RunOutcome] = []
@@ -377,7 +390,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     lines = progress is None and bar.disable   # no terminal to draw a bar on (a log, a pipe): a line per run
     supervise.start_accepting()
     try:
-        with make_executor(executor, workers, scheduler, cluster, cluster_options) as pool:
+        with launcher_environment(launcher), \
+                make_executor(executor, workers, scheduler, cluster, cluster_options) as pool:
             try:
                 for task, future in _completed(pool, fn, tasks, window):
                     done = _outcomes(task, future)
@@ -397,7 +411,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     busy = {o.run_id for o in outcomes if o.state == BUSY}
     waited = wait_for_others([p for p in planned if p.action == BUSY or p.point.run_id in busy], progress)
     return SweepReport(spec, sweep_dir, executor, engine, workers, tuple(planned), tuple(outcomes),
-                       time.monotonic() - start, waited=waited, fuse=fuse, dispatch=dispatch)
+                       time.monotonic() - start, waited=waited, fuse=fuse, dispatch=dispatch, launcher=launcher)
 
 
 def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
@@ -423,17 +437,18 @@ def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
 
 
 def make_tasks(todo: list[PlannedRun], sweep_dir: Path, engine: str, notebook: str | None, timeout: float,
-               gpus: tuple[str, ...]) -> list[RunTask | GroupTask]:
+               gpus: tuple[str, ...], launcher: str | None = None) -> list[RunTask | GroupTask]:
     """One RunTask per run left alone, one GroupTask per fused group, in the order they are dispatched: the
     longest estimated first (cost.task_seconds from the configs; equal estimates keep the spec's order, a
     group at its first member's place), so that the last tasks to start are short and no worker waits long
     for the others at the end. Only the order changes: run ids, run directories and results do not.
 
     A group's timeout is the per-run timeout times its members: together they may take as long as they
-    would have one after another, never less than one of them alone."""
+    would have one after another, never less than one of them alone. `launcher` travels with each run's task
+    (a fused group trains on one device and needs none)."""
     def run_task(p: PlannedRun) -> RunTask:
         return RunTask(run_dir=str(p.run_dir), config=p.point.config.to_dict(), label=p.point.label, engine=engine,
-                       notebook=notebook, timeout=timeout, gpus=gpus)
+                       notebook=notebook, timeout=timeout, gpus=gpus, launcher=launcher)
 
     tasks: list[RunTask | GroupTask] = []
     members: dict[str, list[RunTask]] = {}

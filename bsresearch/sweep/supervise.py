@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..launcher import VARIABLE as LAUNCHER_VARIABLE
 from ..rundir import FINISHED_STATES, RunDir, storage_error
 from . import forkserver
 from .task import (
@@ -77,14 +78,19 @@ def slot_gpus(gpus: tuple[str, ...], slot: int, devices: int = 1) -> list[str]:
 
 
 def worker_env(task: RunTask | GroupTask, slot: int | None) -> dict[str, str]:
-    """The worker's environment: thread counts, one GPU per slot when GPUs were handed out, our pid."""
+    """The worker's environment: thread counts, one GPU per slot when GPUs were handed out, the device launcher
+    the task carries, our pid."""
     env = dict(os.environ)
     threads = int(task.config.get("threads") or 0)
     if threads > 0:  # 0 keeps torch's default
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env[var] = str(threads)
     device = str(task.config.get("device", "auto"))
-    if task.gpus and slot is not None and device in ("auto", "cuda"):  # explicit cuda:N is left alone
+    launcher = getattr(task, "launcher", None)
+    if launcher:   # the sweep's choice, wherever the worker runs (a Dask worker's environment included)
+        env[LAUNCHER_VARIABLE] = launcher
+    # explicit cuda:N is left alone, and so are the GPUs of a Slurm job step's tasks (Slurm binds them)
+    if task.gpus and slot is not None and device in ("auto", "cuda") and launcher != "srun":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(slot_gpus(task.gpus, slot, int(task.config.get("devices") or 1)))
     # the worker and its kernel import this very bsresearch, installed or not
     package_parent = str(Path(__file__).resolve().parents[2])

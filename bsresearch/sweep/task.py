@@ -49,6 +49,8 @@ class RunTask:
     timeout: float = 3600.0           # seconds for the whole run; then it is killed and recorded "timeout"
     gpus: tuple[str, ...] = ()        # CUDA_VISIBLE_DEVICES values to spread over worker slots (local only)
     kernel: str = "python3"           # Jupyter kernel name for papermill
+    launcher: str | None = None       # how a run on several devices starts its processes (launcher.py); the
+                                      # worker's environment gets it; None: the worker's environment decides
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -267,10 +269,21 @@ def child_pids(pid: int) -> list[int]:
 
 
 def kill_children() -> None:
-    """SIGKILL this process's children (the papermill kernel), so a stopped worker leaves nothing running."""
+    """SIGKILL this process's children (the papermill kernel), so a stopped worker leaves nothing running. A
+    Slurm job step's srun (a run of the library engine under the srun launcher) gets SIGTERM instead, which it
+    forwards to the step's tasks on every node: killed, it could not stop them."""
     for pid in child_pids(os.getpid()):
         with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGTERM if _command_name(pid) == "srun" else signal.SIGKILL)
+
+
+def _command_name(pid: int) -> str | None:
+    """The name of process `pid`'s program (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def die_with_parent() -> None:
