@@ -114,11 +114,12 @@ def first_host(nodelist: str) -> str:
 
 
 def slurm_place(env: dict[str, str], init_method: str | None = None) -> GroupPlace | None:
-    """This process's place in a Slurm job step of more than one task: SLURM_PROCID of SLURM_STEP_NUM_TASKS
-    (SLURM_NTASKS), device SLURM_LOCALID of its node; the group meets at `init_method`, by default
-    tcp://MASTER_ADDR:MASTER_PORT (MASTER_ADDR default the step's first node, MASTER_PORT default 20000 + the
-    job id mod 20000). None outside such a step."""
-    tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")) or 1)
+    """This process's place in a Slurm job step of more than one task: SLURM_PROCID of SLURM_STEP_NUM_TASKS,
+    device SLURM_LOCALID of its node; the group meets at `init_method`, by default tcp://MASTER_ADDR:MASTER_PORT
+    (MASTER_ADDR default the step's first node, MASTER_PORT default 20000 + the job id mod 20000). None outside
+    such a step: a batch script (sbatch --ntasks N) has SLURM_PROCID 0 and SLURM_NTASKS N but is no task of a
+    step (srun sets SLURM_STEP_NUM_TASKS), and joining a group of N there would wait for tasks that never come."""
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1)
     if "SLURM_PROCID" not in env or tasks <= 1:
         return None
     if init_method is None:

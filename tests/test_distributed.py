@@ -99,6 +99,9 @@ def test_the_group_comes_from_torchrun_or_slurm():
              "SLURM_STEP_NODELIST": "gpu[07-08]"}
     assert group_from_environment({**slurm, "MASTER_ADDR": "gpu07"}) == GroupPlace(3, 4, 1, "tcp://gpu07:23456")
     assert group_from_environment({**slurm, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}) is None
+    # a batch script of `sbatch --ntasks 4`: SLURM_PROCID 0 and SLURM_NTASKS 4, but no job step's tasks
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu07"}
+    assert group_from_environment(batch) is None
     assert first_host("gpu[07-08,11],cpu1") in ("gpu07",)  # scontrol absent here: the list is read
     assert first_host("node5") == "node5"
 
