@@ -439,7 +439,8 @@ class DeviceNoiseScale(Callback):
     a device's share, batch_size / devices) and |G_big|^2 the averaged gradient's (B_big: the global batch),
     into an EMA of decay noise_scale_ema (noise_tracker); no extra forward or backward pass. Owns the EMA of
     every member (checkpointed) and its history columns (device_noise_b_simple_ema, device_noise_grad_sq_norm_ema,
-    device_noise_trace_cov_ema). Samples are read from the device in batches (one sync per FOLD_EVERY steps)."""
+    device_noise_trace_cov_ema). Samples are read from the device in batches (one sync per FOLD_EVERY steps).
+    A group of one device has no estimate (its share is the global batch): its columns stay NaN."""
     key = "device_noise_scale"
     FOLD_EVERY = 16
 
@@ -461,7 +462,8 @@ class DeviceNoiseScale(Callback):
             values = torch.stack([torch.stack([s, b]) for s, b, _, _ in pending]).tolist()   # one sync
             ema = self.ema.get(member.index) or NoiseScaleEMA(member.cfg.noise_scale_ema)
             for (small, big), (_, _, b_small, b_big) in zip(values, pending):
-                ema = update_noise_ema(ema, small, big, b_small, b_big)
+                if b_small < b_big:   # a group of one device: its batch is the global batch, no estimate
+                    ema = update_noise_ema(ema, small, big, b_small, b_big)
             self.ema[member.index] = ema
         return self.ema.get(member.index)
 
@@ -510,8 +512,9 @@ def run_rank(cfg: RunConfig, run_dir: str | Path | None, place: GroupPlace, prog
             if not is_out_of_memory(exc):
                 raise
             return out_of_memory_result(cfg, run_dir if lead else None, device, oom_message(exc))
-        steps = [torch.zeros((), dtype=torch.long) for _ in range(place.world)]
-        dist.all_gather(steps, torch.tensor(member.state.step))
+        # on the group's device: NCCL (CUDA) takes no CPU tensors
+        steps = [torch.zeros((), dtype=torch.long, device=device) for _ in range(place.world)]
+        dist.all_gather(steps, torch.tensor(member.state.step, device=device))
         if len({int(s) for s in steps}) != 1:
             raise ConfigError(f"the processes of run {run_dir} start at different steps {[int(s) for s in steps]}: "
                               f"its checkpoint changed while they read it; start the run again")

@@ -2,7 +2,15 @@
 
 Each group test starts its processes by fork (a moment each) and meets through a file in a fresh temporary
 folder, so tests running side by side never share a port; the starting process ends its children however a
-test ends."""
+test ends.
+
+On CUDA (the tests with "cuda" in their ids, which skip without a GPU): a group of one process on NCCL trains
+the one-device run, and its CPU twin (gloo) runs everywhere, so the test's logic is checked on every machine.
+A group of 2 processes on CUDA needs 2 GPUs: the group runs NCCL on CUDA (process_group), NCCL refuses two
+ranks on one GPU, and each process takes its own GPU (group_device gives process r CUDA device r, and a
+ConfigError when the node has fewer); on a machine with one GPU `devices: 2` is that one-line error, before any
+process starts. torch's gloo takes CUDA tensors, but two processes sharing one GPU over gloo would take another
+backend and other devices than the runs do, so they would not test the runs' path: the library does not offer it."""
 import json
 import math
 import multiprocessing
@@ -15,14 +23,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import killed_at, tiny_config
+from conftest import killed_at, requires_cuda, tiny_config
 
 from bsresearch import config as C
 from bsresearch import schedule
 from bsresearch.cli import main as cli_main
 from bsresearch.config import ConfigError
 from bsresearch.data import load_dataset
-from bsresearch.distributed import AllReduceBatchNorm, GroupPlace, first_host, group_from_environment
+from bsresearch.distributed import AllReduceBatchNorm, GroupPlace, first_host, group_from_environment, run_rank
 from bsresearch.engine import train_step
 from bsresearch.loop import Callback, StepHooks
 from bsresearch.losses import loss_for
@@ -149,6 +157,51 @@ def test_torchrun_starts_the_same_command_and_it_joins_the_group(tmp_path):
     assert_same_weights(tmp_path / "one", tmp_path / "run")
     assert_same_history(one.history, RunDir(tmp_path / "run").history_rows())
     assert json.loads((tmp_path / "run" / "status.json").read_text())["devices"]["count"] == 2
+
+
+# ----------------------------------------------------------------------------- a group on CUDA
+NOISE_COLUMNS = ("device_noise_b_simple_ema", "device_noise_grad_sq_norm_ema", "device_noise_trace_cov_ema")
+
+
+@pytest.mark.parametrize("device, backend", [("cpu", "gloo"), pytest.param("cuda", "nccl", marks=requires_cuda)],
+                         ids=["cpu-gloo", "cuda-nccl"])
+def test_a_group_of_one_process_trains_the_one_device_run(tmp_path, device, backend):
+    """run_rank in a group of world size 1 (NCCL on CUDA, gloo on the CPU): DeviceEngine, DDP and the noise
+    scale's communication hook on that backend. Oracle: train.run of the same config on the same device (the
+    one-device path): the same losses, lr and weights (to CUDA's rounding on CUDA). The hook's noise-scale
+    columns are there; with one device its two batches are the same batch, so they hold no estimate (NaN)."""
+    cfg = tiny_config(budget_amount=12, batch_size=64, eval_every=4, save_checkpoint=True, device=device)
+    one = run(cfg, tmp_path / "one", progress=False)
+    group = run_rank(cfg, tmp_path / "group", GroupPlace(0, 1, 0, f"file://{tmp_path}/rendezvous"), progress=False)
+    assert one.state == group.state == "ok", group.error
+    assert not torch.distributed.is_initialized()   # the group is left
+    rd = RunDir(tmp_path / "group")
+    assert rd.status()["devices"]["count"] == 1 and rd.status()["devices"]["backend"] == backend
+    rel = 1e-5 if device == "cpu" else 1e-4
+    assert_same_history(one.history, rd.history_rows(), rel=rel)
+    assert_same_weights(tmp_path / "one", tmp_path / "group", rtol=rel, atol=1e-5)
+    for row in rd.history_rows():
+        assert all(key in row and math.isnan(row[key]) for key in NOISE_COLUMNS), row
+
+
+@pytest.mark.parametrize("simulated", [
+    True, pytest.param(False, marks=[requires_cuda, pytest.mark.skipif(torch.cuda.device_count() > 1,
+                                                                        reason="checks a machine with one GPU")])],
+    ids=["one-gpu-simulated", "cuda-one-gpu"])
+def test_two_devices_on_one_gpu_is_a_config_error(tmp_path, monkeypatch, simulated):
+    """NCCL refuses two ranks on one GPU, so each process of a group on CUDA has a GPU of its own: on a machine
+    with one, `devices: 2` says so in one line before any process starts. Simulated (any machine): torch is
+    made to see one CUDA device."""
+    import bsresearch.distributed as distributed
+    if simulated:
+        monkeypatch.setattr(distributed, "resolve_device", lambda name: torch.device("cuda"))
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = tiny_config(device="cuda", devices=2, batch_size=64)
+    with pytest.raises(ConfigError, match=r"devices 2: process 1 of this node has no CUDA device \(it sees 1\)") \
+            as error:
+        run(cfg, tmp_path / "run", progress=False)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "run" / "status.json").exists()
 
 
 # ----------------------------------------------------------------------------- accumulation: one all-reduce
