@@ -5,6 +5,7 @@ special-cased by the library: the models are used through the adapters every mod
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import textwrap
@@ -18,6 +19,8 @@ import torch.nn.functional as F
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 transformers = pytest.importorskip("transformers")
+
+from conftest import requires_cuda  # noqa: E402
 
 from bsresearch import step  # noqa: E402
 from bsresearch.batch import Features, OutputError, logits_of, model_loss_of  # noqa: E402
@@ -195,6 +198,16 @@ def test_a_gpt2_trains_on_a_mapping_batch_with_its_own_loss_and_its_label_shift_
     assert result.state == "ok"
     losses = [row["train_loss"] for row in result.history]
     assert losses[-1] < losses[0] - 0.3   # it learns that each token is the previous plus one
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)], ids=["cpu-bf16", "cuda-bf16"])
+def test_a_gpt2_trains_in_bf16(hf_file, device):
+    """precision bf16 (autocast) with the model's own loss: finite losses that fall as in fp32. The CUDA variant
+    is the one that matters; its CPU twin (bf16 autocast on the CPU) checks the test itself on any machine."""
+    result = run(lm_cfg(hf_file, precision="bf16", device=device, budget_amount=30, eval_every=10), progress=False)
+    assert result.state == "ok", result.error
+    losses = [row["train_loss"] for row in result.history]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 0.3, losses
 
 
 def test_a_gpt2_under_the_built_in_cross_entropy_reads_its_logits(hf_file, tmp_path):
