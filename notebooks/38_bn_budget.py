@@ -23,6 +23,8 @@ out_dir: str = "reports/bn_budget_goyal"           # figures and tables are writ
 spec_path: Optional[str] = "experiments/bn_budget_goyal.yaml"   # the spec: which variant each run belongs to
 bcrit_sweep: str = "bn_budget_bcrit"               # B_crit at each N (steps to target)
 hoffer_sweep: str = "bn_budget_hoffer"             # the Hoffer design's sweep
+extension_sweeps: str = "bn_budget_goyal_ext"      # the Goyal design's lr grid extended at its edges (protocol
+#                                                    rule, once), read with `sweep` (those not run yet are skipped)
 
 # %%
 import matplotlib.pyplot as plt
@@ -36,7 +38,7 @@ from bsresearch.plots.findings import bn_budget as figures
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
-goyal_runs = results.load(sweep, runs_root=runs_dir)
+goyal_runs = results.load([sweep, *results.sweeps_run(extension_sweeps, runs_dir)], runs_root=runs_dir)
 goyal_runs = goyal_runs.assign(arm=goyal_runs["variant"].str[0].map({"e": "epochs", "s": "steps"}))
 stt_runs = results.load(bcrit_sweep, runs_root=runs_dir)
 hoffer_runs = results.load(hoffer_sweep, runs_root=runs_dir)
