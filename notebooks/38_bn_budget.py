@@ -23,8 +23,9 @@ out_dir: str = "reports/bn_budget_goyal"           # figures and tables are writ
 spec_path: Optional[str] = "experiments/bn_budget_goyal.yaml"   # the spec: which variant each run belongs to
 bcrit_sweep: str = "bn_budget_bcrit"               # B_crit at each N (steps to target)
 hoffer_sweep: str = "bn_budget_hoffer"             # the Hoffer design's sweep
-extension_sweeps: str = "bn_budget_goyal_ext"      # the Goyal design's lr grid extended at its edges (protocol
-#                                                    rule, once), read with `sweep` (those not run yet are skipped)
+# the Goyal design's lr grid extended at its edges and its seeds extended (protocol rules, each once), read with
+# `sweep` (a sweep not run yet is skipped)
+extension_sweeps: str = "bn_budget_goyal_ext,bn_budget_goyal_seeds,bn_budget_goyal_seeds_ext"
 
 # %%
 import matplotlib.pyplot as plt
