@@ -21,6 +21,9 @@ runs_dir: str = "runs"                             # root folder of run director
 out_dir: str = "reports/lm_small_batch_v5"         # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = "experiments/lm_small_batch_v5.yaml"   # the spec: which variant each run belongs to
 sgd_sweep: str = "lm_small_batch_sgd_v5"            # the SGD runs of test (2)
+# the grids extended at their edges and the seeds extended (protocol rules), read with the two sweeps above (a sweep
+# not run yet is skipped)
+extension_sweeps: str = "lm_small_batch_sgd_v5_ext,lm_small_batch_v5_seeds,lm_small_batch_sgd_v5_seeds"
 
 # %%
 import matplotlib.pyplot as plt
@@ -34,7 +37,8 @@ from bsresearch.plots import save_figure
 runs_dir, out = project_path(runs_dir), project_path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
 runs = results.load(sweep, runs_root=runs_dir)
-runs = pd.concat([runs, results.load(sgd_sweep, runs_root=runs_dir)], ignore_index=True)
+runs = pd.concat([runs, results.load([sgd_sweep, *results.sweeps_run(extension_sweeps, runs_dir)],
+                                     runs_root=runs_dir)], ignore_index=True)
 print(f"{len(runs)} runs:", dict(runs["state"].value_counts()))
 print("batch sizes left to the GPU spec (fewer than 1000 updates at 2^21 tokens): 64, 256")
 
