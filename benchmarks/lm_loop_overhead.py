@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_parser, median_and_spread, start, write_results  # noqa: E402
-from sequence_loops import bsresearch_run, hand_written  # noqa: E402
+from common import benchmark_parser, start, write_results  # noqa: E402
+from sequence_loops import bsresearch_run, compare, hand_written  # noqa: E402
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
@@ -50,24 +50,7 @@ def measure(batch_size: int, device: torch.device, seconds: float, repeats: int)
         "bsresearch, DataLoader, 1 worker": lambda: bsresearch_run(
             config(batch_size, steps, device, data_loading="stream", loader_workers=1)),
     }
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    checks: dict[str, float] = {}
-    for _ in range(repeats):
-        for name, fn in candidates.items():
-            seconds_taken, check = fn()
-            times[name].append(seconds_taken)
-            checks[name] = check
-    reference = checks["hand-written loop"]
-    assert all(abs(v - reference) <= 1e-5 * abs(reference) for v in checks.values()), checks  # the same training
-    base = median_and_spread([steps / t for t in times["hand-written loop"]])[0]
-    rows = []
-    for name, values in times.items():
-        rate, spread = median_and_spread([steps / t for t in values])
-        rows.append({"batch_size": batch_size, "tokens_per_step": batch_size * data.x_train.shape[1],
-                     "candidate": name, "steps": steps, "repeats": repeats, "steps_per_second": rate,
-                     "steps_per_second_half_iqr": spread, "time_vs_hand_written": base / rate,
-                     "train_loss_after": checks[name]})
-    return rows
+    return compare(candidates, repeats, steps, batch_size, batch_size * data.x_train.shape[1])
 
 
 def main() -> None:
