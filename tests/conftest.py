@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from bsresearch.config import RunConfig
+from bsresearch.loop import Callback
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -106,3 +109,27 @@ def swept_report(tmp_path: Path, name: str, spec_text: str) -> Path:
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     assert run_sweep(spec, runs_root=runs, executor="inline", progress=False).all_finished
     return run_report(spec, runs, reports, html=False, allow_dirty=True)
+
+
+class KillAt(Callback):
+    """SIGKILL this device's process (a device group's, or a Slurm step's task) when the loop reaches `step`, on
+    `rank` only."""
+
+    def __init__(self, step, rank):
+        self.step, self.rank = step, rank
+
+    def after_step(self, loop, losses):
+        if loop.step == self.step and torch.distributed.get_rank() == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def devices_spec(name: str) -> str:
+    """A sweep of two tiny runs on 2 devices each (batch 32 and 64)."""
+    return f"""name: {name}
+timeout: 300
+base: {{dataset: synthetic, train_size: 256, model: mlp, width: 16, depth: 1, budget: steps, budget_amount: 6,
+       eval_schedule: every, eval_every: 3, device: cpu, save_checkpoint: false, devices: 2}}
+grid:
+  batch_size: [32, 64]
+seeds: [0]
+"""

@@ -15,7 +15,6 @@ import json
 import math
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import killed_at, requires_cuda, tiny_config
+from conftest import KillAt, devices_spec, killed_at, requires_cuda, tiny_config
 
 from bsresearch import config as C
 from bsresearch import schedule
@@ -302,17 +301,6 @@ def test_the_hook_noise_scale_is_the_two_batch_estimator_on_the_devices_partitio
 
 
 # ----------------------------------------------------------------------------- faults
-class KillAt(Callback):
-    """SIGKILL this device's process when the loop reaches `step` (on `rank` only)."""
-
-    def __init__(self, step, rank):
-        self.step, self.rank = step, rank
-
-    def after_step(self, loop, losses):
-        if loop.step == self.step and torch.distributed.get_rank() == self.rank:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 class OutOfMemoryAt(KillAt):
     """Device `rank` runs out of memory inside its update at `step`."""
 
@@ -373,14 +361,7 @@ def test_a_finished_run_is_not_trained_again_on_other_devices(tmp_path):
 
 
 # ----------------------------------------------------------------------------- sweeps
-SPEC = """name: devices
-timeout: 300
-base: {dataset: synthetic, train_size: 256, model: mlp, width: 16, depth: 1, budget: steps, budget_amount: 6,
-       eval_schedule: every, eval_every: 3, device: cpu, save_checkpoint: false, devices: 2}
-grid:
-  batch_size: [32, 64]
-seeds: [0]
-"""
+SPEC = devices_spec("devices")
 
 
 def test_a_sweep_gives_each_run_its_devices(tmp_path, monkeypatch):

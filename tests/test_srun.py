@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import KillAt, devices_spec, tiny_config
 
 from bsresearch.cli import main as cli_main
 from bsresearch.config import ConfigError
 from bsresearch.distributed import GroupPlace, group_from_environment, slurm_place, srun_command
 from bsresearch.launcher import VARIABLE, check_launcher, device_launcher
-from bsresearch.loop import Callback
 from bsresearch.rundir import RunDir
 from bsresearch.state import load_checkpoint
 from bsresearch.sweep.task import RunTask
@@ -162,17 +161,6 @@ def test_the_srun_launcher_trains_the_run_the_processes_launcher_trains(tmp_path
 
 
 # ----------------------------------------------------------------------------- faults
-class KillAt(Callback):
-    """SIGKILL this task when the loop reaches `step` (on `rank` only)."""
-
-    def __init__(self, step, rank):
-        self.step, self.rank = step, rank
-
-    def after_step(self, loop, losses):
-        if loop.step == self.step and torch.distributed.get_rank() == self.rank:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def test_a_killed_task_ends_the_run_died_in_bounded_time(tmp_path, fake_srun, monkeypatch):
     """kill -9 of task 1 at step 10: the step ends (--kill-on-bad-exit), the run is `died` with srun's status and
     the task that left no report, the step's folder is removed. Task 0 outlives task 1 (it sees the group
@@ -251,14 +239,7 @@ def test_a_task_that_cannot_read_its_run_reports_it_failed(tmp_path, monkeypatch
 
 
 # ----------------------------------------------------------------------------- sweeps
-SPEC = """name: steps
-timeout: 300
-base: {dataset: synthetic, train_size: 256, model: mlp, width: 16, depth: 1, budget: steps, budget_amount: 6,
-       eval_schedule: every, eval_every: 3, device: cpu, save_checkpoint: false, devices: 2}
-grid:
-  batch_size: [32, 64]
-seeds: [0]
-"""
+SPEC = devices_spec("steps")
 
 
 def test_a_sweep_with_launcher_srun_runs_each_run_as_one_step(tmp_path, fake_srun, monkeypatch, capsys):
