@@ -66,6 +66,7 @@ from .launcher import allocation_has_gpus, check_launcher, device_launcher
 from .loop import Callback, Loop, Member, RunResult, StepHooks
 from .losses import Loss, Task
 from .noise_tracker import NoiseScaleEMA, noise_ema_columns, update_noise_ema
+from .paths import with_this_package
 from .rundir import RunDir, check_writable
 from .runsetup import finished_result, out_of_memory_result, run_setup
 from .runtime import derive_seed, is_out_of_memory, model_randomness, oom_message, provenance, resolve_device
@@ -355,6 +356,7 @@ class DeviceEngine(ModelEngine):
                                            **sync)
         self.norms = GradientNorms(self.world)
         self.norms.losses = []
+        self.recorded_loss = dataclasses.replace(self.loss, fn=self._recorded_loss)   # Loss.of feeds it as the run's
         self.ddp.register_comm_hook(self.norms, gradient_norms_hook)
         self.samples: dict[int, tuple[torch.Tensor, torch.Tensor, int, int]] = {}   # member index -> last step's
 
@@ -381,7 +383,7 @@ class DeviceEngine(ModelEngine):
             micro = list(zip(x.split(part), y.split(part)))
             total = self._token_share(micro) if self.task.token_level else None
             value = training_step(self.ddp, state.optimizer, micro, cfg.precision, state.scaler,
-                                  dataclasses.replace(self.loss, fn=self._recorded_loss),
+                                  self.recorded_loss,
                                   after_backward=hook.after_backward if hook else None,
                                   before_update=hook.before_update if hook else None, no_sync=self.ddp.no_sync,
                                   count=self.task.count if total is not None else None, total=total)
@@ -689,10 +691,7 @@ def _start_step(cfg: RunConfig, rd: RunDir | None, progress: bool | None, overwr
     try:
         payload = pickle.dumps((cfg, str(home) if rd else None, progress, overwrite, callbacks))
         (folder / STEP_FILE).write_bytes(pickle.dumps({"sys_path": list(sys.path), "payload": payload}))
-        env = dict(os.environ)
-        package_parent = str(Path(__file__).resolve().parents[1])   # the tasks import this very bsresearch
-        env["PYTHONPATH"] = os.pathsep.join([package_parent, *[p for p in env.get("PYTHONPATH", "").split(
-            os.pathsep) if p]])
+        env = with_this_package(dict(os.environ))   # the tasks import this very bsresearch
         command = srun_command(cfg.devices, gpus, folder, home.name if rd else "run", cfg.threads)
         proc = subprocess.Popen(command, env=env, preexec_fn=lambda: _die_with_parent(signal.SIGTERM))
         try:

@@ -3,6 +3,7 @@ starts a notebook's kernel in notebooks/, papermill in the report folder or a ru
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -40,3 +41,10 @@ def project_folder(default: str):
         return Path(text).expanduser().resolve() if text else project_path(default)
     parse.__name__ = f"{default} folder"
     return parse
+
+
+def with_this_package(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this bsresearch's parent folder first on PYTHONPATH, so that a process it starts (a sweep's
+    worker and kernel, a Slurm step's device tasks) imports this very bsresearch, installed or not."""
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**env, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), *paths])}

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..launcher import VARIABLE as LAUNCHER_VARIABLE
+from ..paths import with_this_package
 from ..rundir import FINISHED_STATES, RunDir, storage_error
 from . import forkserver
 from .task import (
@@ -92,10 +93,7 @@ def worker_env(task: RunTask | GroupTask, slot: int | None) -> dict[str, str]:
     # explicit cuda:N is left alone, and so are the GPUs of a Slurm job step's tasks (Slurm binds them)
     if task.gpus and slot is not None and device in ("auto", "cuda") and launcher != "srun":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(slot_gpus(task.gpus, slot, int(task.config.get("devices") or 1)))
-    # the worker and its kernel import this very bsresearch, installed or not
-    package_parent = str(Path(__file__).resolve().parents[2])
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([package_parent, *paths])
+    env = with_this_package(env)   # the worker and its kernel import this very bsresearch, installed or not
     env["JUPYTER_PREFER_ENV_PATH"] = "1"  # kernel "python3" from this environment, not a user-wide kernelspec
     env["PYTHONUNBUFFERED"] = "1"
     env["BSRESEARCH_SUPERVISOR_PID"] = str(os.getpid())
