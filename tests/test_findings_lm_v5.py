@@ -90,3 +90,34 @@ def test_sgd_at_its_held_out_best_lr():
     assert far.verdict == Verdict.NOT_REPRODUCED
     edge = lm_small_batch.sgd_test(small_batch_runs({1: 0.06}, sgd={0.3: 2.6, 1.0: 2.5, 3.0: 2.4}))
     assert edge.verdict == Verdict.NOT_TESTABLE and edge.edge == "largest"
+
+
+def lr_grid_runs(d, losses, b=64, seeds=(40, 41, 42, 43, 44)):
+    """The GPU spec's cells: both beta2 rules at one batch size on an lr grid; `losses` per lr for the half-life
+    rule, the fixed rule `d` worse at every lr."""
+    rows = []
+    for lr, loss in losses.items():
+        for i, seed in enumerate(seeds):
+            base = {"batch_size": b, "seed": seed, "state": "ok", "micro_batch_size": np.nan, "total_steps": 1024,
+                    "lr": lr, "optimizer": "adam"}
+            e = 0.002 * (i - 2)
+            rows.append({**base, "beta2_scaling": "none", "test_loss": loss + d + e})
+            rows.append({**base, "beta2_scaling": "half_life", "test_loss": loss + e})
+    return pd.DataFrame(rows)
+
+
+def test_a_cell_on_an_lr_grid_takes_each_seed_at_its_held_out_lr():
+    grid = lr_grid_runs(-0.05, {1e-4: 2.6, 3e-4: 2.5, 1e-3: 2.55, 3e-3: float("nan")})
+    test = lm_small_batch.beta2_by_batch_test(pd.concat([small_batch_runs({1: 0.06, 4: 0.02}), grid]))
+    row = test.per_batch.set_index("batch_size").loc[64]
+    assert row["n"] == 5 and row["lr_half_life"] == " ".join(["0.0003"] * 5)
+    assert row["diff"] == pytest.approx(-0.05) and test.verdict == Verdict.PARTLY   # the fixed beta2 wins at 64
+    edge = lm_small_batch.beta2_by_batch_test(lr_grid_runs(0.0, {1e-4: 2.4, 3e-4: 2.5, 1e-3: 2.55}))
+    assert edge.verdict == Verdict.NOT_TESTABLE and "smallest" in edge.why
+
+
+def test_held_out_lr_is_never_chosen_on_the_seed_itself():
+    cell = pd.DataFrame({"seed": [1, 1, 2, 2, 3, 3], "lr": [0.1, 1.0] * 3, "loss": [1.0, 2.2, 2.0, 1.0, 2.0, 1.2]})
+    chosen, picks = lm_small_batch.held_out(cell)
+    assert picks == (1.0, 0.1, 0.1)          # seed 1 alone prefers 0.1; seeds 2 and 3 choose 1.0 for it
+    assert chosen["loss"].tolist() == [2.2, 2.0, 2.0]

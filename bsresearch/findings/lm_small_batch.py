@@ -230,10 +230,36 @@ def secondary(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- protocol v5: beta2 at every B, SGD
+def _best_lr(cell: pd.DataFrame) -> tuple[float, str]:
+    """One (setting, batch_size) cell's best lr on all its seeds (lowest mean loss, a run not ok counting as the
+    worst), and which edge of at least 3 lrs it lies on ("" when interior or with fewer lrs)."""
+    means = cell.groupby("lr")["loss"].mean().sort_index()
+    if means.empty:
+        return math.nan, ""
+    lrs, best = list(means.index), float(means.idxmin())
+    return best, "" if len(lrs) < 3 else "smallest" if best == lrs[0] else "largest" if best == lrs[-1] else ""
+
+
+def held_out(cell: pd.DataFrame) -> tuple[pd.DataFrame, tuple[float, ...]]:
+    """The runs of one (setting, batch_size) cell run on an lr grid, each seed taken at the lr best on the other
+    seeds (held out: no seed chooses its own lr), and those lrs in seed order. A cell of one lr is itself."""
+    if cell["lr"].nunique() <= 1:
+        return cell, tuple(float(v) for v in cell.sort_values("seed")["lr"])
+    rows, picks = [], []
+    for seed in sorted(cell["seed"].unique()):
+        others = cell[cell["seed"] != seed].groupby("lr")["loss"].mean()
+        if others.empty:
+            continue
+        picks.append(float(others.idxmin()))
+        rows.append(cell[(cell["seed"] == seed) & np.isclose(cell["lr"], picks[-1])])
+    return (pd.concat(rows) if rows else cell.iloc[:0]), tuple(picks)
+
+
 @dataclass(frozen=True)
 class Beta2ByBatchTest:
     """docs/protocols.md#lm-small-batch-v5: d_beta2(B) = L(adam_fixed, B) - L(adam_half_life, B) at every B."""
-    per_batch: pd.DataFrame   # batch_size, diff, low, high, n, updates (optimizer steps of the runs)
+    per_batch: pd.DataFrame   # batch_size, diff, low, high, n, updates (optimizer steps), lr_fixed, lr_half_life
+    per_seed: pd.DataFrame    # batch_size, seed, a (fixed), b (half-life), diff: the numbers each interval is from
     small: int
     verdict: Verdict
     why: str
@@ -247,29 +273,45 @@ def beta2_by_batch_test(runs: pd.DataFrame, metric: str = "test_loss", min_updat
     at the smallest B, and at no B does it lie below 0 (the fixed beta2 is never better). Partly: above 0 at the
     smallest B, below 0 at some other B. Not reproduced: at the smallest B the interval reaches 0. Not testable:
     a run not ok, fewer than 2 paired seeds, or a batch size with fewer than `min_updates` optimizer updates.
+    A (rule, B) cell run on an lr grid (the GPU spec) takes each seed at the lr best on the other seeds
+    (`held_out`); its best lr on all seeds on the grid's edge is not testable.
     extend_seeds: some batch size's interval contains 0 (each decides: the smallest B's, or one that could lie
     below 0) with fewer than max_seeds seeds (statistics item 3: once, to 8)."""
     data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
     data = data[data["setting"].isin(["adam_fixed", "adam_half_life"])]
-    problems = [f"{r.setting} batch {r.batch_size} seed {r.seed}: run {r.state}" for r in data.itertuples()
-                if r.state != "ok"]
-    rows = []
+    problems, cells, picks = [], [], {}
+    for (setting, b), cell in data.groupby(["setting", "batch_size"], sort=True):
+        best, edge = _best_lr(cell)
+        if edge:
+            problems.append(f"{setting} batch {b}: the best lr {best:g} is the grid's {edge}")
+        cell, picks[(setting, int(b))] = held_out(cell)
+        cells.append(cell)
+        problems += [f"{r.setting} batch {r.batch_size} seed {r.seed}: run {r.state}" for r in cell.itertuples()
+                     if r.state != "ok"]
+    data = pd.concat(cells) if cells else data
+    rows, seeds = [], []
     for b in sorted(data["batch_size"].unique()):
+        seeds.append(paired_per_seed(data, ("adam_fixed", int(b)), ("adam_half_life", int(b)))
+                     .assign(batch_size=int(b)))
         p = paired(data, ("adam_fixed", int(b)), ("adam_half_life", int(b)))
         steps = pd.to_numeric(data[data["batch_size"] == b].get("total_steps", pd.Series(dtype=float)), errors="coerce")
         updates = float(steps.min()) if steps.notna().any() else math.nan
         rows.append({"batch_size": int(b), "diff": p.diff, "low": p.low, "high": p.high, "n": p.n,
-                     "updates": updates})
+                     "updates": updates,
+                     **{f"lr_{s.removeprefix('adam_')}": " ".join(f"{v:g}" for v in picks.get((s, int(b)), ()))
+                        for s in ("adam_fixed", "adam_half_life")}})
         if p.n < 2:
             problems.append(f"batch {b}: {p.n} paired seeds")
         if math.isfinite(updates) and updates < min_updates:
             problems.append(f"batch {b}: {updates:g} optimizer updates < {min_updates}")
     per = pd.DataFrame(rows)
+    per_seed = pd.concat(seeds, ignore_index=True)[["batch_size", "seed", "a", "b", "diff"]] if seeds else \
+        pd.DataFrame(columns=["batch_size", "seed", "a", "b", "diff"])
     small = int(per["batch_size"].min()) if len(per) else 0
     n_seeds = int(data["seed"].nunique())
     straddle = bool(((per["low"] <= 0) & (per["high"] >= 0)).any()) if len(per) else False
     if problems or per.empty:
-        return Beta2ByBatchTest(per, small, Verdict.NOT_TESTABLE, "; ".join(problems) or "no runs", False,
+        return Beta2ByBatchTest(per, per_seed, small, Verdict.NOT_TESTABLE, "; ".join(problems) or "no runs", False,
                                 tuple(problems))
     first = per.iloc[0]
     worse = per[per["high"] < 0]["batch_size"].tolist()
@@ -281,7 +323,7 @@ def beta2_by_batch_test(runs: pd.DataFrame, metric: str = "test_loss", min_updat
     else:
         verdict, why = Verdict.REPRODUCED, (f"the half-life beta2 wins at batch {small} and is never worse "
                                             f"(batches {', '.join(map(str, per['batch_size']))})")
-    return Beta2ByBatchTest(per, small, verdict, why, straddle and n_seeds < max_seeds)
+    return Beta2ByBatchTest(per, per_seed, small, verdict, why, straddle and n_seeds < max_seeds)
 
 
 @dataclass(frozen=True)
@@ -292,6 +334,7 @@ class SgdTest:
     edge: str                 # "smallest" | "largest" | ""
     held_out_lrs: tuple[float, ...]
     gap: Paired               # L(sgd at the held-out lr) - L(adam_half_life), paired over seeds
+    per_seed: pd.DataFrame    # seed, a (sgd), b (adam_half_life), diff: the numbers gap's interval is from
     reference: float          # mean L(adam_half_life, B)
     margin: float
     verdict: Verdict
@@ -306,21 +349,12 @@ def sgd_test(runs: pd.DataFrame, batch_size: int = 1, metric: str = "test_loss",
     data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
     sgd = data[(data["setting"] == "sgd") & (data["batch_size"] == batch_size)]
     adam = data[(data["setting"] == "adam_half_life") & (data["batch_size"] == batch_size)]
-    means = sgd.groupby("lr")["loss"].mean().sort_index()
-    lrs = list(means.index)
-    best = float(means.idxmin()) if len(means) else math.nan
-    edge = "" if len(lrs) < 3 else "smallest" if best == lrs[0] else "largest" if best == lrs[-1] else ""
-    picks, rows = [], []
-    for seed in sorted(sgd["seed"].unique()):
-        others = sgd[sgd["seed"] != seed].groupby("lr")["loss"].mean()
-        if others.empty:
-            continue
-        lr_value = float(others.idxmin())
-        picks.append(lr_value)
-        rows.append(sgd[(sgd["seed"] == seed) & np.isclose(sgd["lr"], lr_value)])
-    chosen = pd.concat(rows) if rows else sgd.iloc[:0]
+    lrs = sorted(sgd["lr"].unique())
+    best, edge = _best_lr(sgd)
+    chosen, picks = held_out(sgd)
     both = pd.concat([chosen, adam])
     gap = paired(both, ("sgd", batch_size), ("adam_half_life", batch_size))
+    per_seed = paired_per_seed(both, ("sgd", batch_size), ("adam_half_life", batch_size))
     ref = adam["loss"][np.isfinite(adam["loss"])]
     reference = float(ref.mean()) if len(ref) else math.nan
     if len(lrs) < 3 or edge:
@@ -333,4 +367,4 @@ def sgd_test(runs: pd.DataFrame, batch_size: int = 1, metric: str = "test_loss",
     else:
         verdict, why = Verdict.NOT_REPRODUCED, (f"SGD worse than Adam by {gap.diff:+.4f} [{gap.low:+.4f}, "
                                                 f"{gap.high:+.4f}] at batch {batch_size}")
-    return SgdTest(batch_size, best, edge, tuple(picks), gap, reference, margin, verdict, why)
+    return SgdTest(batch_size, best, edge, picks, gap, per_seed, reference, margin, verdict, why)
