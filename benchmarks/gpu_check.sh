@@ -17,7 +17,8 @@
 #   loop    the training loop against the tutorial DataLoader loop;
 #   fused   fused runs against the same runs one after another, K = 1, 8, 64;
 #   oom     a real out-of-memory in a sweep, then the accumulation plan at that batch (gpu_oom.py);
-#   reproduce  the sweeps of the specs in GPU_SPECS (default: gpu_lm_cbs, the language-model finding at GPU size),
+#   reproduce  the sweeps of the specs in GPU_SPECS (default: gpu_lm_small_batch_v5, the beta2 test's batch 64 with
+#           1024 updates, one fused group of 40 runs that decides a pre-registered row; then gpu_lm_cbs),
 #           2 workers, into OUT/runs, until 45 s before the deadline; a sweep cut off is stopped as Ctrl-C stops
 #           it, and its runs resume from their checkpoints when the same command is run again on that folder. Its
 #           report is made from OUT/runs anywhere (`bsresearch report experiments/SPEC.yaml --runs OUT/runs`).
@@ -105,7 +106,7 @@ wanted fused && stage fused_runs 60 $PY benchmarks/fused_runs.py --device cuda -
   --batch-sizes 32,256 --ks 1,8,64 --seconds 0.3 --repeats 3 --stem fused_runs_cuda --out-dir "$OUT"
 wanted oom && stage gpu_oom 150 $PY benchmarks/gpu_oom.py --out "$OUT"
 if wanted reproduce; then
-  for spec in ${GPU_SPECS:-gpu_lm_cbs}; do
+  for spec in ${GPU_SPECS:-gpu_lm_small_batch_v5 gpu_lm_cbs}; do
     # Ctrl-C (SIGINT) 45 s before the deadline, so the sweep records its runs as interrupted before it is killed
     grace=$(( $(left) - 45 ))
     if (( grace < 10 )); then echo "== sweep_$spec: skipped, $(left) s left"; continue; fi
