@@ -45,16 +45,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bsresearch import results, stats
-from bsresearch.data import dataset_for
-from bsresearch.engine import evaluate
 from bsresearch.findings import dinh
-from bsresearch.findings.dinh import relu_rescale
-from bsresearch.measure import curvature, sharpness
 from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.plots.findings.dinh import measure_vs_alpha
-from bsresearch.runtime import make_generator
-from bsresearch.train import load_trained_model
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
@@ -64,29 +58,7 @@ n_train = int(chosen["n_train"].max())
 print(f"{len(chosen)} trained models of {source_sweep} (batch sizes {sorted(set(chosen.batch_size))}, seeds "
       f"{sorted(set(chosen.seed))}); largest B/N = {int(chosen.batch_size.max())}/{n_train} = "
       f"{chosen.batch_size.max() / n_train:.3g}")
-rows = []
-for _, run in chosen.iterrows():
-    model, cfg = load_trained_model(run["run_dir"])
-    data = dataset_for(cfg)
-    x, y = data.x_train, data.y_train
-    reference = model(x).detach()
-    for alpha in alphas:
-        other = relu_rescale(model, alpha, pair)
-        rows.append({
-            "batch_size": cfg.batch_size, "seed": cfg.seed, "alpha": alpha,
-            "max_output_change": float((other(x).detach() - reference).abs().max()),
-            "max_abs_logit": float(reference.abs().max()),
-            "train_loss": evaluate(other, x, y)[0], "test_acc": evaluate(other, data.x_test, data.y_test)[1],
-            "keskar_phi": sharpness.keskar_sharpness(other, x, y, 1e-3).phi,
-            "top_eigenvalue": curvature.top_eigenvalues(other, [(x, y)], k=1, tol=1e-3).eigenvalues[0],
-            "hessian_trace": curvature.hessian_trace(other, [(x, y)], n_probes=10,
-                                                     generator=make_generator(cfg.seed, "dinh")).trace,
-            "worst_case": sharpness.worst_case_sharpness(other, x, y, 0.05).sharpness,
-            "adaptive_worst_case": sharpness.worst_case_sharpness(other, x, y, 0.5, adaptive=True).sharpness,
-            "adaptive_average_case": sharpness.average_case_sharpness(
-                other, x, y, 0.05, adaptive=True, generator=make_generator(cfg.seed, "dinh")).sharpness,
-        })
-table = pd.DataFrame(rows)
+table = dinh.rescaling_table(chosen, alphas, pair)
 table.to_csv(out / "dinh_runs.csv", index=False)
 
 # %% [markdown]

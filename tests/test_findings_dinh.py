@@ -88,3 +88,28 @@ def test_measure_vs_alpha_draws_absolute_values_and_says_when_nothing_moves():
     assert left.get_yscale() == "log" and left.get_title() == "top_eigenvalue\nmax |x/x(1) - 1| = 24"
     assert right.get_title().endswith("unchanged: max |x/x(1) - 1| = 0") and right.get_yscale() == "linear"
     plt.close(fig)
+
+
+def test_rescaling_table_measures_every_runs_weights_rescaled_keeping_its_function(tmp_path):
+    from conftest import tiny_config
+
+    from bsresearch import results
+    from bsresearch.data import resident_dataset_for
+    from bsresearch.engine import evaluate
+    from bsresearch.findings.dinh import rescaling_table
+    from bsresearch.measure import curvature
+    from bsresearch.train import load_trained_model, run
+    done = [run(tiny_config(batch_size=b, save_checkpoint=True), tmp_path / str(b)) for b in (16, 64)]
+    runs = results.load(tmp_path, all_runs=True).sort_values("batch_size")
+    table = rescaling_table(runs, alphas=[1.0, 10.0])
+    assert len(table) == 4 and list(table["batch_size"]) == [16, 16, 64, 64]
+    assert (table["max_output_change"] <= 1e-4 * table["max_abs_logit"]).all()   # the same function
+    at_one = table[table["alpha"] == 1.0].set_index("batch_size")
+    for result in done:      # alpha 1 is the trained model itself: measured directly, the same numbers
+        model, cfg = load_trained_model(result.run_dir)
+        data = resident_dataset_for(cfg, "cpu")
+        assert at_one.loc[cfg.batch_size, "train_loss"] == pytest.approx(evaluate(model, data.x_train, data.y_train)[0])
+        top = curvature.top_eigenvalues(model, [(data.x_train, data.y_train)], k=1, tol=1e-3).eigenvalues[0]
+        assert at_one.loc[cfg.batch_size, "top_eigenvalue"] == pytest.approx(top, rel=1e-3)
+    ten = table[table["alpha"] == 10.0].set_index("batch_size")
+    assert (ten["top_eigenvalue"] != at_one["top_eigenvalue"]).all()        # the weights, and the curvature, moved

@@ -2,12 +2,13 @@
 (a, 1/a) leaves the function unchanged but changes sharpness arbitrarily; adaptive sharpness does not move.
 
     same_function = relu_rescale(model, alpha=10.0)
+    table = rescaling_table(runs, alphas=[1, 10, 100])   # every finished run's weights, rescaled and measured
     test = rescaling_test(table)                      # the pre-registered test: smallest per-model ratio, verdict
     absolute_and_ratios(table, ["top_eigenvalue"])    # SB and LB values at alpha 1 and 10 beside the ratios
     figures.measure_vs_alpha(ax, table, "top_eigenvalue")     # one panel per measure, absolute values
 
 `table`: one row per (model, alpha) with batch_size, seed, alpha, max_output_change, max_abs_logit and
-one column per measure (notebooks/26_dinh.py builds it).
+one column per measure (`rescaling_table` builds it from a sweep's runs).
 
 Setting and pre-registered test: docs/protocols.md#dinh.
 
@@ -25,7 +26,12 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from ..config import ConfigError
+from ..config import ConfigError, RunConfig
+from ..data import Dataset
+from ..engine import evaluate
+from ..measure import curvature, sharpness
+from ..runtime import make_generator
+from .runs import measure_each_run
 from .verdict import Verdict
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
@@ -63,6 +69,42 @@ def relu_rescale(model: nn.Module, alpha: float, pair: int = 0) -> nn.Module:
             layer_a.bias.mul_(alpha)
         layer_b.weight.div_(alpha)
     return out
+
+
+def rescaled_measures(model: nn.Module, data: Dataset, cfg: RunConfig, alphas: Sequence[float],
+                      pair: int = 0) -> list[dict[str, float]]:
+    """One trained model rescaled by each alpha (`relu_rescale`), measured on its training data (sharpness,
+    curvature, train loss) and test data (accuracy), with the validity numbers: the largest change of the
+    outputs over the training set, and the largest logit it is compared with. Probes draw from the run's seed."""
+    x, y = data.x_train, data.y_train
+    reference = model(x).detach()
+    rows = []
+    for alpha in alphas:
+        other = relu_rescale(model, alpha, pair)
+        rows.append({
+            "batch_size": cfg.batch_size, "seed": cfg.seed, "alpha": alpha,
+            "max_output_change": float((other(x).detach() - reference).abs().max()),
+            "max_abs_logit": float(reference.abs().max()),
+            "train_loss": evaluate(other, x, y)[0], "test_acc": evaluate(other, data.x_test, data.y_test)[1],
+            "keskar_phi": sharpness.keskar_sharpness(other, x, y, 1e-3).phi,
+            "top_eigenvalue": curvature.top_eigenvalues(other, [(x, y)], k=1, tol=1e-3).eigenvalues[0],
+            "hessian_trace": curvature.hessian_trace(other, [(x, y)], n_probes=10,
+                                                     generator=make_generator(cfg.seed, "dinh")).trace,
+            "worst_case": sharpness.worst_case_sharpness(other, x, y, 0.05).sharpness,
+            "adaptive_worst_case": sharpness.worst_case_sharpness(other, x, y, 0.5, adaptive=True).sharpness,
+            "adaptive_average_case": sharpness.average_case_sharpness(
+                other, x, y, 0.05, adaptive=True, generator=make_generator(cfg.seed, "dinh")).sharpness,
+        })
+    return rows
+
+
+def rescaling_table(runs: pd.DataFrame, alphas: Sequence[float], pair: int = 0,
+                    device: torch.device | str = "cpu") -> pd.DataFrame:
+    """`rescaled_measures` of every run of `runs` (a results.load table of finished runs with their
+    checkpoints), one row per (run, alpha), in the table's order."""
+    per_run = measure_each_run(runs, lambda run, model, data, cfg: {"rows": rescaled_measures(model, data, cfg,
+                                                                                             alphas, pair)}, device)
+    return pd.DataFrame([row for rows in per_run.get("rows", []) for row in rows])
 
 
 # ----------------------------------------------------------------------------- the pre-registered test
