@@ -130,7 +130,10 @@ bench-gpu: install data
 # Reports get 2 h per notebook cell: steps_to_target_fashion's exact B_simple at 60 checkpoints takes ~35 min.
 # Protocol v5 (docs/protocols.md#v5): B/N or steps, lr/B at a common loss, the language-model tests at a deciding size
 V5_SPECS := bn_budget_goyal lr_over_b_mnist1d lr_over_b_fashion lm_cbs_long lm_small_batch_v5
-V5_SWEEPS := bn_budget_bcrit bn_budget_hoffer $(V5_SPECS) lm_small_batch_sgd_v5
+# with the sweeps their rules added (edge and seeds extensions, docs/protocols.md's record), which the reports read
+V5_SWEEPS := bn_budget_bcrit bn_budget_hoffer $(V5_SPECS) lm_small_batch_sgd_v5 \
+             bn_budget_goyal_ext bn_budget_goyal_seeds bn_budget_goyal_seeds_ext \
+             lm_small_batch_sgd_v5_ext lm_small_batch_v5_seeds lm_small_batch_sgd_v5_seeds
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
                     steps_to_target_fashion steps_to_target_fashion_seeds steps_to_target_large steps_to_target_large_seeds \

@@ -19,17 +19,40 @@ finally:
     sys.path.remove(str(ROOT / "benchmarks"))
 
 
+def notebook_defaults(notebook: Path) -> dict[str, object]:
+    """The literal values the analysis notebook's parameters cell assigns (what a report uses unless the spec's
+    analysis_parameters say otherwise)."""
+    import ast
+
+    from bsresearch.sweep.spec import _parameters_cells
+    values: dict[str, object] = {}
+    for source in _parameters_cells(notebook):
+        for node in ast.parse(source).body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                values.update({t.id: value for t in targets if isinstance(t, ast.Name)})
+    return values
+
+
 def sweeps_read(spec_path: Path) -> set[str]:
-    """The other sweeps a report of this spec reads, from its analysis_parameters."""
+    """The other sweeps a report of this spec reads: its analysis notebook's `*_sweep(s)` parameters, as the
+    spec's analysis_parameters set them or else as the notebook's parameters cell does. GPU sweeps (`gpu_*`) are
+    left out: a CPU target cannot run them, and the notebooks skip a sweep not run."""
+    spec = load_spec(spec_path)
+    parameters = {**(notebook_defaults(spec.analysis) if spec.analysis else {}), **spec.analysis_parameters}
     names: set[str] = set()
-    for key, value in load_spec(spec_path).analysis_parameters.items():
+    for key, value in parameters.items():
         if not re.search(r"_sweeps?$", key):
             continue
         if isinstance(value, dict):
             names |= set(value)
         elif isinstance(value, str):
             names |= {v.strip() for v in value.split(",") if v.strip()}
-    return names
+    return {n for n in names if not n.startswith("gpu_")}
 
 
 # (the Makefile's sweeps list, its reports list, the spec of a listed name, the sweep name of a listed name)
