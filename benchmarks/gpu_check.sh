@@ -60,6 +60,9 @@ stage() {
 }
 
 FORTUNES=${FORTUNES_DIR:-/usr/share/games/fortunes}
+# a machine without Debian's fortunes package: the copy carried with the call (docs/gpu.md), for every stage and sweep
+[[ -d "$FORTUNES" || ! -d data/fortunes ]] || FORTUNES=$PWD/data/fortunes
+export FORTUNES_DIR=$FORTUNES
 { nvidia-smi; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "${GIT_COMMIT:-unknown (no .git here)}")"
   $PY -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.version.cuda, \
 torch.cuda.get_device_name(0))"
