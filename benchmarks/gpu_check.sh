@@ -60,9 +60,14 @@ stage() {
 }
 
 FORTUNES=${FORTUNES_DIR:-/usr/share/games/fortunes}
-# a machine without Debian's fortunes package: the copy carried with the call (docs/gpu.md), for every stage and sweep
-[[ -d "$FORTUNES" || ! -d data/fortunes ]] || FORTUNES=$PWD/data/fortunes
-export FORTUNES_DIR=$FORTUNES
+# A machine without Debian's fortunes package: the copy carried with the call (docs/gpu.md). The benches take its
+# folder; the LM specs' runs read the fixed /usr/share/games/fortunes (examples/lm.py's sha256 is part of every LM
+# run's id, so it is not edited to read another folder), which gets a link to the copy where it can be made.
+if [[ ! -d "$FORTUNES" && -d data/fortunes ]]; then
+  FORTUNES=$PWD/data/fortunes
+  [[ -e /usr/share/games/fortunes ]] || { mkdir -p /usr/share/games && ln -s "$FORTUNES" /usr/share/games/fortunes; } \
+    2>/dev/null || echo "note: cannot link /usr/share/games/fortunes to $FORTUNES: the LM specs' runs will not find it"
+fi
 { nvidia-smi; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "${GIT_COMMIT:-unknown (no .git here)}")"
   $PY -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.version.cuda, \
 torch.cuda.get_device_name(0))"

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -35,9 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-# Debian's fortunes text (`make data`); FORTUNES_DIR names another copy (a machine without the package, given the
-# folder: the GPU call carries it as data/fortunes). It does not enter a run's config or its id.
-FORTUNES = Path(os.environ.get("FORTUNES_DIR") or "/usr/share/games/fortunes")
+FORTUNES = Path("/usr/share/games/fortunes")
 FILES = ("art", "computers", "cookie", "debian", "definitions", "disclaimer", "drugs", "education", "ethnic",
          "food", "goedel", "humorists", "kids", "knghtbrd", "law", "linux", "linuxcookie", "love", "magic",
          "medicine", "men-women", "miscellaneous", "news", "paradoxum", "people", "perl", "pets", "platitudes",

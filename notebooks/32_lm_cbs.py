@@ -34,10 +34,10 @@ eps: float = 0.01                           # the pre-registered tolerance: a br
 
 # %%
 import matplotlib.pyplot as plt
-import pandas as pd
 from IPython.display import display
 
 from bsresearch import results
+from bsresearch.findings import lm_cbs
 from bsresearch.findings.lm_cbs import branch_losses, cbs_by_checkpoint, cbs_test, critical_batch_sizes, loss_ratios
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
@@ -56,13 +56,7 @@ print(f"{len(runs)} runs:", dict(runs["state"].value_counts()), "| loss unit:", 
 branches = branch_losses(runs)
 cbs = critical_batch_sizes(branches, eps=eps)
 test = cbs_test(cbs)
-verdict = pd.DataFrame([{
-    "statistic": f"D = log2 CBS({test.last:,.0f} tokens) - log2 CBS({test.first:,.0f})",
-    "estimate": round(test.d, 3), "low": round(test.d_low, 3), "high": round(test.d_high, 3),   # 95% paired t
-    "second statistic": f"G = log2 CBS({test.last:,.0f}) - log2 CBS({test.before_last:,.0f})",
-    "G": round(test.g, 3), "G low": round(test.g_low, 3), "G high": round(test.g_high, 3), "seeds": test.n_seeds,
-    "threshold": "D's interval above 0 and G's upper end below 1 (partly: D only)",
-    "verdict": test.verdict, "problems": "; ".join(test.problems) or "none"}])
+verdict = lm_cbs.test_table(test)
 verdict.to_csv(out / "test.csv", index=False)
 display(verdict.T)
 

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 from bsresearch import results
 from bsresearch.findings import lm_cbs
 from bsresearch.paths import project_path
-from bsresearch.plots import save_figure
+from bsresearch.plots import deciding, save_figure
 from bsresearch.plots.findings import lm_cbs as figures
 
 runs_dir, out = project_path(runs_dir), project_path(out_dir)
@@ -45,6 +45,9 @@ test = lm_cbs.long_cbs_test(cbs, stalls)
 print(f"VERDICT (CBS by branching, protocol v5): {test.verdict.upper()} - {test.why}")
 if test.last_used != test.last_planned:
     print(f"the reference has stalled: the test uses the checkpoints up to {test.last_used:g} of {test.last_planned:g}")
+if test.test is not None:   # D and G on the checkpoints used, with the verdict of the whole test
+    lm_cbs.test_table(test.test, test.verdict, test.problems).assign(
+        last_used=test.last_used, last_planned=test.last_planned).to_csv(out / "test.csv", index=False)
 cbs.to_csv(out / "cbs_per_seed.csv", index=False)
 table = lm_cbs.cbs_by_checkpoint(cbs, runs)
 table.to_csv(out / "cbs_by_checkpoint.csv", index=False)
@@ -55,4 +58,11 @@ figures.cbs_vs_tokens(axes[0], table, cbs)
 figures.ratio_vs_k(axes[1], lm_cbs.loss_ratios(branches))
 caption = ("Left: the CBS by branching (geometric mean over seeds) and B_simple against tokens. Right: L_k / L_1 "
            "against k per checkpoint.")
-save_figure(fig, out / "cbs_vs_tokens", caption)
+save_figure(fig, out / "cbs_vs_tokens", caption, runs=runs)
+
+# %% [markdown]
+# The deciding statistics, D and G, each with its interval and the band the verdict needs (from test.csv).
+
+# %%
+if test.test is not None:
+    deciding.redraw("lm_cbs", out)

@@ -121,3 +121,14 @@ def test_held_out_lr_is_never_chosen_on_the_seed_itself():
     chosen, picks = lm_small_batch.held_out(cell)
     assert picks == (1.0, 0.1, 0.1)          # seed 1 alone prefers 0.1; seeds 2 and 3 choose 1.0 for it
     assert chosen["loss"].tolist() == [2.2, 2.0, 2.0]
+
+
+def test_the_long_tests_table_is_what_the_deciding_figure_reads(tmp_path):
+    from bsresearch.plots import deciding
+    test = analyse(branching(GROWS.get, lambda c: 3.0, lambda c: 2.8))
+    lm_cbs.test_table(test.test, test.verdict, test.problems).to_csv(tmp_path / "test.csv", index=False)
+    d, g = deciding.lm_cbs(tmp_path)
+    assert (d.estimate, d.low, d.high) == (round(test.test.d, 3), round(test.test.d_low, 3), round(test.test.d_high, 3))
+    assert (g.estimate, g.band) == (round(test.test.g, 3), (-deciding.INF, 1.0))
+    assert pd.read_csv(tmp_path / "test.csv")["verdict"][0] == test.verdict == Verdict.REPRODUCED
+    assert [p.name for p in deciding.redraw("lm_cbs", tmp_path)][0] == "deciding.png"

@@ -17,6 +17,7 @@ Analysis only (no matplotlib): the figures are bsresearch.plots.findings.lm_cbs 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,6 +209,20 @@ def stall_table(branches: pd.DataFrame, at_checkpoints: pd.DataFrame, eps: float
         out.append({"checkpoint": checkpoint, "n": len(g), "improvement": mean_imp, "min_ratio": mean_low,
                     "stalled": bool(stalled)})
     return pd.DataFrame(out)
+
+
+def test_table(test: CBSTest, verdict: Verdict | None = None, problems: Sequence[str] | None = None) -> pd.DataFrame:
+    """The test as the reports' test.csv holds it (one row: D and G with their 95% paired t intervals, the seeds,
+    the threshold, the verdict and its problems); `verdict` and `problems` where a wider test (long_cbs_test)
+    overrides the CBS test's own."""
+    problems = test.problems if problems is None else problems
+    return pd.DataFrame([{
+        "statistic": f"D = log2 CBS({test.last:,.0f} tokens) - log2 CBS({test.first:,.0f})",
+        "estimate": round(test.d, 3), "low": round(test.d_low, 3), "high": round(test.d_high, 3),
+        "second statistic": f"G = log2 CBS({test.last:,.0f}) - log2 CBS({test.before_last:,.0f})",
+        "G": round(test.g, 3), "G low": round(test.g_low, 3), "G high": round(test.g_high, 3), "seeds": test.n_seeds,
+        "threshold": "D's interval above 0 and G's upper end below 1 (partly: D only)",
+        "verdict": verdict or test.verdict, "problems": "; ".join(problems) or "none"}])
 
 
 @dataclass(frozen=True)
