@@ -77,4 +77,4 @@ figures.gap_vs_n(axes[1], gap)
 caption = ("Left: the smallest batch that fails at its held-out best lr against N, per arm, with the B/N and "
            "B/B_crit predictions. Right: large minus small batch test accuracy against N, per arm (Welch 95%), "
            "and the -1 point margin.")
-save_figure(fig, out / "bn_budget", caption)
+save_figure(fig, out / "bn_budget", caption, runs=pd.concat([goyal_runs, stt_runs, hoffer_runs], ignore_index=True))
