@@ -16,8 +16,12 @@ def break_vs_n(ax: Axes, test: PredictorTest, bcrit: pd.DataFrame | None = None)
     for arm, marker in (("epochs", "o"), ("steps", "s")):
         mine = table[table["arm"] == arm].sort_values("n")
         top = 2 * mine["largest"].max() if len(mine) else np.nan
-        shown = mine["b_break"].where(np.isfinite(mine["b_break"]), top)
-        ax.plot(mine["n"], shown, marker=marker, label=f"break, {arm} arm")
+        beyond = ~np.isfinite(mine["b_break"])
+        line, = ax.plot(mine["n"], mine["b_break"].where(~beyond, top), label=f"break, {arm} arm")
+        ax.plot(mine["n"][~beyond], mine["b_break"][~beyond], marker, color=line.get_color())
+        if beyond.any():
+            ax.plot(mine["n"][beyond], [top] * int(beyond.sum()), marker, color=line.get_color(), mfc="none",
+                    label=f"{arm} arm: no break up to {mine['largest'].max():g} (drawn at 2x)")
     steps = table[(table["arm"] == "steps") & np.isfinite(table["b_break"])].sort_values("n")
     if len(steps):
         n0, b0 = steps["n"].iloc[0], steps["b_break"].iloc[0]
