@@ -37,14 +37,19 @@ print(f"{len(runs)} runs:", dict(runs["state"].value_counts()))
 
 # %%
 branches = lm_cbs.branch_losses(runs)
-stalls = lm_cbs.stall_table(branches, lm_cbs.checkpoint_losses(runs))
+at_checkpoints = lm_cbs.checkpoint_losses(runs)
+stalls = lm_cbs.stall_table(branches, at_checkpoints)
 stalls.to_csv(out / "stall.csv", index=False)
+stall_seeds = lm_cbs.stall_per_seed(branches, at_checkpoints)
+stall_seeds.to_csv(out / "stall_per_seed.csv", index=False)
 print(stalls.to_string(index=False))
 cbs = lm_cbs.critical_batch_sizes(branches)
 test = lm_cbs.long_cbs_test(cbs, stalls)
 print(f"VERDICT (CBS by branching, protocol v5): {test.verdict.upper()} - {test.why}")
 if test.last_used != test.last_planned:
-    print(f"the reference has stalled: the test uses the checkpoints up to {test.last_used:g} of {test.last_planned:g}")
+    dropped = sorted(c for c in cbs["checkpoint"].unique() if not c <= test.last_used)
+    print(f"checkpoints the test may not use (at or after the first stalled one): "
+          f"{', '.join(f'{c:,.0f}' for c in dropped)} tokens")
 if test.test is not None:   # D and G on the checkpoints used, with the verdict of the whole test
     lm_cbs.test_table(test.test, test.verdict, test.problems).assign(
         last_used=test.last_used, last_planned=test.last_planned).to_csv(out / "test.csv", index=False)
@@ -59,6 +64,19 @@ figures.ratio_vs_k(axes[1], lm_cbs.loss_ratios(branches))
 caption = ("Left: the CBS by branching (geometric mean over seeds) and B_simple against tokens. Right: L_k / L_1 "
            "against k per checkpoint.")
 save_figure(fig, out / "cbs_vs_tokens", caption, runs=runs)
+
+# %% [markdown]
+# The stall criterion, computed before the test: which checkpoints the test may use.
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+figures.stall_vs_tokens((axes[0], axes[1]), stall_seeds, stalls)
+fig.tight_layout()
+caption = ("The stall criterion (protocol v5), computed on the reference before the test: left, the reference's "
+           "relative improvement over its window (each seed, and the mean the criterion reads, against its 2% floor); "
+           "right, the smallest L_k / L_1 over the larger batches (against 0.995). A checkpoint whose mean falls below "
+           "either floor is stalled (red), and the test uses only the checkpoints before the first stalled one.")
+save_figure(fig, out / "stall", caption, runs=runs)
 
 # %% [markdown]
 # The deciding statistics, D and G, each with its interval and the band the verdict needs (from test.csv).

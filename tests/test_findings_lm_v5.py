@@ -132,3 +132,26 @@ def test_the_long_tests_table_is_what_the_deciding_figure_reads(tmp_path):
     assert (g.estimate, g.band) == (round(test.test.g, 3), (-deciding.INF, 1.0))
     assert pd.read_csv(tmp_path / "test.csv")["verdict"][0] == test.verdict == Verdict.REPRODUCED
     assert [p.name for p in deciding.redraw("lm_cbs", tmp_path)][0] == "deciding.png"
+
+
+def test_stall_per_seed_holds_what_the_stall_table_averages_and_the_figure_draws_both():
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots.findings.lm_cbs import stall_vs_tokens
+    runs = branching(GROWS.get, lambda c: 3.0, lambda c: 2.8)
+    branches, at = lm_cbs.branch_losses(runs), lm_cbs.checkpoint_losses(runs)
+    seeds, table = lm_cbs.stall_per_seed(branches, at), lm_cbs.stall_table(branches, at)
+    means = seeds.groupby("checkpoint")[["improvement", "min_ratio"]].mean()
+    assert list(means["improvement"]) == pytest.approx(list(table["improvement"]))
+    assert list(means["min_ratio"]) == pytest.approx(list(table["min_ratio"]))
+    fig, axes = plt.subplots(1, 2)
+    stall_vs_tokens((axes[0], axes[1]), seeds, table)
+    assert len(axes[0].collections) == 1 and axes[0].lines[-1].get_ydata()[0] == lm_cbs.STALL_IMPROVEMENT
+    plt.close(fig)
+
+
+def test_a_not_testable_long_test_names_the_stalled_checkpoint_not_those_dropped_after_it():
+    end = {c: 2.8 for c in CHECKPOINTS} | {CHECKPOINTS[1]: 2.99}      # only the second checkpoint stalls
+    test = analyse(branching(GROWS.get, lambda c: 3.0, end.get))
+    assert test.verdict == Verdict.NOT_TESTABLE and test.stalls["stalled"].sum() == 1
+    assert "stalled at 524,288 tokens" in test.why and "1 of 4" in test.why

@@ -189,16 +189,22 @@ def checkpoint_losses(runs: pd.DataFrame, metric: str = "test_loss") -> pd.DataF
                          "loss_at_checkpoint": pd.to_numeric(at[metric], errors="coerce").to_numpy()})
 
 
+def stall_per_seed(branches: pd.DataFrame, at_checkpoints: pd.DataFrame) -> pd.DataFrame:
+    """Per (seed, checkpoint): the reference's relative improvement over its window, 1 - L_1(T0 + W) / L(T0), and
+    the smallest L_k / L_1 over k >= 2: the values stall_table averages over seeds."""
+    ref = branches[branches["k"] == 1][["seed", "checkpoint", "loss"]]
+    merged = ref.merge(at_checkpoints, on=["seed", "checkpoint"], how="left")
+    merged["improvement"] = 1 - merged["loss"] / merged["loss_at_checkpoint"]
+    larger = branches[branches["k"] > 1].groupby(["seed", "checkpoint"])["ratio"].min().rename("min_ratio")
+    return merged.merge(larger.reset_index(), on=["seed", "checkpoint"], how="left")
+
+
 def stall_table(branches: pd.DataFrame, at_checkpoints: pd.DataFrame, eps: float = EPS,
                 improvement: float = STALL_IMPROVEMENT, beaten: float = STALL_BEATEN) -> pd.DataFrame:
     """Per checkpoint, over seeds: the reference's (k = 1 branch's) relative improvement over its window,
     1 - L_1(T0 + W) / L(T0), and the smallest L_k / L_1 over k >= 2 (a larger batch that beats the reference).
     stalled: mean improvement < `improvement`, or mean smallest ratio < 1 - `beaten` (protocol v5)."""
-    ref = branches[branches["k"] == 1][["seed", "checkpoint", "loss"]]
-    merged = ref.merge(at_checkpoints, on=["seed", "checkpoint"], how="left")
-    merged["improvement"] = 1 - merged["loss"] / merged["loss_at_checkpoint"]
-    larger = branches[branches["k"] > 1].groupby(["seed", "checkpoint"])["ratio"].min().rename("min_ratio")
-    merged = merged.merge(larger.reset_index(), on=["seed", "checkpoint"], how="left")
+    merged = stall_per_seed(branches, at_checkpoints)
     out = []
     for checkpoint, g in merged.groupby("checkpoint", sort=True):
         imp = g["improvement"].replace([np.inf, -np.inf], np.nan).dropna()
@@ -252,8 +258,10 @@ def long_cbs_test(cbs: pd.DataFrame, stalls: pd.DataFrame) -> LongCBSTest:
     if stalled_before:
         usable = [c for c in usable if c < min(stalled_before)]
     if len(usable) < 3:
-        why = (f"the reference has stalled at {len(ordered) - len(usable)} of {len(ordered)} checkpoints; fewer than "
-               f"3 remain")
+        stalled = [c for c in ordered if c not in set(fine)]
+        why = (f"the reference stalled at {', '.join(f'{c:,.0f}' for c in stalled)} tokens (stall table); the test "
+               f"may use only the checkpoints before the first stalled one: {len(usable)} of {len(ordered)}, fewer "
+               f"than 3")
         return LongCBSTest(None, planned, usable[-1] if usable else math.nan, stalls, Verdict.NOT_TESTABLE, why,
                            (why,))
     test = cbs_test(cbs[cbs["checkpoint"].isin(usable)])
