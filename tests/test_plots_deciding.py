@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
                                              ("lm_batch_warmup", "lm_batch_warmup", 2), ("lm_cbs", "lm_cbs", 2),
                                              ("noise_mechanism", "steps_to_target_large_mechanism", 4)])
 def test_the_readers_take_each_committed_reports_numbers_and_thresholds(kind, folder, n):
-    items = deciding.READERS[kind](ROOT / "reports" / folder)
+    items = deciding.KINDS[kind].read(ROOT / "reports" / folder)
     assert len(items) == n and all(i.low <= i.estimate <= i.high for i in items)
     if kind == "lm_small_batch":     # the table: d_small's threshold is 0.01 x 2.9875
         t = pd.read_csv(ROOT / "reports" / folder / "test.csv").iloc[0]

@@ -2,13 +2,13 @@
 a row of its own, the region its interval must lie in for "reproduced" shaded. Read from a report's committed
 tables, so that a report whose runs are on another machine gets the figure too.
 
-    items = READERS["lm_cbs"](Path("reports/lm_cbs"))    # Deciding rows from the report's test.csv
+    items = KINDS["lm_cbs"].read(Path("reports/lm_cbs"))  # Deciding rows from the report's test.csv
     fig = forest(items, "lm_cbs: partly")
     redraw("lm_cbs", Path("reports/lm_cbs"))             # deciding.png/.pdf/.txt beside its tables
 
     python -m bsresearch.plots.deciding lm_cbs reports/lm_cbs
 
-READERS knows the tables of the language-model tests of protocol version 2 (lm_small_batch, lm_batch_warmup,
+KINDS knows the tables of the language-model tests of protocol version 2 (lm_small_batch, lm_batch_warmup,
 lm_cbs: their test.csv) and of the noise-scale mechanism test of version 4 (noise_summaries.csv, each summary's r
 and its seed-bootstrap interval against [1/10, 10]). A threshold the table states in words ("0.01 x 2.9875") is
 read from those words.
@@ -115,28 +115,35 @@ def noise_mechanism(folder: Path) -> list[Deciding]:
                      r.ratio_high, (0.1, 10.0), log=True) for r in table.itertuples()]
 
 
-READERS: dict[str, Callable[[Path], list[Deciding]]] = {
-    "lm_small_batch": lm_small_batch, "lm_batch_warmup": lm_batch_warmup, "lm_cbs": lm_cbs,
-    "noise_mechanism": noise_mechanism,
-}
-INTERVALS = {
-    "lm_small_batch": "paired t 95% over seeds", "lm_batch_warmup": "paired t 95% over seeds",
-    "lm_cbs": "t 95% over seeds (on log2 CBS)", "noise_mechanism": "seed-bootstrap 95%",
+@dataclass(frozen=True)
+class Kind:
+    """A kind of report this module reads: its reader, the table it reads, and the interval that table holds."""
+    read: Callable[[Path], list[Deciding]]
+    table: str
+    interval: str
+
+
+KINDS = {
+    "lm_small_batch": Kind(lm_small_batch, "test.csv", "paired t 95% over seeds"),
+    "lm_batch_warmup": Kind(lm_batch_warmup, "test.csv", "paired t 95% over seeds"),
+    "lm_cbs": Kind(lm_cbs, "test.csv", "t 95% over seeds (on log2 CBS)"),
+    "noise_mechanism": Kind(noise_mechanism, "noise_summaries.csv", "seed-bootstrap 95%"),
 }
 
 
 def redraw(kind: str, folder: Path) -> list[Path]:
-    """deciding.png/.pdf/.txt in `folder`, from its tables read by READERS[kind]; the verdict as the table states
-    it (test.csv's `verdict`, or the summary's), the interval named in the caption."""
-    if kind not in READERS:
-        raise ValueError(f"unknown kind {kind!r}; accepted: {', '.join(READERS)}")
-    items = READERS[kind](folder)
-    verdict = str(_test_row(folder)["verdict"]) if (folder / "test.csv").exists() else \
+    """deciding.png/.pdf/.txt in `folder`, from its table read by KINDS[kind]; the title gives the verdict as
+    test.csv states it (for a table without one: whether every interval lies in its band), the caption names the
+    interval."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; accepted: {', '.join(KINDS)}")
+    how = KINDS[kind]
+    items = how.read(folder)
+    verdict = str(_test_row(folder)["verdict"]) if how.table == "test.csv" else \
         ("every interval inside its band" if all(i.inside for i in items) else "an interval outside its band")
     fig = forest(items, f"{folder.name}: {verdict}")
-    source = "test.csv" if kind != "noise_mechanism" else "noise_summaries.csv"
     caption = (f"The deciding statistics of {folder.name}'s pre-registered test, redrawn from its committed "
-               f"{source}: each estimate (dot) and its {INTERVALS[kind]} interval (bar: blue inside the shaded band, "
+               f"{how.table}: each estimate (dot) and its {how.interval} interval (bar: blue inside the shaded band, "
                f"red not); shaded: where the interval must lie for the test's 'reproduced'.")
     paths = save_figure(fig, folder / "deciding", caption)
     plt.close(fig)
@@ -144,8 +151,8 @@ def redraw(kind: str, folder: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 2 or argv[0] not in READERS or not Path(argv[1]).is_dir():
-        print(f"usage: python -m bsresearch.plots.deciding KIND REPORT_FOLDER (KIND: {', '.join(READERS)})",
+    if len(argv) != 2 or argv[0] not in KINDS or not Path(argv[1]).is_dir():
+        print(f"usage: python -m bsresearch.plots.deciding KIND REPORT_FOLDER (KIND: {', '.join(KINDS)})",
               file=sys.stderr)
         return 2
     print("\n".join(map(str, redraw(argv[0], Path(argv[1])))))
