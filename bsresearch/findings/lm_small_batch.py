@@ -87,6 +87,12 @@ class Paired:
     high: float
     n: int
 
+    @classmethod
+    def of(cls, per_seed: pd.DataFrame) -> Paired:
+        """The mean and paired t interval of a `paired_per_seed` table's diffs."""
+        mean, _, low, high = stats.t_interval(per_seed["diff"].tolist())
+        return cls(mean, low, high, len(per_seed))
+
 
 def paired_per_seed(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: str = "loss") -> pd.DataFrame:
     """Per seed: the two cells' values (`a`, `b`) and `diff` = a - b, over the seeds both (setting, batch_size)
@@ -100,9 +106,7 @@ def paired_per_seed(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], 
 
 def paired(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: str = "loss") -> Paired:
     """Paired difference over the seeds both (setting, batch_size) cells have a finite value for."""
-    diffs = paired_per_seed(data, a, b, metric)["diff"]
-    mean, _, low, high = stats.t_interval(diffs.tolist())
-    return Paired(mean, low, high, len(diffs))
+    return Paired.of(paired_per_seed(data, a, b, metric))
 
 
 @dataclass(frozen=True)
@@ -293,7 +297,7 @@ def beta2_by_batch_test(runs: pd.DataFrame, metric: str = "test_loss", min_updat
     for b in sorted(data["batch_size"].unique()):
         seeds.append(paired_per_seed(data, ("adam_fixed", int(b)), ("adam_half_life", int(b)))
                      .assign(batch_size=int(b)))
-        p = paired(data, ("adam_fixed", int(b)), ("adam_half_life", int(b)))
+        p = Paired.of(seeds[-1])
         steps = pd.to_numeric(data[data["batch_size"] == b].get("total_steps", pd.Series(dtype=float)), errors="coerce")
         updates = float(steps.min()) if steps.notna().any() else math.nan
         rows.append({"batch_size": int(b), "diff": p.diff, "low": p.low, "high": p.high, "n": p.n,
@@ -353,8 +357,8 @@ def sgd_test(runs: pd.DataFrame, batch_size: int = 1, metric: str = "test_loss",
     best, edge = _best_lr(sgd)
     chosen, picks = held_out(sgd)
     both = pd.concat([chosen, adam])
-    gap = paired(both, ("sgd", batch_size), ("adam_half_life", batch_size))
     per_seed = paired_per_seed(both, ("sgd", batch_size), ("adam_half_life", batch_size))
+    gap = Paired.of(per_seed)
     ref = adam["loss"][np.isfinite(adam["loss"])]
     reference = float(ref.mean()) if len(ref) else math.nan
     if len(lrs) < 3 or edge:
