@@ -20,6 +20,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -72,7 +73,7 @@ def relu_rescale(model: nn.Module, alpha: float, pair: int = 0) -> nn.Module:
 
 
 def rescaled_measures(model: nn.Module, data: Dataset, cfg: RunConfig, alphas: Sequence[float],
-                      pair: int = 0) -> list[dict[str, float]]:
+                      pair: int = 0) -> list[dict[str, Any]]:
     """One trained model rescaled by each alpha (`relu_rescale`), measured on its training data (sharpness,
     curvature, train loss) and test data (accuracy), with the validity numbers: the largest change of the
     outputs over the training set, and the largest logit it is compared with. Probes draw from the run's seed."""
@@ -102,9 +103,8 @@ def rescaling_table(runs: pd.DataFrame, alphas: Sequence[float], pair: int = 0,
                     device: torch.device | str = "cpu") -> pd.DataFrame:
     """`rescaled_measures` of every run of `runs` (a results.load table of finished runs with their
     checkpoints), one row per (run, alpha), in the table's order."""
-    per_run = measure_each_run(runs, lambda run, model, data, cfg: {"rows": rescaled_measures(model, data, cfg,
-                                                                                             alphas, pair)}, device)
-    return pd.DataFrame([row for rows in per_run.get("rows", []) for row in rows])
+    return measure_each_run(runs, lambda run, model, data, cfg: rescaled_measures(model, data, cfg, alphas, pair),
+                            device)
 
 
 # ----------------------------------------------------------------------------- the pre-registered test

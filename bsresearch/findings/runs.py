@@ -5,7 +5,8 @@ number needs the trained model (sharpness of every run, say). Needs torch.
     table = measure_each_run(points, lambda run, model, data, cfg: {"seed": run["seed"], "b": noise(model, data)})
 
 measure_runs keys each row by run_id; measure_each_run hands the measurement the run's row of the table
-too (its seed, its steps: what a row keeps, or a generator's seed) and keeps exactly what it returns.
+too (its seed, its steps: what a row keeps, or a generator's seed) and keeps exactly what it returns: a row, or
+a list of rows for several measurements of one run.
 """
 from __future__ import annotations
 
@@ -35,19 +36,23 @@ class _DataCache:
         return self.cache[key]
 
 
+Row = dict[str, Any]
+
+
 def measure_each_run(runs: pd.DataFrame,
-                     measure: Callable[[pd.Series, nn.Module, Dataset, RunConfig], dict[str, Any]],
+                     measure: Callable[[pd.Series, nn.Module, Dataset, RunConfig], Row | list[Row]],
                      device: torch.device | str = "cpu") -> pd.DataFrame:
-    """Apply `measure(run, model, data, cfg) -> dict` to the final weights of every run in `runs` (a table
-    from `results.load`, with its `run_dir` column), in the table's order; `run` is the run's row. Returns one
-    row per run: what `measure` returned. The data is loaded once per (dataset, data_dir, train_size), as
-    tensors on `device`. Runs without a checkpoint.pt raise FileNotFoundError (they were not saved with
-    save_checkpoint)."""
+    """Apply `measure(run, model, data, cfg)` to the final weights of every run in `runs` (a table from
+    `results.load`, with its `run_dir` column), in the table's order; `run` is the run's row. Returns what
+    `measure` returned, one row per dict: a dict per run, or a list of them (several measurements of one run:
+    Dinh's rescalings). The data is loaded once per (dataset, data_dir, train_size), as tensors on `device`.
+    Runs without a checkpoint.pt raise FileNotFoundError (they were not saved with save_checkpoint)."""
     data_for = _DataCache(device)
-    rows = []
+    rows: list[Row] = []
     for _, run in runs.iterrows():
         model, cfg = load_trained_model(run["run_dir"], device)
-        rows.append(measure(run, model, data_for(cfg), cfg))
+        measured = measure(run, model, data_for(cfg), cfg)
+        rows += measured if isinstance(measured, list) else [measured]
     return pd.DataFrame(rows)
 
 
