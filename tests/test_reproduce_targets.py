@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bsresearch.sweep import load_spec
+from bsresearch.sweep.spec import notebook_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -17,25 +18,6 @@ try:
     from reproduce_cost import makefile_list  # the Makefile's lists, as the reproduce cost benchmark reads them
 finally:
     sys.path.remove(str(ROOT / "benchmarks"))
-
-
-def notebook_defaults(notebook: Path) -> dict[str, object]:
-    """The literal values the analysis notebook's parameters cell assigns (what a report uses unless the spec's
-    analysis_parameters say otherwise)."""
-    import ast
-
-    from bsresearch.sweep.spec import _parameters_cells
-    values: dict[str, object] = {}
-    for source in _parameters_cells(notebook):
-        for node in ast.parse(source).body:
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                try:
-                    value = ast.literal_eval(node.value)
-                except ValueError:
-                    continue
-                values.update({t.id: value for t in targets if isinstance(t, ast.Name)})
-    return values
 
 
 def sweeps_read(spec_path: Path) -> set[str]:

@@ -402,3 +402,15 @@ def test_dry_run_of_a_child_spec_lists_its_runs_and_writes_nothing(tmp_path, cap
     assert "batch_size=64 lr=0.2 seed=21" in out and "8 to run" in out
     assert "smoke_child" in out and "seed=0" not in out
     assert not (tmp_path / "runs").exists()
+
+
+def test_notebook_defaults_are_the_literal_values_of_the_parameters_cell(tmp_path):
+    import json
+
+    from bsresearch.sweep.spec import notebook_defaults, notebook_parameters
+    cell = {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "outputs": [], "execution_count": None,
+            "source": 'a: int = 3\nb = "x,y"\nc = len(b)\nd: float\n'}
+    path = tmp_path / "n.ipynb"
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert notebook_parameters(path) == ["a", "b", "c", "d"]
+    assert notebook_defaults(path) == {"a": 3, "b": "x,y", "d": None}     # c is computed: left out

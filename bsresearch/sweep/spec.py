@@ -522,9 +522,10 @@ def has_parameters_cell(path: Path, key: str = "notebook") -> bool:
     return bool(_parameters_cells(path, key))
 
 
-def notebook_parameters(path: Path) -> list[str]:
-    """The names assigned in a notebook's `parameters` cell (read with ast; nothing is executed)."""
-    names: list[str] = []
+def _parameter_assignments(path: Path) -> list[tuple[str, ast.expr | None]]:
+    """(name, value expression) of each assignment in a notebook's `parameters` cell, in order (read with ast;
+    nothing is executed)."""
+    out: list[tuple[str, ast.expr | None]] = []
     for source in _parameters_cells(path):
         try:
             body = ast.parse(source).body
@@ -532,10 +533,31 @@ def notebook_parameters(path: Path) -> list[str]:
             raise ConfigError(f"{path.name}: its parameters cell is not valid Python (line {exc.lineno}: "
                               f"{exc.msg})") from None
         for node in body:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
-                if isinstance(node, ast.AnnAssign) else []
-            names += [t.id for t in targets if isinstance(t, ast.Name)]
-    return names
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign):
+                targets, value = [node.target], node.value
+            else:
+                continue
+            out += [(t.id, value) for t in targets if isinstance(t, ast.Name)]
+    return out
+
+
+def notebook_parameters(path: Path) -> list[str]:
+    """The names assigned in a notebook's `parameters` cell."""
+    return [name for name, _ in _parameter_assignments(path)]
+
+
+def notebook_defaults(path: Path) -> dict[str, Any]:
+    """The values a notebook's `parameters` cell assigns that are Python literals (what a report uses unless the
+    spec's analysis_parameters say otherwise); a computed value is left out."""
+    out: dict[str, Any] = {}
+    for name, value in _parameter_assignments(path):
+        try:
+            out[name] = ast.literal_eval(value) if value is not None else None
+        except ValueError:
+            continue
+    return out
 
 
 def _packaged_report() -> Path:
