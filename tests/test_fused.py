@@ -401,19 +401,23 @@ def test_a_stacked_group_above_batch_64_fuses_only_where_its_calibration_says_it
 
 def test_the_calibration_is_not_fooled_by_a_load_that_ends_while_it_runs():
     """The fused step takes 20 ms and the 8 members 4 ms each alone (1.6x per member), but the machine is 4x
-    slower for the first 12 calls, as when another worker's run ends during the calibration. Timing one side
-    after the other put the whole load on the fused side (0.4x: 'does not pay'); interleaved rounds, each side
-    at its fastest, see the 1.6x."""
-    import time
-
+    slower for the first 14 calls (the 9 untimed ones and 5 more), as when another worker's run ends during the
+    calibration. Timing one side after the other put the whole load on the fused side's 5 rounds (0.4x: 'does
+    not pay'); interleaved rounds, each side at its fastest, see the 1.6x. A fake clock that each step
+    advances: no sleep, so the machine's own load cannot change the answer."""
     from bsresearch.fused import generic
+    now = 0.0
     calls = 0
 
-    def sleeper(seconds: float):
+    def clock() -> float:
+        return now
+
+    def stepping(seconds: float):
         def step() -> None:
-            nonlocal calls
+            nonlocal calls, now
             calls += 1
-            time.sleep(seconds * (4 if calls <= 12 else 1))
+            now += seconds * (4 if calls <= 14 else 1)
         return step
-    ratio = generic.calibrate(sleeper(0.020), [sleeper(0.004) for _ in range(8)], torch.device("cpu"))
-    assert 1.3 < ratio < 1.8
+    ratio = generic.calibrate(stepping(0.020), [stepping(0.004) for _ in range(8)], torch.device("cpu"), clock=clock)
+    assert calls == 9 * (1 + generic.CALIBRATION_STEPS)   # one untimed call of each, then the timed rounds
+    assert ratio == pytest.approx(8 * 0.004 / 0.020)

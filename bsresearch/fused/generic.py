@@ -196,28 +196,30 @@ class VmapEngine(FusedEngine):
         self._write_optimizer(member, moments)
 
 
-def _seconds(step: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call of `step`, the device's queued work included."""
+def _seconds(step: Callable[[], object], device: torch.device, clock: Callable[[], float]) -> float:
+    """Seconds of one call of `step` on `clock`, the device's queued work included."""
     synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     step()
     synchronize(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def calibrate(fused: Callable[[], object], alone: list[Callable[[], object]], device: torch.device) -> float:
+def calibrate(fused: Callable[[], object], alone: list[Callable[[], object]], device: torch.device,
+              clock: Callable[[], float] = time.perf_counter) -> float:
     """How many times faster per member a fused step is than the members' steps one after another (the
     steps given run on copies of the members, so the group's training is untouched).
 
     After one untimed call of each, CALIBRATION_STEPS rounds alternate one fused step with one step of every
     member alone, and each side counts its fastest round: a machine whose load changes during the
     calibration (another worker's run starting or ending) then slows both sides' slow rounds alike, where
-    timing one side after the other would charge the load to whichever side it fell on."""
+    timing one side after the other would charge the load to whichever side it fell on. `clock` reads seconds
+    (time.perf_counter; a test passes a fake one that its steps advance)."""
     fused()
     for step in alone:
         step()
     fused_rounds, alone_rounds = [], []
     for _ in range(CALIBRATION_STEPS):
-        fused_rounds.append(_seconds(fused, device))
-        alone_rounds.append(sum(_seconds(step, device) for step in alone))
+        fused_rounds.append(_seconds(fused, device, clock))
+        alone_rounds.append(sum(_seconds(step, device, clock) for step in alone))
     return min(alone_rounds) / max(min(fused_rounds), 1e-12)
