@@ -3,23 +3,21 @@
     Evaluation    evaluate at each member's eval steps; stop a member whose train loss reached its target
     Divergence    check batch losses every few steps; a non-finite or exploding loss ends the member
     Checkpointing a resumable checkpoint every checkpoint_every steps
-    NoiseScale    the two-batch noise scale from a step's micro-batches, into the member's EMA
     Progress      a progress bar (a terminal, JupyterLab; not under papermill or in logs)
     Recording     the run directory: config.json and status.json at the start, history.csv at each
                   evaluation, metrics.json (measurements included), the final checkpoint and the final
                   status when a member stops; and the member's RunResult
     AtSteps       a function of yours at chosen steps (a measurement along training), off the clock
 
-A single run uses all of them; a fused group all but Checkpointing and NoiseScale (fused.compat keeps
-those configs out); advise only NoiseScale and its own recorder.
+The noise scale from a step's micro-batches is bsresearch.noise.MicroBatchNoise, beside the other estimators.
+A single run uses all of them with MicroBatchNoise; a fused group all but Checkpointing (fused.compat keeps
+noise-scale configs out); advise only MicroBatchNoise and its own recorder.
 
-Each keeps its own state: Divergence the first batch loss of every member (the reference) and NoiseScale
-every member's EMA, both given to each checkpoint under their `key` and taken back at a resume; NoiseScale
-owns the history columns of the EMA.
+Each keeps its own state: Divergence the first batch loss of every member (the reference), given to each
+checkpoint under its `key` and taken back at a resume.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import sys
@@ -28,16 +26,13 @@ from typing import Any
 
 import torch
 
-from . import config as C
 from . import schedule
 from .data import Dataset, resident_dataset_for
-from .loop import Callback, Loop, Member, RunResult, StepHooks
+from .loop import Callback, Loop, Member, RunResult
 from .measure.registry import take_measurements
 from .models import count_parameters
-from .noise_tracker import NoiseScaleEMA, noise_ema_columns, squared_grad_norm, update_noise_ema
 from .rundir import storage_error
 from .runtime import provenance
-from .state import TrainState
 from .trajectory import Trajectory
 
 LOSS_CHECK_EVERY = {"cpu": 1, "cuda": 16}  # steps between divergence checks by device (each one syncs the device)
@@ -146,54 +141,6 @@ class Snapshots(Callback):
 
     def on_end(self, loop: Loop) -> None:
         self.trajectory.release()
-
-
-def noise_hooks(cfg: C.RunConfig, state: TrainState, ema: dict[int, NoiseScaleEMA], key: int = 0) -> StepHooks | None:
-    """The hooks that feed ema[key] at this step (every cfg.noise_scale_every steps; else None): |G_small|^2
-    of the first micro-batch alone and |G_big|^2 of the whole batch, at the same parameters."""
-    if not cfg.noise_scale_every or state.step % cfg.noise_scale_every:
-        return None
-    b_big = state.indices.size_at(state.step)
-    b_small = cfg.micro_batch_size or b_big
-    small_sq_norm: list[torch.Tensor] = []
-
-    def after_backward(i: int) -> None:
-        if i == 0:  # undo the micro-batch weight: the small batch's own mean-loss gradient
-            small_sq_norm.append(squared_grad_norm(state.model) / (b_small / b_big) ** 2)
-
-    def before_update() -> None:
-        grad_scale_sq = state.scaler.get_scale() ** 2 if state.scaler else 1.0
-        ema[key] = update_noise_ema(ema.get(key) or NoiseScaleEMA(cfg.noise_scale_ema),
-                                    float(small_sq_norm[0]) / grad_scale_sq,
-                                    float(squared_grad_norm(state.model)) / grad_scale_sq, b_small, b_big)
-    return StepHooks(after_backward, before_update)
-
-
-class NoiseScale(Callback):
-    """Every cfg.noise_scale_every steps, the two-batch noise scale of the step's micro-batches feeds the
-    member's EMA (noise_hooks): no extra forward or backward pass, and no drift between the two gradients.
-    Owns the EMA of every member (checkpointed) and its history columns (noise_tracker.noise_ema_columns)."""
-    key = "noise_scale"
-
-    def __init__(self) -> None:
-        self.ema: dict[int, NoiseScaleEMA] = {}   # member index -> its EMA (none before its first sample)
-
-    def of(self, member: Member) -> NoiseScaleEMA | None:
-        """`member`'s EMA now (None before its first sample)."""
-        return self.ema.get(member.index)
-
-    def step_hooks(self, loop: Loop, member: Member) -> StepHooks | None:
-        return noise_hooks(member.cfg, member.state, self.ema, member.index)
-
-    def columns(self, loop: Loop, member: Member) -> dict[str, Any]:
-        return noise_ema_columns(self.of(member)) if member.cfg.noise_scale_every else {}
-
-    def state_dict(self, member: Member) -> dict[str, Any] | None:
-        ema = self.of(member)
-        return dataclasses.asdict(ema) if ema else None
-
-    def load_state_dict(self, member: Member, state: dict[str, Any]) -> None:
-        self.ema[member.index] = NoiseScaleEMA(**state)
 
 
 class AtSteps(Callback):

@@ -22,12 +22,13 @@ import torch
 import torch.nn as nn
 
 from . import config as C
-from .callbacks import Checkpointing, Divergence, Evaluation, NoiseScale, Progress, Recording, Snapshots
+from .callbacks import Checkpointing, Divergence, Evaluation, Progress, Recording, Snapshots
 from .config import RunConfig
 from .data import dataset_for
 from .engine import ModelEngine
 from .loop import Callback, RunResult
 from .models import model_for
+from .noise.microbatch import MicroBatchNoise
 from .rundir import RunDir, check_writable
 from .runsetup import finished_result, out_of_memory_result, run_setup
 from .runtime import is_out_of_memory, model_randomness, oom_message, resolve_device
@@ -70,7 +71,7 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return out_of_memory_result(cfg, run_dir, device, oom_message(exc))
-    own = [Evaluation(), Divergence(), *([Snapshots(trajectory)] if trajectory else []), NoiseScale(),
+    own = [Evaluation(), Divergence(), *([Snapshots(trajectory)] if trajectory else []), MicroBatchNoise(),
            Progress(progress), Recording(), *trackers]
     # dropout repeats with the seed, and across a resume
     with model_randomness(cfg.seed, setup.device, member.model_rng):

@@ -50,12 +50,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from bsresearch.callbacks import AtSteps, NoiseScale
+from bsresearch.callbacks import AtSteps
 from bsresearch.config import RunConfig
 from bsresearch.data import in_chunks, resident_dataset_for
 from bsresearch.engine import evaluate_batches
 from bsresearch.losses import loss_for
 from bsresearch.measure.noise import gradient_noise_scale, hessian_noise_scale, two_batch_noise_scale
+from bsresearch.noise import MicroBatchNoise
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.references import short_name
@@ -85,7 +86,7 @@ def measure(member, loop):
     two = two_batch_noise_scale(state.model, x, y, b_small, min(b_big, len(x)), n_draws,
                                 generator=state.generators.probe, loss_fn=loss_fn)
     # the EMA has no estimate before its first sample, nor while its |G|^2 estimate is not positive
-    ema_now = loop.callback(NoiseScale).of(member)
+    ema_now = loop.callback(MicroBatchNoise).of(member)
     ema = ema_now.b_simple if ema_now else math.nan
     train_loss = evaluate_batches(state.model, in_chunks(x, y, 2048), loss_fn, accuracy=False)[0]
     rows.append({"step": state.step, "train_loss": train_loss, "exact": exact.b_simple, "two_batch": two.b_simple,

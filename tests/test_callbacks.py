@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 from conftest import killed_at, tiny_config
 
-from bsresearch.callbacks import AtSteps, NoiseScale
+from bsresearch.callbacks import AtSteps
 from bsresearch.loop import Callback, Loop, Member
+from bsresearch.noise.microbatch import MicroBatchNoise
 from bsresearch.rundir import RunDir
 from bsresearch.state import callback_states, load_checkpoint
 from bsresearch.train import run
@@ -60,7 +61,7 @@ def test_divergence_keeps_its_reference_across_a_resume(tmp_path):
 
 def test_the_noise_scale_ema_is_read_from_its_callback(tmp_path):
     seen = []
-    measure = AtSteps([0, 4, 8], lambda member, loop: seen.append(loop.callback(NoiseScale).of(member)))
+    measure = AtSteps([0, 4, 8], lambda member, loop: seen.append(loop.callback(MicroBatchNoise).of(member)))
     run(tiny_config(budget_amount=8, micro_batch_size=16, noise_scale_every=2), callbacks=[measure])
     assert seen[0] is None   # no sample before the first update
     assert [ema.n_samples for ema in seen[1:]] == [2, 4]

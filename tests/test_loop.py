@@ -5,13 +5,14 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from bsresearch.callbacks import Divergence, NoiseScale
+from bsresearch.callbacks import Divergence
 from bsresearch.engine import ModelEngine
 from bsresearch.loop import Callback, Loop, Member, StepHooks
+from bsresearch.noise.microbatch import MicroBatchNoise
 from bsresearch.runsetup import run_setup
 from bsresearch.train import run
 
-# The columns of a history row, in order: the loop's core, then each callback's own (NoiseScale's last).
+# The columns of a history row, in order: the loop's core, then each callback's own (MicroBatchNoise's last).
 CORE_COLUMNS = ["step", "epoch", "examples", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
                 "distance_from_init", "weight_norm", "train_seconds", "wall_seconds"]
 NOISE_COLUMNS = ["noise_b_simple_ema", "noise_grad_sq_norm_ema", "noise_trace_cov_ema"]
@@ -90,13 +91,13 @@ def _loop(cfg, callbacks, engine=None):
 
 
 def test_callbacks_are_found_by_class_and_keep_their_state_under_distinct_keys():
-    noise = NoiseScale()
+    noise = MicroBatchNoise()
     loop, _ = _loop(tiny_config(), [Divergence(), noise])
-    assert loop.callback(NoiseScale) is noise
+    assert loop.callback(MicroBatchNoise) is noise
     with pytest.raises(LookupError, match="0 callbacks of class Recorder"):
         loop.callback(Recorder)
     with pytest.raises(ValueError, match="one key"):
-        _loop(tiny_config(), [NoiseScale(), NoiseScale()])
+        _loop(tiny_config(), [MicroBatchNoise(), MicroBatchNoise()])
 
 
 class Failing:

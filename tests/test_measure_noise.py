@@ -11,13 +11,14 @@ from conftest import killed_at, requires_cuda, tiny_config
 from measure_oracles import Shift, Snapshot, dense_hessian, per_example_loop, quadratic_loss, tiny_mlp
 
 from bsresearch import noise_tracker
-from bsresearch.callbacks import noise_hooks
 from bsresearch.config import ConfigError, RunConfig
 from bsresearch.data import load_dataset
 from bsresearch.engine import train_step
 from bsresearch.measure import noise
 from bsresearch.measure.critical import fit_critical_batch, fit_critical_batch_examples
 from bsresearch.measure.functional import layer_slices
+from bsresearch.noise.meter import NoiseMeter
+from bsresearch.noise.microbatch import micro_batch_hooks
 from bsresearch.rundir import RunDir
 from bsresearch.state import new_state
 from bsresearch.train import run
@@ -155,8 +156,8 @@ def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():
     data = load_dataset("synthetic", train_size=256)
     state = new_state(cfg, data, torch.device("cpu"))
     twin = new_state(cfg, data, torch.device("cpu"))   # same seed: same weights and the same batch
-    ema = {}
-    train_step(state, cfg, data, lr=0.0, hooks=noise_hooks(cfg, state, ema))
+    meter = NoiseMeter(cfg.noise_scale_ema)
+    train_step(state, cfg, data, lr=0.0, hooks=micro_batch_hooks(cfg, state, meter))
     idx = twin.sampler.next()
 
     def sq_norm(index):
@@ -164,9 +165,9 @@ def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():
         torch.nn.functional.cross_entropy(twin.model(data.x_train[index]), data.y_train[index]).backward()
         return float(sum((p.grad ** 2).sum() for p in twin.model.parameters()))
     grad_sq, trace = noise.two_batch_estimate(sq_norm(idx[:8]), sq_norm(idx), 8, 32)
-    assert ema[0].n_samples == 1
-    assert ema[0].grad_sq_norm == pytest.approx(grad_sq, rel=1e-4)
-    assert ema[0].trace_cov == pytest.approx(trace, rel=1e-4)
+    assert meter.ema.n_samples == 1
+    assert meter.ema.grad_sq_norm == pytest.approx(grad_sq, rel=1e-4)
+    assert meter.ema.trace_cov == pytest.approx(trace, rel=1e-4)
 
 
 def test_training_records_the_ema_columns_and_resumes_them(tmp_path):

@@ -52,7 +52,6 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from ..callbacks import NoiseScale
 from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, did_you_mean
 from ..data import Dataset, dataset_for
 from ..engine import ModelEngine
@@ -61,6 +60,7 @@ from ..loop import Callback, Loop
 from ..losses import Loss, LossFn, loss_for
 from ..measure.noise import gradient_noise_scale, two_batch_pairs, two_batch_summary
 from ..models import model_for
+from ..noise.microbatch import MicroBatchNoise
 from ..runsetup import RunSetup, dry_run
 from ..runtime import make_generator, resolve_device
 from ..schedule import adam_beta2_at, scale_lr
@@ -377,7 +377,7 @@ def _noise_at_weights(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
 class _EMAHistory(Callback):
     """advise's record of a short training run: the batch loss and B_simple's EMA after every step."""
 
-    def __init__(self, noise: NoiseScale) -> None:
+    def __init__(self, noise: MicroBatchNoise) -> None:
         self.noise = noise
         self.rows: list[dict[str, Any]] = []
 
@@ -391,7 +391,7 @@ class _EMAHistory(Callback):
 def _noise_along_training(models: _Models, x: torch.Tensor, y: torch.Tensor, loss: Loss, batch_size: int,
                           lr: float, settings: AdviseConfig, device: torch.device) -> pd.DataFrame | None:
     """Train a fresh model train_steps steps at batch_size (batches drawn with replacement) with the
-    user's optimizer at lr, through the one training loop; the noise scale's EMA (callbacks.NoiseScale,
+    user's optimizer at lr, through the one training loop; the noise scale's EMA (noise.MicroBatchNoise,
     decay 0.9) after every step, from the step's two halves. None for a batch of one example."""
     micro = largest_divisor_at_most(batch_size, batch_size // 2)
     if micro < 1:
@@ -403,7 +403,7 @@ def _noise_along_training(models: _Models, x: torch.Tensor, y: torch.Tensor, los
     parts = models.parts()
     setup = RunSetup.checked(parts.model, data, loss)
     member = setup.member(0, cfg, state=new_state(cfg, data, device, model=parts.model, optimizer=parts.optimizer))
-    noise = NoiseScale()
+    noise = MicroBatchNoise()
     history = _EMAHistory(noise)
     setup.loop([member], ModelEngine(data, loss, setup.task), [noise, history]).run()
     if member.outcome != "ok":
