@@ -1,17 +1,20 @@
 """The pieces of the training loop that differ between paths, as callbacks (loop.Callback).
 
-    Evaluation    evaluate at each member's eval steps; stop a member whose train loss reached its target
-    Divergence    check batch losses every few steps; a non-finite or exploding loss ends the member
-    Checkpointing a resumable checkpoint every checkpoint_every steps
-    Progress      a progress bar (a terminal, JupyterLab; not under papermill or in logs)
-    Recording     the run directory: config.json and status.json at the start, history.csv at each
-                  evaluation, metrics.json (measurements included), the final checkpoint and the final
-                  status when a member stops; and the member's RunResult
-    AtSteps       a function of yours at chosen steps (a measurement along training), off the clock
+    phase (loop.Order)
+    Evaluation    DECIDE      evaluate at each member's eval steps; stop a member whose train loss reached
+                              its target
+    Divergence    DECIDE      check batch losses every few steps; a non-finite or exploding loss ends the member
+    Snapshots     SNAPSHOT    the states a trajectory saves for the runs that branch from it
+    Measurements  MEASURE     the measurements a config names (measure.registry), when a member ends ok
+    Progress      PROGRESS    a progress bar (a terminal, JupyterLab; not under papermill or in logs)
+    Recording     RECORD      the run directory: config.json and status.json at the start, history.csv at
+                              each evaluation, metrics.json (with Measurements' numbers), the final checkpoint
+                              and the final status when a member stops; and the member's RunResult
+    AtSteps       USER        a function of yours at chosen steps (a measurement along training), off the clock
+    Checkpointing CHECKPOINT  a resumable checkpoint every checkpoint_every steps, after every other callback
 
-The noise scale from a step's micro-batches is bsresearch.noise.MicroBatchNoise, beside the other estimators.
-A single run uses all of them with MicroBatchNoise; a fused group all but Checkpointing (fused.compat keeps
-noise-scale configs out); advise only MicroBatchNoise and its own recorder.
+The noise scale from a step's micro-batches (or a device group's gradients) is bsresearch.noise's, beside
+the other estimators. Which of these a run has is chosen by where it stands (driver.callbacks_for).
 
 Each keeps its own state: Divergence the first batch loss of every member (the reference), given to each
 checkpoint under its `key` and taken back at a resume.
@@ -22,13 +25,14 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from . import schedule
 from .data import Dataset, resident_dataset_for
-from .loop import Callback, Loop, Member, RunResult
+from .loop import Callback, Loop, Member, Order, RunResult
 from .measure.registry import take_measurements
 from .models import count_parameters
 from .rundir import storage_error
@@ -41,6 +45,7 @@ LOSS_CHECK_EVERY = {"cpu": 1, "cuda": 16}  # steps between divergence checks by 
 class Evaluation(Callback):
     """Evaluate members at their eval steps (schedule.eval_steps); a member with budget 'target' whose train
     loss reached target_loss stops there."""
+    order = Order.DECIDE
 
     def before_step(self, loop: Loop) -> None:
         due = [m for m in loop.active
@@ -59,6 +64,7 @@ class Divergence(Callback):
     finite or exceeds divergence_ratio x its first batch loss ends 'diverged', evaluated where it stopped.
     check_every defaults to LOSS_CHECK_EVERY for the loop's device (a check syncs the device). Its state:
     each member's first batch loss (checkpointed) and the step up to which its losses were checked."""
+    order = Order.DECIDE
     key = "divergence"
 
     def __init__(self, check_every: int | None = None) -> None:
@@ -112,8 +118,9 @@ class Divergence(Callback):
 
 class Checkpointing(Callback):
     """A resumable checkpoint of each member every cfg.checkpoint_every steps (not at the last step: the
-    final weights are Recording's). It goes after the callbacks whose state it saves (their after_step
-    has run when it saves)."""
+    final weights are Recording's). Its phase is the last: every callback whose state it saves has done its
+    after_step when it saves."""
+    order = Order.CHECKPOINT
 
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
         for m in loop.active:
@@ -125,7 +132,9 @@ class Checkpointing(Callback):
 
 class Snapshots(Callback):
     """Save the run's whole state at its trajectory's snapshot steps (after their evaluation), for the runs
-    that continue from them (bsresearch/trajectory.py); let go of the trajectory once past its end."""
+    that continue from them (bsresearch/trajectory.py); let go of the trajectory once past its end, and at
+    the close whatever happened."""
+    order = Order.SNAPSHOT
 
     def __init__(self, trajectory: Trajectory) -> None:
         self.trajectory = trajectory
@@ -139,7 +148,7 @@ class Snapshots(Callback):
             if m.state.step >= t.end:
                 t.release()
 
-    def on_end(self, loop: Loop) -> None:
+    def close(self, loop: Loop) -> None:
         self.trajectory.release()
 
 
@@ -172,6 +181,7 @@ def progress_bar(total: int, enabled: bool | None):
 
 class Progress(Callback):
     """A bar over the longest member's steps; the last evaluation's numbers beside it."""
+    order = Order.PROGRESS
 
     def __init__(self, enabled: bool | None) -> None:
         self.enabled = enabled
@@ -191,7 +201,7 @@ class Progress(Callback):
             self.bar.set_postfix({"train_loss": f"{row['train_loss']:.4f}",
                                   **({"test_acc": f"{row['test_acc']:.3f}"} if "test_acc" in row else {})})
 
-    def on_end(self, loop: Loop) -> None:
+    def close(self, loop: Loop) -> None:
         if self.bar is not None:
             self.bar.close()
 
@@ -225,22 +235,45 @@ def final_metrics(m: Member, loop: Loop) -> dict[str, Any]:
     return out
 
 
-class Recording(Callback):
-    """Each member's run directory (when it has one) and its RunResult; a member that ended ok gets the
-    measurements its config names (measure.registry). `status` adds fields to every status.json written
-    (a fused group's id)."""
+class Measurements(Callback):
+    """The measurements a member's config names (cfg.measure, measure.registry), taken when it ends ok, on its
+    final weights, into member.measured (Recording adds them to metrics.json)."""
+    order = Order.MEASURE
 
-    def __init__(self, status: dict[str, Any] | None = None) -> None:
+    def on_finish(self, loop: Loop, member: Member) -> None:
+        cfg, state = member.cfg, member.state
+        if member.outcome == "ok" and cfg.measure:
+            data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
+            member.measured.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
+
+
+def attempts(previous: dict[str, Any] | None, started: str, resumed_from: int | None,
+             devices: int) -> list[dict[str, Any]]:
+    """status.json's `attempts`: one entry per start of the run (when it started, the step it resumed from,
+    on how many devices); a run that starts from scratch begins a new list."""
+    earlier = list((previous or {}).get("attempts") or []) if resumed_from is not None else []
+    return [*earlier, {"started": started, "resumed_from": resumed_from, "devices": devices}]
+
+
+class Recording(Callback):
+    """Each member's run directory (when it has one) and its RunResult, with the numbers of Measurements.
+    `status` adds fields to every status.json written: where this attempt runs (`devices`: the devices of
+    the attempt that wrote it), a fused group's id; `attempts` lists every start with its device count."""
+    order = Order.RECORD
+
+    def __init__(self, status: Mapping[str, Any] | None = None) -> None:
         self.status = dict(status or {})
 
     def on_start(self, loop: Loop) -> None:
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        devices = int((self.status.get("devices") or {}).get("count", 1))
         for m in loop.active:
             if m.rd:
                 derived = schedule.derived(m.cfg, loop.data.n_train, loop.task.tokens_per_example)
                 m.rd.write_config(m.cfg.to_dict(), {**derived, **loop.task.describe()})
                 m.rd.write_status("running", started=started, resumed_from=m.resumed_from, error=None, traceback=None,
-                                  provenance=provenance(loop.device), **self.status)
+                                  provenance=provenance(loop.device),
+                                  attempts=attempts(m.rd.status(), started, m.resumed_from, devices), **self.status)
 
     def on_evaluation(self, loop: Loop, member: Member) -> None:
         if member.rd:
@@ -248,16 +281,13 @@ class Recording(Callback):
 
     def on_finish(self, loop: Loop, member: Member) -> None:
         m, cfg, state, rd = member, member.cfg, member.state, member.rd
-        metrics: dict[str, Any] = final_metrics(m, loop) if state.history else {}
-        if m.outcome == "ok" and cfg.measure:
-            data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
-            metrics.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
+        metrics: dict[str, Any] = {**(final_metrics(m, loop) if state.history else {}), **m.measured}
         if rd:
             try:
                 rd.write_history(state.history)
                 rd.write_metrics(metrics)
                 if m.outcome in ("oom", "failed", "died"):   # the last resumable checkpoint stays (a device group
-                    if loop.device.type == "cuda":           # that lost a process: died mid-step, GroupRecording)
+                    if loop.device.type == "cuda":           # that lost a process: died mid-step)
                         torch.cuda.empty_cache()
                 elif cfg.save_checkpoint:
                     loop.save(m, rd.checkpoint_path, resumable=False)

@@ -1,26 +1,33 @@
-"""The training loop: the one loop of every path that trains (a single run, a fused group, advise).
+"""The training loop: the one loop of every path that trains (a single run, a device group, a fused group, advise).
 
 The loop moves its members (runs) in lockstep, one optimizer update each per step, through an engine,
 and calls its callbacks around every step, in the way OLMo-core's trainer takes callbacks:
 
     on_start(loop)                 once, before the first step (recording writes config.json and status.json)
     before_step(loop)              evaluations that are due and the target stop (callbacks.Evaluation)
-    step_hooks(loop, member)       hooks inside one member's update (callbacks.NoiseScale)
+    step_hooks(loop, member)       hooks inside one member's update (the noise scale's), composed in order
     after_step(loop, losses)       divergence, checkpoints, progress
     columns(loop, member)          the columns a callback adds to the history row being written
     on_evaluation(loop, member)    a history row was added (recording rewrites history.csv)
+    on_error(loop, member, exc)    an exception ends `member` (state failed or oom), before its on_finish
     on_finish(loop, member)        a member stopped: its results and its run directory
     on_remove(loop, keep)          members left; `keep` are the positions still training
-    on_end(loop)                   once, after the last step
+    on_end(loop)                   once, after the last member stopped (not when an exception escapes)
+    close(loop)                    always, last, even when an exception escapes the loop: let go of what
+                                   the callback holds (a tracker's writer, a progress bar, a lock)
+
+Callbacks run in the order they declare (`Callback.order`, one of the phases of `Order`), callbacks of one
+phase in the order they were given (a stable sort): a callback's place in the caller's list no longer
+decides, e.g., that checkpoints are written after every other callback's after_step.
 
 A callback owns its state: what it keeps per member lives in the callback, and a callback with a `key`
 gives it to every checkpoint (`state_dict(member)`) and takes it back at a resume (`load_state_dict`), so
 a resumed run continues each callback exactly. tests/test_loop.py pins this order and a row's columns.
 
-The engine is what trains: engine.ModelEngine (one nn.Module and its optimizer) or a fused engine
-(K members stacked into one batched program). The loop owns the rest: the step counter, which members
-still train, the budget stop, the clock (training time, evaluation excluded, shared equally by the
-members of a step), a history row's core (where training is, the losses, the weights, the time), and
+The engine is what trains: engine.ModelEngine (one nn.Module and its optimizer), the device group's engine
+or a fused engine (K members stacked into one batched program). The loop owns the rest: the step counter,
+which members still train, the budget stop, the clock (training time, evaluation excluded, shared equally
+by the members of a step), a history row's core (where training is, the losses, the weights, the time), and
 what a failing step means: out of memory and any other exception end the members still training with
 state oom or failed, recorded, not raised; only an out-of-memory error in a group that its caller can
 split (engine.can_split) is raised, to be split.
@@ -98,6 +105,7 @@ class Member:
     outcome: str = "ok"
     error: str | None = None
     trace: str | None = None
+    measured: dict[str, Any] = field(default_factory=dict)  # measurements at the end, for metrics.json
     result: RunResult | None = field(default=None, repr=False)
 
 
@@ -106,6 +114,23 @@ class StepHooks:
     """Called inside one member's update: after micro-batch i's backward pass, and before the update."""
     after_backward: Callable[[int], None] | None = None
     before_update: Callable[[], None] | None = None
+
+    @staticmethod
+    def compose(hooks: Sequence[StepHooks]) -> StepHooks | None:
+        """One StepHooks that calls each of `hooks` in turn (None for none; the one itself for one)."""
+        if len(hooks) <= 1:
+            return hooks[0] if hooks else None
+        backward = [h.after_backward for h in hooks if h.after_backward is not None]
+        update = [h.before_update for h in hooks if h.before_update is not None]
+
+        def after_backward(i: int) -> None:
+            for fn in backward:
+                fn(i)
+
+        def before_update() -> None:
+            for fn in update:
+                fn()
+        return StepHooks(after_backward if backward else None, before_update if update else None)
 
 
 class Engine(Protocol):
@@ -126,12 +151,28 @@ class Engine(Protocol):
         """These members stop: their weights and optimizer state into their TrainState; the engine drops them."""
 
 
+class Order:
+    """The phases a callback declares (Callback.order): the loop calls its callbacks in this order, each
+    hook, a phase's callbacks in the order they were given. Why each phase comes where it does:"""
+    DECIDE = 100      # Evaluation, Divergence: whether members go on, on the numbers of this step
+    SNAPSHOT = 200    # Snapshots: states saved after the evaluation of their step
+    MEASURE = 300     # the noise scale, the measurements a config names: numbers the record holds
+    PROGRESS = 400    # the progress bar, with the numbers of the evaluation just made
+    RECORD = 500      # Recording: the run directory and the member's RunResult, from what came before
+    TRACK = 600       # trackers: copies of the record (they read the RunResult Recording made)
+    USER = 700        # the default: a user's callback sees the record written
+    CHECKPOINT = 900  # last: a checkpoint after a step holds every other callback's state after that step
+
+
 class Callback:
     """A piece of the loop that differs between paths. Every method does nothing unless overridden.
 
-    `key`: the name under which the callback's per-member state goes into a checkpoint (None: it keeps
-    none that must survive a resume); `state_dict(member)` gives that state (plain data or tensors, or None),
-    `load_state_dict(member, state)` takes it back before the first step of a resumed run."""
+    `order`: the phase the callback runs in (Order; a user's callback by default after the record is
+    written, before checkpoints). `key`: the name under which the callback's per-member state goes into a
+    checkpoint (None: it keeps none that must survive a resume); `state_dict(member)` gives that state
+    (plain data or tensors, or None), `load_state_dict(member, state)` takes it back before the first step
+    of a resumed run."""
+    order: int = Order.USER
     key: str | None = None
 
     def on_start(self, loop: Loop) -> None: ...
@@ -142,21 +183,25 @@ class Callback:
     def state_dict(self, member: Member) -> Any: return None
     def load_state_dict(self, member: Member, state: Any) -> None: ...
     def on_evaluation(self, loop: Loop, member: Member) -> None: ...
+    def on_error(self, loop: Loop, member: Member, exc: BaseException) -> None: ...
     def on_finish(self, loop: Loop, member: Member) -> None: ...
     def on_remove(self, loop: Loop, keep: torch.Tensor) -> None: ...
     def on_end(self, loop: Loop) -> None: ...
+    def close(self, loop: Loop) -> None: ...
 
 
 CallbackT = TypeVar("CallbackT", bound=Callback)
 
 
 class Loop:
-    """Train `members` with `engine` on `data` (whose targets make `task`), calling `callbacks` in order."""
+    """Train `members` with `engine` on `data` (whose targets make `task`), calling `callbacks` in the order
+    they declare (Callback.order; those of one phase in the order given)."""
 
     def __init__(self, members: Sequence[Member], engine: Engine, callbacks: Sequence[Callback], data: Data,
                  task: Task, device: torch.device) -> None:
         self.members, self.active = list(members), list(members)
-        self.engine, self.callbacks, self.data, self.task, self.device = engine, list(callbacks), data, task, device
+        self.engine, self.data, self.task, self.device = engine, data, task, device
+        self.callbacks = sorted(callbacks, key=lambda cb: cb.order)   # stable: a phase keeps the given order
         keys = [cb.key for cb in self.callbacks if cb.key is not None]
         if len(keys) != len(set(keys)):
             raise ValueError(f"two callbacks keep their state under one key: {sorted(keys)}")
@@ -253,20 +298,42 @@ class Loop:
                 cb.on_remove(self, index)
 
     def _hooks(self, member: Member) -> StepHooks | None:
-        hooks = [h for cb in self.callbacks if (h := cb.step_hooks(self, member)) is not None]
-        if len(hooks) > 1:
-            raise RuntimeError("at most one callback may hook into a step")
-        return hooks[0] if hooks else None
+        """Every callback's hooks into `member`'s update this step, composed in the callbacks' order."""
+        return StepHooks.compose([h for cb in self.callbacks if (h := cb.step_hooks(self, member)) is not None])
 
     # --- the loop
     def run(self) -> list[Member]:
-        """Train until every member has stopped; returns the members (each with its result)."""
-        for m in self.members:   # a resumed member's callbacks continue where they were
+        """Train until every member has stopped; returns the members (each with its result). Every callback's
+        close runs at the end, whatever happened (a close that raises does not keep the others from theirs)."""
+        try:
+            for m in self.members:   # a resumed member's callbacks continue where they were
+                for cb in self.callbacks:
+                    if cb.key is not None and m.restored.get(cb.key) is not None:
+                        cb.load_state_dict(m, m.restored[cb.key])
             for cb in self.callbacks:
-                if cb.key is not None and m.restored.get(cb.key) is not None:
-                    cb.load_state_dict(m, m.restored[cb.key])
+                cb.on_start(self)
+            self._train()
+            for cb in self.callbacks:
+                cb.on_end(self)
+        except BaseException:
+            self._close(raise_first=False)   # the exception on its way out is the one to see
+            raise
+        self._close(raise_first=True)
+        return self.members
+
+    def _close(self, raise_first: bool) -> None:
+        """Every callback's close; with `raise_first`, the first error a close raised, after all have run."""
+        failed: Exception | None = None
         for cb in self.callbacks:
-            cb.on_start(self)
+            try:
+                cb.close(self)
+            except Exception as exc:  # noqa: BLE001 - the others close all the same
+                failed = failed or exc
+        if failed is not None and raise_first:
+            raise failed
+
+    def _train(self) -> None:
+        """The steps, until no member is active; a failure ends the active members with its state."""
         synchronize(self.device)
         self._segment_start = time.perf_counter()
         try:
@@ -293,9 +360,7 @@ class Loop:
                 outcome, error, trace = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
             for m in self.active:
                 m.outcome, m.error, m.trace = outcome, error, trace
+                for cb in self.callbacks:
+                    cb.on_error(self, m, exc)
             if self.active:
                 self.stop(list(self.active))
-        finally:
-            for cb in self.callbacks:
-                cb.on_end(self)
-        return self.members

@@ -10,15 +10,17 @@ the one training loop (loop.Callback). Off by default; `RunConfig.trackers` swit
 
 What each records, at every evaluation: every number of the history row (history.csv's columns but `step`)
 as a scalar at that row's step, and when the run stops its final numbers (metrics.json) as `final/<name>` at
-its last step; the config (parameters in MLflow, a text summary in TensorBoard) and the run's state. The
-values are history.csv's (TensorBoard stores them as float32).
+its last step; the config (parameters in MLflow, a text summary in TensorBoard), the run's state, and the
+exception that ended a failed run (loop.Callback.on_error: its traceback as TensorBoard text, an MLflow tag).
+The values are history.csv's (TensorBoard stores them as float32). On a device group the lead process logs
+(it alone holds the run directory); in a fused group each member logs as its own run.
 
 A tracker is a copy of the run directory's record, written to from the start: a resumed run (or one
 redone after it died) rewrites its tracker record from the history it continues with (TensorBoard's event
 folder is emptied, the member's earlier MLflow runs are deleted, marked so in the store), so no point is
-logged twice and none that the run directory does not hold. In a fused group each member logs as its own
-run. A run without a run directory records nothing, trackers included. A tracker that cannot write (its
-store unreadable, a full disk) is switched off for that run with one warning line; the run goes on.
+logged twice and none that the run directory does not hold. A run without a run directory records nothing,
+trackers included. A tracker that cannot write (its store unreadable, a full disk) is switched off for that
+run with one warning line; the run goes on.
 
 The packages are optional and imported only when a tracker is on: `pip install tensorboard`,
 `pip install mlflow-skinny` (or mlflow). A missing one is a ConfigError before any work (`trackers_for`).
@@ -37,7 +39,7 @@ from typing import Any
 
 from .config import RunConfig
 from .errors import ConfigError
-from .loop import Callback, Loop, Member
+from .loop import Callback, Loop, Member, Order
 from .paths import project_path
 
 # tracker name -> (the module it needs, how to install it)
@@ -86,8 +88,10 @@ def warn(member: Member, name: str, exc: BaseException) -> None:
 
 class _Tracker(Callback):
     """What both trackers share: a writer per member whose config names the tracker and that has a run
-    directory, opened at the start (the resumed history written again), fed each history row, closed with the
-    final metrics; a writer that fails is dropped with a warning."""
+    directory, opened at the start (the resumed history written again), fed each history row, told of the
+    exception that ended a run, finished with the final metrics; a writer that fails is dropped with a
+    warning. Trackers come after Recording (Order.TRACK): they copy the result it made."""
+    order = Order.TRACK
     name = ""
 
     def __init__(self) -> None:
@@ -95,7 +99,8 @@ class _Tracker(Callback):
 
     def open(self, member: Member, loop: Loop) -> Any: ...
     def log(self, writer: Any, scalars: dict[str, float], step: int) -> None: ...
-    def close(self, writer: Any, member: Member) -> None: ...
+    def log_error(self, writer: Any, member: Member, exc: BaseException) -> None: ...
+    def finish(self, writer: Any, member: Member) -> None: ...
 
     def _guard(self, member: Member, fn: Any, *args: Any) -> None:
         try:
@@ -123,16 +128,21 @@ class _Tracker(Callback):
             row = member.state.history[-1]
             self._guard(member, self.log, writer, row_scalars(row), int(row["step"]))
 
+    def on_error(self, loop: Loop, member: Member, exc: BaseException) -> None:
+        writer = self.writers.get(member.index)
+        if writer is not None:
+            self._guard(member, self.log_error, writer, member, exc)
+
     def on_finish(self, loop: Loop, member: Member) -> None:
         writer = self.writers.get(member.index)
         if writer is None:
             return
         metrics = member.result.metrics if member.result else {}   # Recording's, which comes before
         self._guard(member, self.log, writer, final_scalars(metrics), member.state.step)
-        self._guard(member, self.close, writer, member)
+        self._guard(member, self.finish, writer, member)
         self.writers.pop(member.index, None)
 
-    def on_end(self, loop: Loop) -> None:  # members that never finished (an exception in a callback)
+    def close(self, loop: Loop) -> None:  # members that never finished (an exception escaped the loop)
         for writer in self.writers.values():
             with contextlib.suppress(Exception):
                 writer.close()
@@ -160,7 +170,11 @@ class TensorBoardTracker(_Tracker):
             writer.add_scalar(tag, value, step)
         writer.flush()
 
-    def close(self, writer: Any, member: Member) -> None:
+    def log_error(self, writer: Any, member: Member, exc: BaseException) -> None:
+        writer.add_text("error", "```\n" + (member.trace or f"{type(exc).__name__}: {exc}") + "\n```",
+                        member.state.step)
+
+    def finish(self, writer: Any, member: Member) -> None:
         writer.add_text("state", member.outcome + (f": {member.error}" if member.error else ""), member.state.step)
         writer.close()
 
@@ -233,7 +247,10 @@ class MLflowTracker(_Tracker):
         for i in range(0, len(metrics), 1000):
             writer.client.log_batch(writer.run_id, metrics=metrics[i:i + 1000])
 
-    def close(self, writer: Any, member: Member) -> None:
+    def log_error(self, writer: Any, member: Member, exc: BaseException) -> None:
+        writer.client.set_tag(writer.run_id, "exception", f"{type(exc).__name__}: {exc}"[:5000])
+
+    def finish(self, writer: Any, member: Member) -> None:
         writer.client.set_tag(writer.run_id, "state", member.outcome)
         if member.error:
             writer.client.set_tag(writer.run_id, "error", member.error[:5000])

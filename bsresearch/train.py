@@ -5,7 +5,8 @@ user's own given as FILE.py:NAME) and checks it with one batch (forward, loss, b
 everything that can be wrong with the input fails before any work, as one ConfigError; it gives the run's
 member its state, resumed where a checkpoint allows. Then the one training loop (loop.py) trains it with
 the single-model engine (engine.py) and the callbacks a run has (callbacks.py): evaluation, divergence,
-checkpoints and resume, the noise-scale EMA, progress, and the run directory.
+checkpoints and resume, the noise-scale EMA, progress, and the run directory. The path from the config to
+the finished run is the one driver's (driver.py), which a device group's processes and a fused group share.
 
 Conventions (docs/design.md#conventions):
 - batch size = examples per optimizer update; micro-batches only split the work (gradient accumulation);
@@ -22,18 +23,14 @@ import torch
 import torch.nn as nn
 
 from . import config as C
-from .callbacks import Checkpointing, Divergence, Evaluation, Progress, Recording, Snapshots
 from .config import RunConfig
 from .data import dataset_for
+from .driver import Place, drive
 from .engine import ModelEngine
 from .loop import Callback, RunResult
 from .models import model_for
-from .noise.microbatch import MicroBatchNoise
-from .rundir import RunDir, check_writable
-from .runsetup import finished_result, out_of_memory_result, run_setup
-from .runtime import is_out_of_memory, model_randomness, oom_message, resolve_device
+from .rundir import RunDir
 from .state import load_checkpoint
-from .trackers import trackers_for
 
 __all__ = ["RunResult", "load_trained_model", "run"]
 
@@ -48,37 +45,14 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None, progress: bool | None
     state diverged/oom/failed, recorded in status.json; they are returned, not raised. A run directory
     that already holds a finished run is returned as is (unless overwrite); one with a resumable
     checkpoint continues from it exactly. With `devices` > 1 the run trains on that many processes
-    (distributed.run_on_devices: started here, or joining the group torchrun or srun started).
+    (devices.launch.run_on_devices: started here, or joining the group torchrun or srun started), each
+    through the same driver as a run on one device.
     """
     if cfg.devices > 1:
-        from .distributed import run_on_devices
+        from .devices.launch import run_on_devices
         return run_on_devices(cfg, run_dir, progress, overwrite, callbacks)
-    finished = None if overwrite else finished_result(run_dir)
-    if finished is not None:   # read-only storage is fine for these
-        return finished
-    rd = RunDir(run_dir) if run_dir is not None else None
-    if rd:
-        check_writable(rd.path, "--runs or --run-dir")
-    trackers = trackers_for(cfg)   # a tracker's package missing: ConfigError before any work
-    try:  # moving the data and the model to the device can run out of memory: a result ("oom"), not a bug
-        setup = run_setup(cfg)
-        trajectory = setup.trajectory(cfg, rd)
-        member = setup.member(0, cfg, rd, resume=not overwrite, trajectory=trajectory)
-    except Exception as exc:
-        if not is_out_of_memory(exc):
-            raise
-        device = resolve_device(cfg.device)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return out_of_memory_result(cfg, run_dir, device, oom_message(exc))
-    own = [Evaluation(), Divergence(), *([Snapshots(trajectory)] if trajectory else []), MicroBatchNoise(),
-           Progress(progress), Recording(), *trackers]
-    # dropout repeats with the seed, and across a resume
-    with model_randomness(cfg.seed, setup.device, member.model_rng):
-        # Checkpointing last: a checkpoint after a step holds every callback's state after that step
-        setup.loop([member], ModelEngine(setup.data, setup.loss, setup.task), [*own, *callbacks, Checkpointing()]).run()
-    assert member.result is not None
-    return member.result
+    return drive(cfg, run_dir, Place.single(), lambda setup, member: ModelEngine(setup.data, setup.loss, setup.task),
+                 progress, overwrite, callbacks)
 
 
 def load_trained_model(run_dir: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, RunConfig]:

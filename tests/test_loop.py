@@ -1,4 +1,6 @@
-"""The training loop: the order of its hooks, the columns of a history row, what a failing step means."""
+"""The training loop: the order of its hooks and of its callbacks (the phase each declares), step hooks
+composed, the columns of a history row, what a failing step means (on_error, on_finish) and close, which
+runs whatever happened."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +9,7 @@ from conftest import tiny_config
 
 from bsresearch.callbacks import Divergence
 from bsresearch.engine import ModelEngine
-from bsresearch.loop import Callback, Loop, Member, StepHooks
+from bsresearch.loop import Callback, Loop, Member, Order, StepHooks
 from bsresearch.noise.microbatch import MicroBatchNoise
 from bsresearch.runsetup import run_setup
 from bsresearch.train import run
@@ -45,6 +47,9 @@ class Recorder(Callback):
     def on_evaluation(self, loop: Loop, member: Member) -> None:
         self.calls.append(("on_evaluation", loop.step))
 
+    def on_error(self, loop: Loop, member: Member, exc: BaseException) -> None:
+        self.calls.append((f"on_error {type(exc).__name__} {member.outcome}", loop.step))
+
     def on_finish(self, loop: Loop, member: Member) -> None:
         self.calls.append(("on_finish", loop.step))
 
@@ -53,6 +58,9 @@ class Recorder(Callback):
 
     def on_end(self, loop: Loop) -> None:
         self.calls.append(("on_end", loop.step))
+
+    def close(self, loop: Loop) -> None:
+        self.calls.append(("close", loop.step))
 
 
 def test_the_order_of_the_hooks_is_pinned():
@@ -71,7 +79,8 @@ def test_the_order_of_the_hooks_is_pinned():
         *evaluated, *update(0),
         *update(1),
         ("columns", 2), ("on_evaluation", 2), *update(2),
-        ("columns", 3), ("on_evaluation", 3), ("before_step", 3), ("on_finish", 3), ("on_remove", 3), ("on_end", 3)]
+        ("columns", 3), ("on_evaluation", 3), ("before_step", 3), ("on_finish", 3), ("on_remove", 3), ("on_end", 3),
+        ("close", 3)]
 
 
 def test_the_columns_of_a_history_row_are_pinned():
@@ -139,3 +148,161 @@ def test_an_out_of_memory_error_in_a_group_that_can_split_is_raised():
     engine = Failing(ModelEngine(setup.data, setup.loss, setup.task), torch.OutOfMemoryError("out"), can_split=True)
     with pytest.raises(torch.OutOfMemoryError):
         setup.loop(members, engine, []).run()
+
+
+# ----------------------------------------------------------------------------- the order callbacks declare
+class Tagged(Callback):
+    """Writes its tag into a shared list at every after_step and on_finish; its phase is `order`."""
+
+    def __init__(self, tag: str, order: int, seen: list[str]) -> None:
+        self.tag, self.order, self.seen = tag, order, seen
+
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        self.seen.append(self.tag)
+
+    def on_finish(self, loop: Loop, member: Member) -> None:
+        self.seen.append(f"finish {self.tag}")
+
+
+def test_callbacks_run_in_the_phase_they_declare_whatever_their_place_in_the_list():
+    """Given last-phase first: the loop calls them by phase, and two of one phase in the order given."""
+    seen: list[str] = []
+    given = [Tagged("checkpoint", Order.CHECKPOINT, seen), Tagged("user b", Order.USER, seen),
+             Tagged("record", Order.RECORD, seen), Tagged("user a", Order.USER, seen),
+             Tagged("decide", Order.DECIDE, seen)]
+    loop, _ = _loop(tiny_config(budget_amount=2), given)
+    assert [cb.tag for cb in loop.callbacks] == ["decide", "record", "user b", "user a", "checkpoint"]
+    loop.run()
+    one = ["decide", "record", "user b", "user a", "checkpoint"]
+    assert seen == one + one + [f"finish {t}" for t in one]
+
+
+def test_a_checkpoint_holds_the_state_a_callback_given_after_checkpointing_reached_that_step(tmp_path):
+    """Checkpointing declares the last phase: a user's callback listed after it still has its after_step done
+    when the checkpoint is written, so the checkpoint at step 10 holds its count of 10 updates."""
+    from test_callbacks import Counter
+
+    from bsresearch.callbacks import Checkpointing
+    from bsresearch.rundir import RunDir
+    from bsresearch.state import load_checkpoint
+    cfg = tiny_config(budget_amount=15, checkpoint_every=10)
+    setup = run_setup(cfg)
+    member = setup.member(0, cfg, tmp_path / "run")
+    setup.loop([member], ModelEngine(setup.data, setup.loss, setup.task), [Checkpointing(), Counter()]).run()
+    assert load_checkpoint(RunDir(tmp_path / "run").checkpoint_path)["callbacks"]["counter"] == {"seen": 10}
+
+
+# ----------------------------------------------------------------------------- step hooks composed
+class Hooked(Callback):
+    """Hooks into every update: writes (tag, micro-batch) after each backward pass and (tag, 'update') before
+    the update; `squared` keeps the squared gradient norm it sees before each update."""
+
+    def __init__(self, tag: str, calls: list[tuple[str, object]]) -> None:
+        self.tag, self.calls = tag, calls
+        self.squared: list[float] = []
+
+    def step_hooks(self, loop: Loop, member: Member) -> StepHooks:
+        model = member.state.model
+
+        def before_update() -> None:
+            self.calls.append((self.tag, "update"))
+            self.squared.append(sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None))
+        return StepHooks(after_backward=lambda i: self.calls.append((self.tag, i)), before_update=before_update)
+
+
+def test_several_step_hooks_are_composed_in_the_callbacks_order():
+    """Two callbacks hook into each update: each micro-batch's backward pass calls both in order, and both see
+    the step's one accumulated gradient before the update. Oracle for the noise scale beside them: the run
+    with the micro-batch noise scale alone, whose EMA columns a second hook does not change."""
+    calls: list[tuple[str, object]] = []
+    first, second = Hooked("first", calls), Hooked("second", calls)
+    cfg = tiny_config(budget_amount=3, micro_batch_size=16, noise_scale_every=1)
+    both = run(cfg, progress=False, callbacks=[first, second])
+    per_update = [("first", 0), ("second", 0), ("first", 1), ("second", 1), ("first", "update"),
+                  ("second", "update")]
+    assert calls == per_update * 3
+    assert len(first.squared) == len(second.squared) == 3 and first.squared == second.squared
+    alone = run(cfg, progress=False)
+    assert len(alone.history) == len(both.history) == 2
+    for a, b in zip(alone.history, both.history):
+        assert [a[c] for c in NOISE_COLUMNS] == [b[c] for c in NOISE_COLUMNS]
+
+
+def test_compose_of_none_and_of_one_hook():
+    one = StepHooks(before_update=lambda: None)
+    assert StepHooks.compose([]) is None and StepHooks.compose([one]) is one
+    seen: list[int] = []
+    composed = StepHooks.compose([StepHooks(after_backward=seen.append), StepHooks(before_update=lambda: seen.append(-1))])
+    assert composed is not None and composed.after_backward is not None and composed.before_update is not None
+    composed.after_backward(3)
+    composed.before_update()
+    assert seen == [3, -1]
+
+
+# ----------------------------------------------------------------------------- on_error and close
+class FailingAt(Failing):
+    """An engine that trains, and raises `error` at the step `at` (a simulated failure mid-run)."""
+
+    def __init__(self, engine: ModelEngine, error: Exception, at: int, can_split: bool = False) -> None:
+        super().__init__(engine, error, can_split)
+        self.at = at
+
+    def step(self, members, lrs, hooks):
+        if members[0].state.step == self.at:
+            raise self.error
+        return self.inner.step(members, lrs, hooks)
+
+
+def test_a_failing_run_tells_its_callbacks_on_error_before_on_finish_and_closes_them(tmp_path):
+    """A step that raises at step 3: on_error with the exception (the member already 'failed'), then on_finish,
+    on_end and close; the run directory says failed, with the traceback."""
+    from bsresearch.callbacks import Evaluation, Recording
+    from bsresearch.rundir import RunDir
+    cfg = tiny_config(budget_amount=10)
+    setup = run_setup(cfg)
+    member = setup.member(0, cfg, tmp_path / "run")
+    recorder = Recorder()
+    engine = FailingAt(ModelEngine(setup.data, setup.loss, setup.task), ValueError("broken"), at=3)
+    setup.loop([member], engine, [Evaluation(), Recording(), recorder]).run()
+    tail = [name for name, _ in recorder.calls if name not in ("before_step", "step_hooks", "after_step", "columns",
+                                                              "on_evaluation", "after_backward 0", "before_update")]
+    assert tail == ["on_start", "on_error ValueError failed", "on_finish", "on_remove", "on_end", "close"]
+    status = RunDir(tmp_path / "run").status()
+    assert status["state"] == "failed" and "ValueError: broken" in status["error"] and "broken" in status["traceback"]
+
+
+class Closing(Callback):
+    """Counts its close; raises in close when `broken`."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken, self.closed = broken, 0
+
+    def close(self, loop: Loop) -> None:
+        self.closed += 1
+        if self.broken:
+            raise OSError("the writer could not close")
+
+
+def test_close_runs_when_an_exception_escapes_the_loop():
+    """An out-of-memory error in a group that can split escapes the loop: no on_error (the members are not
+    ended, they start again in halves), no on_end, but every close runs, a broken one not hiding the error."""
+    cfg = tiny_config()
+    setup = run_setup(cfg)
+    members = [setup.member(i, cfg.replace(seed=i)) for i in range(2)]
+    recorder, broken, after = Recorder(), Closing(broken=True), Closing()
+    engine = FailingAt(ModelEngine(setup.data, setup.loss, setup.task), torch.OutOfMemoryError("out"), at=2,
+                       can_split=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        setup.loop(members, engine, [broken, recorder, after]).run()
+    names = [name for name, _ in recorder.calls]
+    assert "close" in names and "on_end" not in names and not any(n.startswith("on_error") for n in names)
+    assert broken.closed == after.closed == 1
+
+
+def test_a_close_that_raises_after_a_good_run_is_raised_after_every_close():
+    cfg = tiny_config(budget_amount=2)
+    broken, after = Closing(broken=True), Closing()
+    loop, member = _loop(cfg, [broken, after])
+    with pytest.raises(OSError, match="could not close"):
+        loop.run()
+    assert after.closed == 1 and member.outcome == "ok"

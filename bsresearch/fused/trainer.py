@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import schedule
-from ..callbacks import Divergence, Evaluation, Progress, Recording
 from ..config import ConfigError, RunConfig
 from ..data import Dataset
+from ..driver import Place, callbacks_for
 from ..engine import CROSS_ENTROPY, ModelEngine, evaluate_batches
 from ..loop import Member, RunResult, StepHooks
 from ..models import model_for
@@ -88,7 +88,8 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
             torch.cuda.empty_cache()
         for i in todo:
             if results[i] is None:
-                results[i] = out_of_memory_result(cfgs[i], dirs[i], device, oom_message(exc), group=group_id)
+                results[i] = out_of_memory_result(cfgs[i], dirs[i], device, oom_message(exc),
+                                                  **Place.member(group_id).status)
     return [r for r in results if r is not None]
 
 
@@ -156,7 +157,7 @@ def _train(cfgs: list[RunConfig], dirs: Sequence[str | Path | None], todo: list[
             queue[:0] = [retry[:half], retry[half:]]
         else:   # a member alone whose model did not fit on the device: its result, as in train.run
             results[retry[0]] = out_of_memory_result(cfgs[retry[0]], dirs[retry[0]], device, message,
-                                                     group=group_id)
+                                                     **Place.member(group_id).status)
 
 
 def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, reason: str) -> RunResult:
@@ -206,9 +207,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
         if len(members) > 1 or not is_out_of_memory(exc):
             raise
         engine = _OutOfMemory(exc)  # the stack of one did not fit: the loop records oom, as train.run would
-    callbacks = [Evaluation(), Divergence(), Progress(progress), Recording({"group": group_id}),
-                 *trackers_for([m.cfg for m in members])]   # each member logs as its own run
-    parts.loop(members, engine, callbacks).run()
+    parts.loop(members, engine, callbacks_for(Place.member(group_id), [m.cfg for m in members], progress)).run()
 
 
 class _OutOfMemory:
