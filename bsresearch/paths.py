@@ -3,12 +3,21 @@ starts a notebook's kernel in notebooks/, papermill in the report folder or a ru
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
 def _is_root(folder: Path) -> bool:
     return (folder / "pyproject.toml").is_file() and (folder / "experiments").is_dir()
+
+
+def project_of(path: str | Path) -> Path | None:
+    """The project that holds `path` (a spec, a notebook, a folder): the nearest folder at or above it with
+    pyproject.toml and experiments/, or None when no folder above it is one."""
+    start = Path(path).expanduser().resolve()
+    return next((d for d in (start, *start.parents) if _is_root(d)), None)
 
 
 def checkout_root() -> Path | None:
@@ -24,8 +33,7 @@ def project_root() -> Path:
     editable install, or PYTHONPATH), else the working directory. So a project of one's own is its own root
     whether bsresearch is installed from a wheel or from a checkout."""
     here = Path.cwd().resolve()
-    found = next((d for d in (here, *here.parents) if _is_root(d)), None)
-    return found or checkout_root() or here
+    return project_of(here) or checkout_root() or here
 
 
 def project_path(path: str | Path = ".") -> Path:
@@ -41,6 +49,19 @@ def project_folder(default: str):
         return Path(text).expanduser().resolve() if text else project_path(default)
     parse.__name__ = f"{default} folder"
     return parse
+
+
+@contextlib.contextmanager
+def working_directory(folder: str | Path) -> Iterator[Path]:
+    """Run the block in `folder` (the working directory restored after it, also on an error): a user's code
+    (a model or dataset factory, a training notebook) runs from the project's root in every process of a
+    sweep, the check before it included, so that a relative path in it means one file everywhere."""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield Path(folder)
+    finally:
+        os.chdir(before)
 
 
 def with_this_package(env: dict[str, str]) -> dict[str, str]:

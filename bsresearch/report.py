@@ -12,32 +12,37 @@ No torch import here; the notebook's kernel imports what it needs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 from . import templates
 from .config import ConfigError
-from .paths import project_folder
-from .rundir import MANIFEST
+from .paths import project_folder, project_of
+from .rundir import FINISHED_STATES, MANIFEST, RunDir
 from .source import git_commit, is_dirty, is_reproduction
 from .sweep.kernels import execute_notebook
-from .sweep.spec import SweepSpec, load_spec
+from .sweep.spec import SweepSpec, load_spec, runs_folder
 
 
-def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", reports_root: str | Path = "reports",
+def run_report(spec: SweepSpec | str | Path, runs_root: str | Path | None = None,
+               reports_root: str | Path | None = None,
                timeout: float = 1800.0, kernel: str = "python3", html: bool = True, partial: bool = False,
                allow_dirty: bool = False) -> Path:
     """Execute the analysis notebook of `spec` (without `analysis:`, the packaged generic sweep report);
     returns the report folder. Raises ConfigError when the sweep has no runs, a finished run's result file
     is damaged (naming the run and the file), runs are still pending or running (unless `partial`), or a
     reproduction's source tree has uncommitted changes (unless `allow_dirty`: the captions then say so);
-    RuntimeError when a notebook cell fails (the executed notebook, with the error in it, is kept)."""
+    RuntimeError when a notebook cell fails (the executed notebook, with the error in it, is kept).
+    runs_root, reports_root: as given (relative: to the working directory), else runs/ and reports/ of the
+    project that holds the spec (SweepSpec.project), whatever the working directory."""
     if not timeout > 0:
         raise ConfigError(f"timeout must be a positive number of seconds per cell; got {timeout!r}")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     analysis = spec.analysis or packaged_report(spec)
-    sweep_dir = Path(runs_root).resolve() / spec.name
+    sweep_dir = runs_folder(spec, runs_root) / spec.name
     if spec.has_runs and not (sweep_dir / MANIFEST).exists():
         raise ConfigError(f"no sweep {spec.name!r} under {sweep_dir.parent}: run `bsresearch sweep "
                           f"{spec.path or spec.name}` first")
@@ -48,11 +53,13 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
         raise ConfigError(f"the source tree has uncommitted changes (commit {commit}): a reproduction's report "
                           f"must trace to a commit; commit (or stash) them first, or pass --allow-dirty and the "
                           f"captions say so")
-    out_dir = Path(reports_root).resolve() / spec.name
+    out_dir = (Path(reports_root).expanduser().resolve() if reports_root is not None
+               else spec.project / "reports") / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / analysis.name
     in_progress = out_dir / f".{analysis.stem}.partial.ipynb"
-    parameters = {"sweep": spec.name, "runs_dir": str(sweep_dir.parent), "out_dir": str(out_dir),
+    parameters = {"sweep": spec.name, "runs_dir": shown_path(sweep_dir.parent, out_dir),
+                  "out_dir": shown_path(out_dir, out_dir),
                   "spec_path": str(spec.path) if spec.path else None, **spec.analysis_parameters}
 
     import papermill as pm
@@ -77,6 +84,17 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", rep
     return out_dir
 
 
+def shown_path(path: Path, out_dir: Path) -> str:
+    """`path` as the report's notebook is given it (and its HTML shows it): relative to the project the notebook
+    runs in (its working directory is out_dir, from which paths.project_path finds that project) when under
+    it, so a report names no folder of the machine it was drawn on; else absolute."""
+    project = project_of(out_dir)
+    if project is not None:
+        with contextlib.suppress(ValueError):
+            return str(path.resolve().relative_to(project))
+    return str(path)
+
+
 def packaged_report(spec: SweepSpec) -> Path:
     """The packaged generic sweep report, for a spec without `analysis:`."""
     try:
@@ -86,9 +104,10 @@ def packaged_report(spec: SweepSpec) -> Path:
                           f"'analysis: PATH.ipynb'") from None
 
 
-def check_sweep_for_report(spec: SweepSpec, runs_root: str | Path, partial: bool) -> None:
-    """ConfigError naming the first damaged run and file, or the unfinished runs (unless `partial`, which
-    prints that note, to stderr, as the report's first line)."""
+def check_sweep_for_report(spec: SweepSpec, runs_root: str | Path | None, partial: bool) -> None:
+    """ConfigError naming the first damaged run and file, the unfinished runs (unless `partial`, which prints
+    that note, to stderr, as the report's first line), or a sweep none of whose runs finished (naming how
+    many failed, and the first error): there is nothing to draw."""
     from .sweep.runner import sweep_state, unfinished_summary
     planned = sweep_state(spec, runs_root)
     damaged = [p for p in planned if p.found == "damaged"]
@@ -102,8 +121,19 @@ def check_sweep_for_report(spec: SweepSpec, runs_root: str | Path, partial: bool
     if unfinished and not partial:
         raise ConfigError(f"sweep {spec.name} is not finished: {unfinished}; wait for it or rerun `bsresearch "
                           f"sweep {spec.path or spec.name}`, or pass --partial to report on the runs that ended")
+    if not any(p.found in FINISHED_STATES for p in planned):
+        raise ConfigError(no_finished_runs(spec.name, planned))
     if unfinished:
         print(f"note: partial report: sweep {spec.name} has {unfinished}", file=sys.stderr)
+
+
+def no_finished_runs(name: str, planned: list) -> str:
+    """"no finished runs in sweep x: 4 failed; first error: ..." (the states counted, the first run's error)."""
+    counts = Counter("running" if p.action == "busy" else p.found for p in planned)
+    errors = [(RunDir(p.run_dir).status() or {}).get("error") for p in planned]
+    first = next((str(e).splitlines()[0][:300] for e in errors if e), None)
+    return (f"no finished runs in sweep {name}: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+            + (f"; first error: {first}" if first else "") + " (nothing to report)")
 
 
 def export_html(notebook: Path) -> Path | None:
@@ -128,10 +158,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Execute the spec's analysis notebook over the sweep's results; figures, "
                                    "tables and the executed notebook go to REPORTS/<name>/.")
     p.add_argument("spec", help="experiment spec, e.g. experiments/demo.yaml")
-    p.add_argument("--runs", type=project_folder("runs"), default=project_folder("runs")(""),
-                   help="root folder of run directories (relative: to the working directory) [the project's runs/]")
-    p.add_argument("--reports", type=project_folder("reports"), default=project_folder("reports")(""),
-                   help="root folder of reports (relative: to the working directory) [the project's reports/]")
+    p.add_argument("--runs", type=project_folder("runs"),
+                   help="root folder of run directories (relative: to the working directory) [runs/ of the project "
+                        "that holds the spec, whatever the working directory]")
+    p.add_argument("--reports", type=project_folder("reports"),
+                   help="root folder of reports (relative: to the working directory) [reports/ of the project that "
+                        "holds the spec]")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per notebook cell [1800]")
     p.add_argument("--no-html", action="store_true", help="do not export the executed notebook to HTML")
     p.add_argument("--partial", action="store_true",

@@ -12,7 +12,8 @@ intervals) are in bsresearch.stats.
 Columns of `load`: sweep, run_id, label, state, error, notebook_error, every RunConfig field (tuples stay
 tuples), the derived values of config.json (effective_lr, total_steps, n_train, ...), every final metric of
 metrics.json (nested measurement results flattened as "name.key"), git_commit, bsresearch_version, device_name,
-started, ended, run_dir. A point of the sweep that has not run yet has state "pending".
+started, ended, run_dir. A point of the sweep that has not run yet has state "pending"; one that ended before
+its config.json was written (a dataset factory that raised, say) has the state and error its status records.
 """
 from __future__ import annotations
 
@@ -87,8 +88,9 @@ def sweeps_run(names: str, runs_root: str | Path = "runs") -> list[str]:
 def _run_row(run_dir: Path, sweep: str, label: str | None, coords: dict[str, Any]) -> dict[str, Any]:
     rd = RunDir(run_dir)
     row: dict[str, Any] = {"sweep": sweep, "run_id": run_dir.name, "label": label}
-    if not rd.has_config():  # listed in the manifest, not started yet
-        row.update(coords, state="pending")
+    if not rd.has_config():  # listed in the manifest: not started yet, or ended (failed) before config.json
+        status = rd.status() or {}
+        row.update(coords, state=status.get("state") or "pending", error=status.get("error"))
         return row
     config = rd.config()
     status = rd.status() or {}

@@ -29,6 +29,16 @@ sweep (workers with their own working directories) finds the same file.
 
 Every mistake raises ConfigError naming the key (e.g. "grid.bacth_size: unknown RunConfig field ...").
 
+A training notebook of one's own: `notebook:` may name the researcher's own notebook (their model, their
+Trainer or loop) instead of the run template. A notebook is the run template (RunConfig runs) when its
+parameters cell assigns nearly every RunConfig field (RUN_TEMPLATE_SHARE; the packaged 01_train and copies of
+it); any other is one's own. Its parameters cell declares the sweep's names: `base`, `grid`, `variants` and
+`overrides` are checked against it instead of RunConfig's fields (an unknown name is one line naming it and
+the accepted names), the values are injected as written (no RunConfig types), `seeds` go to its `seed`, and
+each run's folder to its `run_dir`, which it must declare; it writes the run there (bsresearch.runwriter, or
+the Hugging Face / Lightning callback given run_dir). `measurements` belong to the run template. The run id
+hashes the injected values and the notebook's code (its code cells' sources, not their outputs).
+
 Inheritance: `extends: ../keskar.yaml` (a path relative to this file) makes a spec a child of another, so
 that e.g. a confirmatory spec states only what differs from the spec it repeats:
 
@@ -52,6 +62,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -74,7 +85,11 @@ from ..config import (
     did_you_mean,
     run_id,
 )
+from ..paths import project_of, project_root
 
+RUN_TEMPLATE_SHARE = 0.9   # a notebook whose parameters cell assigns this share of RunConfig's fields is the run
+                           # template (a copy made before a field was added still is); below it, one's own
+OWN_INJECTED = ("run_dir", "seed")   # set by the sweep in a notebook of one's own; not settable in the spec
 SPEC_KEYS = ("name", "extends", "description", "notebook", "analysis", "analysis_parameters", "timeout", "base",
              "grid", "variants", "seeds", "measurements", "overrides")
 DEFAULT_TIMEOUT = 3600.0  # seconds per run
@@ -108,6 +123,14 @@ class SweepSpec:
     overrides: tuple[Override, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # as written (over its parents), kept in the manifest
     parents: tuple[Path, ...] = ()    # the specs it extends, nearest first (`extends`)
+    own: OwnNotebook | None = None    # `notebook:` is a training notebook of one's own (not the run template)
+
+    @property
+    def project(self) -> Path:
+        """The folder a spec's runs, reports and the user's code belong to: the project that holds the spec
+        file (paths.project_of), whatever the working directory; without one (or without a file), the project
+        of the working directory (paths.project_root)."""
+        return (project_of(self.path.parent) if self.path is not None else None) or project_root()
 
     @property
     def has_runs(self) -> bool:
@@ -116,13 +139,47 @@ class SweepSpec:
         return bool(self.base or self.grid or self.variants or self.notebook)
 
 
+def runs_folder(spec: SweepSpec, runs_root: str | Path | None = None) -> Path:
+    """The root of the spec's run directories: `runs_root` as given (relative: to the working directory), else
+    runs/ of the project that holds the spec, whatever the working directory (SweepSpec.project)."""
+    return Path(runs_root).expanduser().resolve() if runs_root is not None else spec.project / "runs"
+
+
+@dataclass(frozen=True)
+class OwnNotebook:
+    """A training notebook of one's own named by a spec's `notebook:`: its parameters cell's names (the
+    sweep's names), what that cell assigns as literals (matched by overrides) and the hash of its code."""
+    path: Path
+    parameters: tuple[str, ...]
+    defaults: dict[str, Any]
+    code_sha256: str
+
+    @property
+    def settable(self) -> tuple[str, ...]:
+        """The names a spec may set (run_dir and seed are the sweep's)."""
+        return tuple(n for n in self.parameters if n not in OWN_INJECTED)
+
+
 @dataclass(frozen=True)
 class Point:
-    """One run of a sweep: its config, its id and the grid coordinates (and seed) that define it."""
+    """One run of a sweep: its id, the grid coordinates (and seed) that define it, and what it runs: a
+    RunConfig (the run template, the library) or, for a notebook of one's own, the values its parameters
+    cell is given (`parameters`; config None)."""
     run_id: str
-    config: RunConfig
+    config: RunConfig | None
     coords: dict[str, Any]
     label: str  # "batch_size=32 lr=0.001 seed=0"
+    parameters: dict[str, Any] | None = None
+
+    @property
+    def devices(self) -> int:
+        """The devices the run trains on (a notebook of one's own: one worker slot)."""
+        return self.config.devices if self.config is not None else 1
+
+    @property
+    def task_config(self) -> dict[str, Any]:
+        """What the run's task carries to its worker: the config as a dict, or the notebook's parameters."""
+        return self.config.to_dict() if self.config is not None else dict(self.parameters or {})
 
 
 # ----------------------------------------------------------------------------- reading
@@ -197,15 +254,18 @@ def parse_spec(raw: Any, base_dir: str | Path = ".", path: Path | None = None) -
     description = raw.get("description") or ""
     if not isinstance(description, str):
         raise ConfigError(f"description: must be a string; got {description!r}")
-    base = _parse_base(raw.get("base"), base_dir)
-    grid = _parse_grid(raw.get("grid"), base_dir)
-    variants = _parse_variants(raw.get("variants"), base_dir)
+    notebook = _parse_path(raw.get("notebook"), "notebook", base_dir)
+    own = own_notebook(notebook) if notebook is not None else None
+    base = _parse_base(raw.get("base"), base_dir, own=own)
+    grid = _parse_grid(raw.get("grid"), base_dir, own)
+    variants = _parse_variants(raw.get("variants"), base_dir, own)
     seeds = _parse_seeds(raw.get("seeds", [base.get("seed", 0)]))
     measurements = _parse_measurements(raw.get("measurements"))
-    overrides = tuple(_parse_override(i, o, tuple(variants), base_dir)
+    if own is not None:
+        _check_own(own, seeds, measurements)
+    overrides = tuple(_parse_override(i, o, tuple(variants), base_dir, own)
                       for i, o in enumerate(_as_list(raw.get("overrides"), "overrides")))
-    spec = SweepSpec(name=name, path=path, description=description,
-                     notebook=_parse_path(raw.get("notebook"), "notebook", base_dir),
+    spec = SweepSpec(name=name, path=path, description=description, notebook=notebook, own=own,
                      analysis=_parse_path(raw.get("analysis"), "analysis", base_dir),
                      analysis_parameters=_parse_analysis_parameters(raw.get("analysis_parameters")),
                      timeout=_parse_timeout(raw.get("timeout", DEFAULT_TIMEOUT)),
@@ -336,16 +396,28 @@ def _as_list(value: Any, key: str) -> list[Any]:
     return value
 
 
-def _check_field(key: str, name: Any) -> str:
+def _check_field(key: str, name: Any, own: OwnNotebook | None = None) -> str:
+    if own is not None:
+        if name in OWN_INJECTED:
+            raise ConfigError(f"{key}: set by the sweep itself in {own.path.name} (each run's {name}"
+                              f"{'; seeds come from the top-level seeds list' if name == 'seed' else ''})")
+        if name not in own.settable:
+            raise ConfigError(f"{key}: not a parameter of {own.path.name}{did_you_mean(name, own.settable)}; "
+                              f"accepted (its parameters cell): {', '.join(own.settable) or 'none'}")
+        return name
     if name not in FIELD_NAMES:
         raise ConfigError(f"{key}: unknown RunConfig field{did_you_mean(name, FIELD_NAMES)}; "
                           f"accepted fields: {', '.join(FIELD_NAMES)}")
     return name
 
 
-def _coerce_at(key: str, name: str, value: Any, base_dir: Path | None = None) -> Any:
+def _coerce_at(key: str, name: str, value: Any, base_dir: Path | None = None,
+               own: OwnNotebook | None = None) -> Any:
     """`value` converted to RunConfig field `name`'s type (YAML reads 1e-3 as a string); errors name `key`.
-    With `base_dir` (the spec's folder), a path in it is made absolute as the spec means it (_spec_path)."""
+    With `base_dir` (the spec's folder), a path in it is made absolute as the spec means it (_spec_path).
+    A parameter of one's own notebook is injected as written (a number written 1e-3 is read as one)."""
+    if own is not None:
+        return _yaml_number(value)
     try:
         value = coerce_field(name, value)
         return value if base_dir is None else _spec_path(name, value, base_dir)
@@ -365,23 +437,23 @@ def _spec_path(name: str, value: Any, base_dir: Path) -> Any:
     return value
 
 
-def _parse_base(raw: Any, base_dir: Path, key: str = "base") -> dict[str, Any]:
+def _parse_base(raw: Any, base_dir: Path, key: str = "base", own: OwnNotebook | None = None) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: must be a mapping of RunConfig fields; got {raw!r}")
     out = {}
     for name, value in raw.items():
-        _check_field(f"{key}.{name}", name)
+        _check_field(f"{key}.{name}", name, own)
         if name == "measure" and key == "base":
             raise ConfigError(f"{key}.measure: use the top-level 'measurements' list")
         if name == "seed" and key != "base":
             raise ConfigError(f"{key}.seed: seeds come from the top-level 'seeds' list")
-        out[name] = _coerce_at(f"{key}.{name}", name, value, base_dir)
+        out[name] = _coerce_at(f"{key}.{name}", name, value, base_dir, own)
     return out
 
 
-def _parse_grid(raw: Any, base_dir: Path) -> dict[str, tuple[Any, ...]]:
+def _parse_grid(raw: Any, base_dir: Path, own: OwnNotebook | None = None) -> dict[str, tuple[Any, ...]]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -389,21 +461,21 @@ def _parse_grid(raw: Any, base_dir: Path) -> dict[str, tuple[Any, ...]]:
     grid = {}
     for name, values in raw.items():
         key = f"grid.{name}"
-        _check_field(key, name)
+        _check_field(key, name, own)
         if name == "seed":
             raise ConfigError(f"{key}: use the top-level 'seeds' list")
         if name == "measure":
             raise ConfigError(f"{key}: use the top-level 'measurements' list")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{key}: must be a non-empty list of values; got {values!r}")
-        coerced = tuple(_coerce_at(f"{key}[{i}]", name, v, base_dir) for i, v in enumerate(values))
+        coerced = tuple(_coerce_at(f"{key}[{i}]", name, v, base_dir, own) for i, v in enumerate(values))
         if len(set(map(repr, coerced))) != len(coerced):
             raise ConfigError(f"{key}: values repeat: {list(values)}")
         grid[name] = coerced
     return grid
 
 
-def _parse_variants(raw: Any, base_dir: Path) -> dict[str, dict[str, Any]]:
+def _parse_variants(raw: Any, base_dir: Path, own: OwnNotebook | None = None) -> dict[str, dict[str, Any]]:
     if raw is None:
         return {}
     if not isinstance(raw, dict) or not raw:
@@ -412,7 +484,7 @@ def _parse_variants(raw: Any, base_dir: Path) -> dict[str, dict[str, Any]]:
     for name, fields in raw.items():
         if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
             raise ConfigError(f"variants: a name must be letters, digits and _.- only; got {name!r}")
-        out[name] = _parse_base(fields or {}, base_dir, key=f"variants.{name}")
+        out[name] = _parse_base(fields or {}, base_dir, key=f"variants.{name}", own=own)
     return out
 
 
@@ -440,7 +512,8 @@ def _parse_measurements(raw: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = (), base_dir: Path | None = None) -> Override:
+def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = (), base_dir: Path | None = None,
+                    own: OwnNotebook | None = None) -> Override:
     key = f"overrides[{index}]"
     if not isinstance(raw, dict) or set(raw) - {"where", "set"} or "set" not in raw:
         raise ConfigError(f"{key}: must be a mapping with 'where' (optional) and 'set'; got {raw!r}")
@@ -460,14 +533,14 @@ def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = (), base_d
                                   f"the spec's variants: {', '.join(variants)}")
             where[name] = tuple(values)
             continue
-        _check_field(f"{key}.where.{name}", name)
-        where[name] = tuple(_coerce_at(f"{key}.where.{name}", name, v, base_dir) for v in values)
+        _check_field(f"{key}.where.{name}", name, own)
+        where[name] = tuple(_coerce_at(f"{key}.where.{name}", name, v, base_dir, own) for v in values)
     new_values = {}
     for name, value in set_raw.items():
-        _check_field(f"{key}.set.{name}", name)
+        _check_field(f"{key}.set.{name}", name, own)
         if name == "seed":
             raise ConfigError(f"{key}.set.seed: seeds come from the top-level 'seeds' list")
-        new_values[name] = _coerce_at(f"{key}.set.{name}", name, value, base_dir)
+        new_values[name] = _coerce_at(f"{key}.set.{name}", name, value, base_dir, own)
     return Override(where=where, values=new_values)
 
 
@@ -560,6 +633,57 @@ def notebook_defaults(path: Path) -> dict[str, Any]:
     return out
 
 
+def is_run_template(path: Path) -> bool:
+    """Whether a notebook is the run template (its parameters cell assigns RUN_TEMPLATE_SHARE of RunConfig's
+    fields or more: the packaged 01_train or a copy of it) rather than a training notebook of one's own."""
+    names = set(notebook_parameters(path))
+    return len(names & set(FIELD_NAMES)) >= RUN_TEMPLATE_SHARE * len(FIELD_NAMES)
+
+
+def code_sha256(path: Path) -> str:
+    """The sha256 of a notebook's code: its code cells' sources in order (outputs, execution counts and
+    metadata, which saving it in JupyterLab changes, are left out)."""
+    cells = json.loads(path.read_text()).get("cells", [])
+    sources = ["".join(c["source"]) if isinstance(c.get("source"), list) else str(c.get("source", ""))
+               for c in cells if isinstance(c, dict) and c.get("cell_type") == "code"]
+    return hashlib.sha256(json.dumps(sources).encode()).hexdigest()
+
+
+def own_notebook(path: Path) -> OwnNotebook | None:
+    """The notebook as a training notebook of one's own, or None when it is the run template. ConfigError
+    when its parameters cell declares no run_dir (where the sweep puts each run)."""
+    if is_run_template(path):
+        return None
+    names = tuple(dict.fromkeys(notebook_parameters(path)))
+    if "run_dir" not in names:
+        raise ConfigError(f"notebook: {path.name} is not the run template and its parameters cell assigns no "
+                          f"run_dir: a training notebook of your own declares `run_dir = None` there (the sweep "
+                          f"sets each run's folder) and writes the run into it (bsresearch.RunWriter, or the Hugging "
+                          f"Face / Lightning callback given run_dir)")
+    return OwnNotebook(path=path, parameters=names, defaults=notebook_defaults(path), code_sha256=code_sha256(path))
+
+
+def _check_own(own: OwnNotebook, seeds: tuple[int, ...], measurements: tuple[str, ...]) -> None:
+    if measurements:
+        raise ConfigError(f"measurements: the run template's (RunConfig.measure); {own.path.name} is a training "
+                          f"notebook of your own and measures what its code measures (e.g. the callback's "
+                          f"sharpness_every): remove 'measurements'")
+    if "seed" not in own.parameters and len(seeds) > 1:
+        raise ConfigError(f"seeds: {len(seeds)} seeds, but {own.path.name}'s parameters cell assigns no seed: "
+                          f"declare `seed = 0` there (and seed your training with it), or give one seed")
+
+
+def _yaml_number(value: Any) -> Any:
+    """A string YAML 1.1 leaves unread as a number ('1e-3', '5e-5') as the float it is; anything else as is."""
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return float(value)
+    if isinstance(value, list):
+        return [_yaml_number(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _yaml_number(v) for k, v in value.items()}
+    return value
+
+
 def _packaged_report() -> Path:
     try:
         return templates.notebook(templates.SWEEP_REPORT)
@@ -610,6 +734,8 @@ def expand(spec: SweepSpec, variant_only: str | None = None) -> list[Point]:
         return []
 
     names = list(spec.grid)
+    own = spec.own
+    defaults = _DEFAULTS if own is None else own.defaults
     points: dict[str, Point] = {}
     matched = [False] * len(spec.overrides)
     seen: list[dict[str, list[Any]]] = [{k: [] for k in o.where} for o in spec.overrides]  # values met
@@ -619,7 +745,10 @@ def expand(spec: SweepSpec, variant_only: str | None = None) -> list[Point]:
         for values in itertools.product(*spec.grid.values()):
             for seed in spec.seeds:
                 coords = {**({"variant": variant} if variant else {}), **dict(zip(names, values)), "seed": seed}
-                fields = {**_DEFAULTS, **spec.base, **variant_fields, **dict(zip(names, values)), "seed": seed}
+                fields = {**defaults, **spec.base, **variant_fields, **dict(zip(names, values)), "seed": seed}
+                given = {**spec.base, **variant_fields, **dict(zip(names, values))}   # what is injected
+                if own is not None and "seed" in own.parameters:
+                    given["seed"] = seed
                 if spec.measurements and "measure" not in variant_fields:
                     fields["measure"] = spec.measurements
                 for i, override in enumerate(spec.overrides):  # may match on defaults, and on the variant
@@ -629,8 +758,12 @@ def expand(spec: SweepSpec, variant_only: str | None = None) -> list[Point]:
                             met.append(current.get(k))
                     if override.matches(current):
                         fields.update(override.values)
+                        given.update(override.values)
                         matched[i] = True
-                _add_point(points, fields, coords)
+                if own is None:
+                    _add_point(points, fields, coords)
+                else:
+                    _add_own_point(points, own, given, coords)
     for i, override in enumerate(spec.overrides):
         if not matched[i] and variant_only is None:
             raise ConfigError(_unmatched_message(i, override, seen[i]))
@@ -658,3 +791,18 @@ def _add_point(points: dict[str, Point], fields: dict[str, Any], coords: dict[st
         raise ConfigError(f"grid point {label}: {exc}") from None
     rid = run_id(cfg)
     points.setdefault(rid, Point(run_id=rid, config=cfg, coords=coords, label=label))
+
+
+def own_run_id(own: OwnNotebook, parameters: dict[str, Any]) -> str:
+    """The run id of a notebook of one's own run with `parameters`: a short hash of the values injected and of
+    the notebook's code (an edited notebook makes new runs, as an edited model file does)."""
+    d = {"notebook_code": own.code_sha256, "parameters": parameters}
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _add_own_point(points: dict[str, Point], own: OwnNotebook, parameters: dict[str, Any],
+                   coords: dict[str, Any]) -> None:
+    """Add the run of a notebook of one's own unless a point with the same values is there already."""
+    rid = own_run_id(own, parameters)
+    points.setdefault(rid, Point(run_id=rid, config=None, coords=coords, label=_label(coords),
+                                 parameters=parameters))

@@ -49,8 +49,12 @@ class RunTask:
     timeout: float = 3600.0           # seconds for the whole run; then it is killed and recorded "timeout"
     gpus: tuple[str, ...] = ()        # CUDA_VISIBLE_DEVICES values to spread over worker slots (local only)
     kernel: str = "python3"           # Jupyter kernel name for papermill
-    launcher: str | None = None       # how a run on several devices starts its processes (launcher.py); the
+    launcher: str | None = None       # how a run on several devices starts its processes (devices/launcher.py); the
                                       # worker's environment gets it; None: the worker's environment decides
+    own_notebook: bool = False        # `notebook` is a training notebook of one's own: `config` holds the values
+                                      # for its parameters cell (not a RunConfig), and it writes the run itself
+    cwd: str | None = None            # the folder the run's code runs from (the spec's project root); None: the
+                                      # run directory (papermill) or the worker's working directory (library)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -82,6 +86,7 @@ class GroupTask:
     timeout: float = 3600.0           # seconds for the whole group
     gpus: tuple[str, ...] = ()
     kernel: str = "python3"
+    cwd: str | None = None            # the folder the members' code runs from (the spec's project root)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

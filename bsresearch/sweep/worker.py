@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig
+from ..paths import working_directory
 from ..rundir import RunDir, atomic_write_bytes
 from .kernels import execute_notebook
 from .task import (
@@ -65,8 +66,8 @@ def execute_task(task: RunTask) -> RunOutcome:
     with run_lock(rd.path, LOCK_WAIT) as held:
         if not held:
             return RunOutcome(task.run_id, task.label, BUSY, "another live process is running it")
-        if is_complete(rd.path):  # completed by someone else since the sweep was planned
-            return outcome_from_status(task, 0.0, worker_identity())
+        if is_complete(rd.path) or (task.own_notebook and rd.is_finished()):  # completed by someone else
+            return outcome_from_status(task, 0.0, worker_identity())                  # since the sweep planned it
         leftover = recorded_pid(rd.path)
         if leftover and not wait_for_exit(leftover, PREVIOUS_OWNER_WAIT):
             return RunOutcome(task.run_id, task.label, BUSY,
@@ -136,8 +137,9 @@ def execute_group(task: GroupTask) -> list[RunOutcome]:
 def _run_group_library(task: GroupTask, members: list[RunTask]) -> None:
     from ..fused import train_group  # it splits a chunk that runs out of memory, and records a lone member's oom
     try:
-        train_group([RunConfig.from_dict(m.config) for m in members], [m.run_dir for m in members],
-                    progress=False, group_id=task.group_id)
+        with working_directory(task.cwd or os.getcwd()):
+            train_group([RunConfig.from_dict(m.config) for m in members], [m.run_dir for m in members],
+                        progress=False, group_id=task.group_id)
     except Exception as exc:  # noqa: BLE001 - e.g. ConfigError at setup: the members fail, the sweep goes on
         error, trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
         for m in members:
@@ -199,7 +201,7 @@ def _execute_notebook(task: RunTask | GroupTask, parameters: dict[str, object], 
 
 def _run_group_papermill(task: GroupTask, members: list[RunTask]) -> None:
     group_dir = Path(task.group_dir)
-    outcome = _execute_notebook(task, group_parameters(task, members), group_dir,
+    outcome = _execute_notebook(task, group_parameters(task, members), Path(task.cwd or group_dir),
                                 group_dir / PARTIAL_GROUP_NOTEBOOK, group_dir / GROUP_NOTEBOOK, "group ")
     forced, problem = outcome.forced, outcome.problem
     for m in members:
@@ -219,7 +221,8 @@ def _run_library(task: RunTask, rd: RunDir) -> None:
     from ..runtime import is_out_of_memory
     from ..train import run
     try:
-        run(RunConfig.from_dict(task.config), rd.path, progress=False)
+        with working_directory(task.cwd or os.getcwd()):   # the user's factories run from the project root
+            run(RunConfig.from_dict(task.config), rd.path, progress=False)
     except Exception as exc:  # noqa: BLE001 - e.g. ConfigError at setup: this run fails, the sweep goes on
         rd.write_status("oom" if is_out_of_memory(exc) else "failed", error=f"{type(exc).__name__}: {exc}",
                         traceback=traceback.format_exc())
@@ -228,7 +231,7 @@ def _run_library(task: RunTask, rd: RunDir) -> None:
 
 
 def _run_papermill(task: RunTask, rd: RunDir) -> None:
-    outcome = _execute_notebook(task, {**task.config, "run_dir": str(rd.path)}, rd.path,
+    outcome = _execute_notebook(task, {**task.config, "run_dir": str(rd.path)}, Path(task.cwd or rd.path),
                                 rd.path / PARTIAL_NOTEBOOK, rd.notebook_path, "")
     forced, problem = outcome.forced, outcome.problem
     if outcome.failed_starts:  # attempts of the machinery, kept beside the run's own verdict
@@ -236,7 +239,9 @@ def _run_papermill(task: RunTask, rd: RunDir) -> None:
 
     if rd.state() == "running":  # training did not finish: the runner's verdict
         state, error = forced or ("failed", problem or "the notebook ended before the run finished "
-                                  "(a cell called sys.exit, or the notebook does not call train.run)")
+                                  + ("(a cell called sys.exit, or the notebook does not finish its run_dir: "
+                                     "RunWriter.finish, or the callback given run_dir)" if task.own_notebook else
+                                     "(a cell called sys.exit, or the notebook does not call train.run)"))
         rd.write_status(state, error=error, notebook_error=problem)
     elif note := problem or (forced[1] if forced else None):  # training finished; the notebook failed afterwards
         rd.write_status(str(rd.state()), notebook_error=note)
