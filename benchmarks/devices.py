@@ -8,7 +8,7 @@ examples/lm.py at batch 16), interleaved over `--repeats` rounds:
   toolkit_2     the same config with devices 2 (2 processes of 1 thread): rank 0's steps per second
   minimal_2     a hand-written DDP loop (same model, data, global batch split in two, SGD/AdamW, gloo), DDP's
                 default all-reduce, timed from its first step as a run's training time is
-  minimal_2_hook  the same loop with the noise-scale hook (distributed.gradient_norms_hook)
+  minimal_2_hook  the same loop with the noise-scale hook (noise.device.gradient_norms_hook)
   minimal_1     the hand-written loop in one process (no DDP)
 Ratios: speedup = toolkit_2 / toolkit_1, fraction of ideal = speedup / 2, toolkit_2's time / minimal_2_hook's
 (the hook is part of every toolkit run on several devices), the hook's overhead = minimal_2 / minimal_2_hook - 1.
@@ -42,9 +42,9 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from benchmarks.common import RESULTS, interleaved, machine_label, median_and_spread  # noqa: E402
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.distributed import GradientNorms, gradient_norms_hook  # noqa: E402
 from bsresearch.losses import loss_for  # noqa: E402
 from bsresearch.models import model_for  # noqa: E402
+from bsresearch.noise.device import GradientNorms, gradient_norms_hook  # noqa: E402
 from bsresearch.runtime import make_generator, prepare_process  # noqa: E402
 from bsresearch.step import make_optimizer  # noqa: E402
 from bsresearch.train import run  # noqa: E402
@@ -115,7 +115,7 @@ def minimal(cfg: RunConfig, world: int, hook: bool = False) -> float:
         if world == 1:
             _minimal(0, cfg, 1, "", out, hook)
         else:
-            mp.get_context("forkserver").set_forkserver_preload(["bsresearch.distributed"])
+            mp.get_context("forkserver").set_forkserver_preload(["bsresearch.devices.launch"])
             mp.start_processes(_minimal, args=(cfg, world, f"file://{tmp}/store", out, hook), nprocs=world,
                                start_method="forkserver")
         return float(json.loads(Path(out).read_text()))

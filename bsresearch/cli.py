@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .config import FIELD_NAMES, ConfigError, check_name, did_you_mean, run_id
-from .launcher import LAUNCHERS, check_launcher, device_launcher, launcher_environment
-from .launcher import VARIABLE as LAUNCHER_VARIABLE
+from .devices.launcher import LAUNCHERS, check_launcher, device_launcher, launcher_environment
+from .devices.launcher import VARIABLE as LAUNCHER_VARIABLE
 from .options import add_config_options, config_from_args
 from .paths import project_folder
 

@@ -59,7 +59,7 @@ MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "
 # with more threads or another checkpoint interval finds the finished result.
 OPERATIONAL_FIELDS = ("data_dir", "threads", "checkpoint_every", "save_checkpoint", "data_loading", "loader_workers",
                       "trackers", "mlflow_tracking_uri")
-# Fields that say on how many devices a run trains (bsresearch/distributed.py): left out of the run id (and
+# Fields that say on how many devices a run trains (bsresearch/devices/): left out of the run id (and
 # the trajectory key), since the run on N devices computes the numbers of the run on one device at the same
 # global batch; where it does not (BatchNorm over each device's share), device_science puts the difference
 # into the id as the ghost batch size it amounts to.

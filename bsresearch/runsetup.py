@@ -101,7 +101,7 @@ def run_setup(cfg: RunConfig, data: Data | None = None, model: nn.Module | None 
     loss, and the task its targets make, checked in a dry run with `model` (default: a model of cfg built from a
     fixed generator, then dropped: the run's own model is built by RunSetup.member). Raises ConfigError for
     anything the user must change; an out-of-memory error while the data or the model is moved to the device is
-    raised as it is. `device`: this process's own device in a device group (bsresearch.distributed), else cfg's."""
+    raised as it is. `device`: this process's own device in a device group (bsresearch.devices), else cfg's."""
     device = device if device is not None else resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     prepare_process(cfg.threads)

@@ -80,7 +80,7 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     weighted by their share of the batch's real tokens instead of its examples. The inputs may be named
     tensors and the output anything batch.logits_of reads (losses.Loss.of runs the model into its loss).
     `no_sync` (a DistributedDataParallel model's, on several devices) wraps every micro-batch but the last, so
-    their gradients accumulate without the all-reduce (bsresearch.distributed). `total` (with `count`) is what
+    their gradients accumulate without the all-reduce (bsresearch.devices). `total` (with `count`) is what
     the shares are of instead of this process's own count: on several devices, the global batch's real tokens
     over the number of devices, so that DDP's mean over devices is the global batch's mean over its real tokens.
     """

@@ -1,4 +1,4 @@
-"""One run on several devices (bsresearch/distributed.py), on the CPU with gloo: 2 processes of 1 thread.
+"""One run on several devices (bsresearch/devices/), on the CPU with gloo: 2 processes of 1 thread.
 
 Each group test starts its processes by fork (a moment each) and meets through a file in a fresh temporary
 folder, so tests running side by side never share a port; the starting process ends its children however a
@@ -29,11 +29,13 @@ from bsresearch import schedule
 from bsresearch.cli import main as cli_main
 from bsresearch.config import ConfigError
 from bsresearch.data import load_dataset
-from bsresearch.distributed import AllReduceBatchNorm, GroupPlace, first_host, group_from_environment, run_rank
+from bsresearch.devices.batchnorm import AllReduceBatchNorm
+from bsresearch.devices.place import GroupPlace, first_host, group_from_environment
+from bsresearch.devices.rank import run_rank
 from bsresearch.engine import train_step
 from bsresearch.loop import Callback, StepHooks
 from bsresearch.losses import loss_for
-from bsresearch.noise_tracker import squared_grad_norm, two_batch_estimate
+from bsresearch.noise.estimators import squared_grad_norm, two_batch_estimate
 from bsresearch.rundir import RunDir
 from bsresearch.state import load_checkpoint, new_state
 from bsresearch.train import run
@@ -191,9 +193,9 @@ def test_two_devices_on_one_gpu_is_a_config_error(tmp_path, monkeypatch, simulat
     """NCCL refuses two ranks on one GPU, so each process of a group on CUDA has a GPU of its own: on a machine
     with one, `devices: 2` says so in one line before any process starts. Simulated (any machine): torch is
     made to see one CUDA device."""
-    import bsresearch.distributed as distributed
+    import bsresearch.devices.place as place
     if simulated:
-        monkeypatch.setattr(distributed, "resolve_device", lambda name: torch.device("cuda"))
+        monkeypatch.setattr(place, "resolve_device", lambda name: torch.device("cuda"))
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cfg = tiny_config(device="cuda", devices=2, batch_size=64)
     with pytest.raises(ConfigError, match=r"devices 2: process 1 of this node has no CUDA device \(it sees 1\)") \

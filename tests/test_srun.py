@@ -1,5 +1,5 @@
-"""The srun launcher (bsresearch/launcher.py, distributed.run_on_devices): a run on several devices as one Slurm
-job step, on the CPU with gloo, 2 tasks of 1 thread.
+"""The srun launcher (bsresearch/devices/launcher.py, devices.launch.run_on_devices): a run on several devices as
+one Slurm job step, on the CPU with gloo, 2 tasks of 1 thread.
 
 There is no Slurm here: a fake `srun` first on the PATH (FAKE_SRUN below) parses --ntasks N, starts N copies
 of its command with the variables a job step's tasks get (SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS,
@@ -19,8 +19,9 @@ from conftest import KillAt, devices_spec, tiny_config
 
 from bsresearch.cli import main as cli_main
 from bsresearch.config import ConfigError
-from bsresearch.distributed import GroupPlace, group_from_environment, slurm_place, srun_command
-from bsresearch.launcher import VARIABLE, check_launcher, device_launcher
+from bsresearch.devices.launch import srun_command
+from bsresearch.devices.launcher import VARIABLE, check_launcher, device_launcher
+from bsresearch.devices.place import GroupPlace, group_from_environment, slurm_place
 from bsresearch.rundir import RunDir
 from bsresearch.state import load_checkpoint
 from bsresearch.sweep.task import RunTask
@@ -151,7 +152,7 @@ def test_the_srun_launcher_trains_the_run_the_processes_launcher_trains(tmp_path
     [call] = fake_srun.calls()
     assert call[:2] == ["--ntasks", "2"] and "--exclusive" in call and "--kill-on-bad-exit=1" in call
     assert "--gpus-per-task" not in call                 # a CPU run asks for no GPU
-    assert call[-4:-1] == [sys.executable, "-m", "bsresearch.device_task"]
+    assert call[-4:-1] == [sys.executable, "-m", "bsresearch.devices"]
     assert Path(call[-1]).parent == (tmp_path / "srun").resolve() and not step_folders(tmp_path / "srun")
     before = (tmp_path / "srun" / "status.json").read_text()
     monkeypatch.setenv(VARIABLE, "srun")
@@ -220,7 +221,7 @@ def test_a_task_that_cannot_read_its_run_reports_it_failed(tmp_path, monkeypatch
     report naming it, rather than dying without one."""
     import pickle
 
-    from bsresearch.distributed import STEP_FILE, step_task_main
+    from bsresearch.devices.launch import STEP_FILE, step_task_main
     (tmp_path / "mod").mkdir()
     (tmp_path / "mod" / "vanishing.py").write_text("class Hook:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path / "mod"))
@@ -284,7 +285,7 @@ def test_the_step_and_its_tasks_places():
         GroupPlace(0, 2, 0, "env://")
     gpu = srun_command(4, True, "/shared/run/.devices-x", "abc123", threads=8)
     assert gpu[:5] == ["srun", "--ntasks", "4", "--gpus-per-task", "1"] and gpu[5:7] == ["--cpus-per-task", "8"]
-    assert gpu[-3:] == ["-m", "bsresearch.device_task", "/shared/run/.devices-x"]
+    assert gpu[-3:] == ["-m", "bsresearch.devices", "/shared/run/.devices-x"]
     assert "--gpus-per-task" not in srun_command(2, False, "/f")
     assert device_launcher({}) == "processes" and device_launcher({VARIABLE: "srun"}) == "srun"
     assert check_launcher("processes", {}) == "processes"

@@ -62,7 +62,7 @@ def test_localcluster_workers_know_their_slot(cluster):
 def test_the_device_launcher_reaches_a_dask_worker_with_its_task(tmp_path, cluster, monkeypatch):
     """A Dask worker's environment does not hold the sweep's choice (--launcher): the task carries it, and the
     worker process it starts gets it (supervise.worker_env runs on the Dask worker)."""
-    from bsresearch.launcher import VARIABLE
+    from bsresearch.devices.launcher import VARIABLE
     from bsresearch.sweep.supervise import worker_env
     from bsresearch.sweep.task import RunTask
     monkeypatch.delenv(VARIABLE, raising=False)

@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
-from ..launcher import LAUNCHERS
-from ..launcher import VARIABLE as LAUNCHER_VARIABLE
+from ..devices.launcher import LAUNCHERS
+from ..devices.launcher import VARIABLE as LAUNCHER_VARIABLE
 from ..paths import project_folder
 from .executors import CLUSTERS, EXECUTORS
 

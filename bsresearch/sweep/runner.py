@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import templates
 from ..config import ConfigError, RunConfig
-from ..launcher import allocation_tasks, check_launcher, device_launcher, launcher_environment
+from ..devices.launcher import allocation_tasks, check_launcher, device_launcher, launcher_environment
 from ..rundir import (
     FINISHED_STATES,
     MANIFEST,
@@ -94,7 +94,7 @@ class SweepReport:
     waited: tuple[RunOutcome, ...] = ()  # runs another live process held: what it recorded when done
     fuse: str = "off"
     dispatch: tuple[tuple[str, ...], ...] = ()  # the run ids of each task, in the order they are dispatched
-    launcher: str = "processes"  # how a run on several devices starts its processes (bsresearch.launcher)
+    launcher: str = "processes"  # how a run on several devices starts its processes (bsresearch.devices.launcher)
 
     def final_states(self) -> dict[str, str]:
         """run_id -> state after the sweep (executed runs: their outcome; runs another process held: what
@@ -337,7 +337,7 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     (not enforced by the inline executor, which runs in this process).
     fuse: "auto" trains pending runs that can fuse in groups of at most fuse_max (default: 32 on a CPU, and
     on CUDA what the memory model says fits); "off" runs each alone, as before fused runs existed.
-    launcher: how each run on several devices starts its processes ("processes" or "srun", bsresearch.launcher;
+    launcher: how each run on several devices starts its processes ("processes" or "srun", bsresearch.devices.launcher;
     default: $BSRESEARCH_DEVICE_LAUNCHER, else processes); the tasks carry it to their workers. srun is
     checked here (a Slurm allocation, srun on the PATH) unless the runs go to a remote Dask cluster, whose
     workers are where the steps start.

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..launcher import VARIABLE as LAUNCHER_VARIABLE
+from ..devices.launcher import VARIABLE as LAUNCHER_VARIABLE
 from ..paths import with_this_package
 from ..rundir import FINISHED_STATES, RunDir, storage_error
 from . import forkserver

@@ -2,7 +2,7 @@
 
     processes   torch.multiprocessing on this machine, one process per device (the default)
     srun        one Slurm job step of `devices` tasks per run, inside the current Slurm allocation
-                (distributed.run_on_devices runs `srun --ntasks N ...`; the tasks meet through a file in the
+                (launch.run_on_devices runs `srun --ntasks N ...`; the tasks meet through a file in the
                 run directory, which a cluster's nodes share)
 
 The choice is how a run is executed, not what it is: it is no part of the config or the run id. The
@@ -17,7 +17,7 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 VARIABLE = "BSRESEARCH_DEVICE_LAUNCHER"
 LAUNCHERS = ("processes", "srun")

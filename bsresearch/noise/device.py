@@ -1,0 +1,125 @@
+"""The gradient noise scale of a device group, for free: a DDP communication hook (gradient_norms_hook, its state
+GradientNorms) adds up each device's squared gradient norm before the all-reduce and the averaged gradient's
+after it, and DeviceNoiseScale turns them into the two-batch B_simple (B_small: a device's share of the batch,
+B_big: the global batch) at every step."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..loop import Callback, Loop, Member
+from .estimators import NoiseScaleEMA, noise_ema_columns, update_noise_ema
+
+
+class GradientNorms:
+    """The state of the communication hook `gradient_norms_hook`: over one optimizer update, this device's
+    squared gradient norm before the all-reduce (`local`, of its share's mean-loss gradient) and the squared
+    norm of the averaged gradient after it (`reduced`), summed over DDP's buckets; `allreduces` counts the
+    bucket all-reduces (a test counts them per update). Where `losses` collects the update's micro-batch losses
+    (DeviceEngine), the last bucket's all-reduce carries this device's mean loss and `local` too, so that
+    `carried` holds the global batch loss and the devices' mean |g|^2 with no collective of their own."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.local: torch.Tensor | None = None
+        self.reduced: torch.Tensor | None = None
+        self.losses: list[torch.Tensor] | None = None
+        self.weights: list[torch.Tensor] | None = None   # the micro-batches' token shares (a token-level loss)
+        self.carried: torch.Tensor | None = None
+        self.allreduces = 0
+
+    def reset(self, device: torch.device) -> None:
+        self.local = torch.zeros((), device=device)
+        self.reduced = torch.zeros((), device=device)
+        self.carried = None
+        self.weights = None
+        if self.losses is not None:
+            self.losses = []
+
+
+def gradient_norms_hook(state: GradientNorms, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's all-reduce of a bucket (the mean over devices, as DDP's default), recording |g|^2 of this device's
+    bucket before it and of the averaged bucket after it into `state`: two dot products per bucket, no
+    extra collective (the last bucket carries the loss and the local norm along, where state.losses is kept)."""
+    buffer = bucket.buffer()
+    state.allreduces += 1
+    if state.local is None or state.reduced is None:
+        state.reset(buffer.device)
+    assert state.local is not None
+    flat = buffer.float()
+    state.local += torch.dot(flat, flat)
+    carry = bool(state.losses) and bucket.is_last()
+    if carry:
+        assert state.losses is not None
+        losses = torch.stack(state.losses).float()
+        loss = losses.mean() if state.weights is None else (losses.double() * torch.stack(state.weights)).sum()
+        extra = torch.stack([loss.float(), state.local]).to(buffer.dtype)
+        packed = torch.cat([buffer, extra]).div_(state.world)
+    else:
+        packed = buffer.div_(state.world)
+    future = dist.all_reduce(packed, async_op=True).get_future()
+
+    def after(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        out = fut.value()[0]
+        if carry:
+            buffer.copy_(out[:-2])
+            state.carried = out[-2:].float()
+        assert state.reduced is not None
+        mean = buffer.float()
+        state.reduced += torch.dot(mean, mean)
+        return buffer
+    return future.then(after)
+
+
+# DDP checks the hook's annotations as objects (this module's are strings: `from __future__ import annotations`)
+gradient_norms_hook.__annotations__.update(bucket=dist.GradBucket, state=GradientNorms,
+                                           **{"return": torch.futures.Future[torch.Tensor]})
+
+
+class DeviceNoiseScale(Callback):
+    """The gradient noise scale of a device group at every step, from its communication hook (GradientNorms):
+    the two-batch estimator with |G_small|^2 the devices' mean squared norm of their own gradients (B_small:
+    a device's share, batch_size / devices) and |G_big|^2 the averaged gradient's (B_big: the global batch),
+    into an EMA of decay noise_scale_ema (noise_tracker); no extra forward or backward pass. Owns the EMA of
+    every member (checkpointed) and its history columns (device_noise_b_simple_ema, device_noise_grad_sq_norm_ema,
+    device_noise_trace_cov_ema). Samples are read from the device in batches (one sync per FOLD_EVERY steps).
+    A group of one device has no estimate (its share is the global batch): its columns stay NaN."""
+    key = "device_noise_scale"
+    FOLD_EVERY = 16
+
+    def __init__(self) -> None:
+        self.ema: dict[int, NoiseScaleEMA] = {}
+        self.pending: dict[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]] = {}
+
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        samples = getattr(loop.engine, "samples", {})
+        for m in loop.active:
+            if m.index in samples:
+                self.pending.setdefault(m.index, []).append(samples[m.index])
+                if len(self.pending[m.index]) >= self.FOLD_EVERY:
+                    self.fold(m)
+
+    def fold(self, member: Member) -> NoiseScaleEMA | None:
+        pending = self.pending.pop(member.index, [])
+        if pending:
+            values = torch.stack([torch.stack([s, b]) for s, b, _, _ in pending]).tolist()   # one sync
+            ema = self.ema.get(member.index) or NoiseScaleEMA(member.cfg.noise_scale_ema)
+            for (small, big), (_, _, b_small, b_big) in zip(values, pending):
+                if b_small < b_big:   # a group of one device: its batch is the global batch, no estimate
+                    ema = update_noise_ema(ema, small, big, b_small, b_big)
+            self.ema[member.index] = ema
+        return self.ema.get(member.index)
+
+    def columns(self, loop: Loop, member: Member) -> dict[str, Any]:
+        return {f"device_{k}": v for k, v in noise_ema_columns(self.fold(member)).items()}
+
+    def state_dict(self, member: Member) -> dict[str, Any] | None:
+        ema = self.fold(member)
+        return dataclasses.asdict(ema) if ema else None
+
+    def load_state_dict(self, member: Member, state: dict[str, Any]) -> None:
+        self.ema[member.index] = NoiseScaleEMA(**state)
+
