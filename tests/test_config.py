@@ -1,10 +1,8 @@
 import json
-import math
 
 import pytest
 
 from bsresearch import config as C
-from bsresearch import schedule
 from bsresearch.config import ConfigError, RunConfig
 
 BAD_VALUES = [
@@ -106,60 +104,6 @@ def test_json_round_trip_and_stable_run_id():
     assert RunConfig.from_json(json.dumps(d)) == cfg
     with pytest.raises(ConfigError, match="not valid JSON"):
         RunConfig.from_json("{batch_size: 3")
-
-
-@pytest.mark.parametrize("rule,expected", [("none", 0.1), ("linear", 0.8), ("sqrt", 0.1 * math.sqrt(8))])
-def test_lr_scaling_rules(rule, expected):
-    cfg = RunConfig(lr=0.1, batch_size=256, base_batch_size=32, lr_scaling=rule)
-    assert schedule.scaled_lr(cfg) == pytest.approx(expected)
-
-
-def test_budget_arithmetic():
-    n = 4000
-    assert schedule.steps_per_epoch(RunConfig(batch_size=32), n) == 125
-    assert schedule.steps_per_epoch(RunConfig(batch_size=3000), n) == 1      # partial batch dropped
-    assert schedule.total_steps(RunConfig(batch_size=32, budget="epochs", budget_amount=2), n) == 250
-    assert schedule.total_steps(RunConfig(batch_size=32, budget="epochs", budget_amount=0.5), n) == 63
-    assert schedule.total_steps(RunConfig(batch_size=32, budget="steps", budget_amount=1000), n) == 1000
-    assert schedule.total_steps(RunConfig(batch_size=32, budget="examples", budget_amount=1000), n) == 32  # ceil
-    assert schedule.total_steps(RunConfig(budget="target", max_steps=777), n) == 777
-    with pytest.raises(ConfigError, match="batch_size 8000 exceeds the training set size 4000"):
-        schedule.steps_per_epoch(RunConfig(batch_size=8000), n)
-
-
-def test_warmup_and_schedules():
-    n = 3200  # 100 steps per epoch at batch 32
-    cfg = RunConfig(lr=0.1, batch_size=32, warmup_epochs=1, budget="epochs", budget_amount=10)
-    assert schedule.warmup_steps(cfg, n) == 100
-    assert schedule.lr_at(cfg, 0, n) == pytest.approx(0.1 / 100)
-    assert schedule.lr_at(cfg, 49, n) == pytest.approx(0.05)
-    assert schedule.lr_at(cfg, 99, n) == pytest.approx(0.1)
-    assert schedule.lr_at(cfg, 500, n) == pytest.approx(0.1)
-    cos = cfg.replace(schedule="cosine")
-    assert schedule.lr_at(cos, 100, n) == pytest.approx(0.1)
-    assert schedule.lr_at(cos, 550, n) == pytest.approx(0.05)
-    assert schedule.lr_at(cos, 1000, n) == pytest.approx(0.0, abs=1e-12)
-    step = cfg.replace(schedule="step", warmup_epochs=0, lr_decay_at=(0.5, 0.75), lr_decay_factor=0.1)
-    assert [schedule.lr_at(step, s, n) for s in (0, 499, 500, 749, 750)] == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001])
-
-
-def test_eval_steps():
-    n = 4000
-    every = RunConfig(batch_size=40, budget="steps", budget_amount=250, eval_schedule="every", eval_every=100)
-    assert schedule.eval_steps(every, n) == [0, 100, 200, 250]
-    log = RunConfig(budget="steps", budget_amount=1000, eval_schedule="log", eval_per_decade=2)
-    assert schedule.eval_steps(log, n) == [0, 1, 3, 10, 32, 100, 316, 1000]
-
-
-def test_derived_values_and_bn_statistics_batch():
-    cfg = RunConfig(batch_size=256, micro_batch_size=64, lr=0.1, base_batch_size=128, lr_scaling="linear",
-                    batchnorm=True)
-    d = schedule.derived(cfg, 4096)
-    assert d["effective_lr"] == pytest.approx(0.2)
-    assert d["accumulation_steps"] == 4 and d["steps_per_epoch"] == 16
-    assert d["bn_statistics_batch"] == 64
-    assert schedule.bn_statistics_batch(cfg.replace(ghost_batch_size=16)) == 16
-    assert schedule.bn_statistics_batch(cfg.replace(batchnorm=False)) is None
 
 
 @pytest.mark.parametrize("overrides, words", [
