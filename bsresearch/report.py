@@ -60,7 +60,7 @@ def run_report(spec: SweepSpec | str | Path, runs_root: str | Path | None = None
     in_progress = out_dir / f".{analysis.stem}.partial.ipynb"
     parameters = {"sweep": spec.name, "runs_dir": shown_path(sweep_dir.parent, out_dir),
                   "out_dir": shown_path(out_dir, out_dir),
-                  "spec_path": str(spec.path) if spec.path else None, **spec.analysis_parameters}
+                  "spec_path": shown_path(spec.path, out_dir) if spec.path else None, **spec.analysis_parameters}
 
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError

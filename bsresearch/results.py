@@ -147,6 +147,39 @@ def sweep_axes(sweep: str | Path, runs_root: str | Path = "runs") -> list[str]:
     return [k for k in keys if k != "seed"] + (["seed"] if "seed" in keys else [])
 
 
+class NothingFinished(SweepMissing):
+    """A sweep none of whose runs finished: one line (the states counted, the first error), no traceback."""
+
+
+def require_finished(runs: pd.DataFrame, sweep: str) -> None:
+    """NothingFinished ("no finished runs in sweep x: 4 failed; first error: ...") when no run of `runs`
+    (from `load`) ended ok or diverged: a report has nothing to draw, and says why instead of a KeyError."""
+    if len(runs) and runs["state"].isin(FINISHED).any():
+        return
+    counts = runs["state"].fillna("pending").value_counts() if len(runs) else pd.Series(dtype=int)
+    errors = [str(e).splitlines()[0][:300] for e in runs.get("error", pd.Series(dtype=object)).dropna() if e]
+    raise NothingFinished(f"no finished runs in sweep {sweep}: "
+                          + (", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no runs")
+                          + (f"; first error: {errors[0]}" if errors else ""))
+
+
+def is_own_training(runs: pd.DataFrame) -> bool:
+    """Whether the runs were written by a training notebook of one's own (bsresearch.runwriter: config.json's
+    derived.writer), whose columns are its parameters and whatever it logged, not RunConfig's."""
+    return "writer" in runs and bool(runs["writer"].notna().all())
+
+
+def with_last_values(runs: pd.DataFrame, history: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """`runs` with, for each of `columns` that the runs' metrics lack and their history has, the last value each
+    run's history.csv recorded (e.g. b_simple_ema, sharpness: measured along training, not at its end)."""
+    out = runs.copy()
+    for column in columns:
+        if column in history and (column not in out or out[column].isna().all()):
+            last = history.dropna(subset=[column]).groupby("run_id")[column].last()
+            out[column] = out["run_id"].map(last)
+    return out
+
+
 def finished(runs: pd.DataFrame, include_diverged: bool = False) -> pd.DataFrame:
     """The runs that ended ok (and, if asked, those that diverged)."""
     states = FINISHED if include_diverged else ("ok",)
@@ -251,7 +284,7 @@ def budget_description(runs: pd.DataFrame) -> str:
     """The budget kind(s) of the runs in words, e.g. "until train loss <= 0.01 (cap 4000-40000 steps)"."""
     kinds = []
     if "budget" not in runs:
-        return "unknown budget"
+        return "set by the training notebook" if is_own_training(runs) else "unknown budget"
     target = runs[runs["budget"] == "target"]
     for loss, group in target.groupby("target_loss", sort=True):
         caps = sorted({int(c) for c in group["max_steps"]})

@@ -16,6 +16,15 @@
 # unit (nats, nats per token, mean squared error: what the model's output and targets make). Each figure is
 # saved as PNG and PDF with a caption file (sweep, commit, budget kind); the summary table as CSV and Markdown.
 #
+# A sweep of a training notebook of one's own (its runs written by `bsresearch.runwriter.RunWriter` or the
+# Hugging Face / Lightning callback) is drawn from what those runs record: every final metric they report,
+# B_simple and the sharpness (their last values along training) against batch size and the learning rate
+# where the grid varies them, and the learning curves of what they logged.
+#
+# An accuracy's t interval is clipped to [0, 1] (with 2 seeds it can reach past 1); on a log axis the
+# figures draw the geometric mean over seeds and the t interval of the logs, which stays on the axis. The
+# captions say which.
+#
 # `bsresearch report experiments/<spec>.yaml` executes this notebook into `reports/<name>/`.
 
 # %% tags=["parameters"]
@@ -41,76 +50,128 @@ from bsresearch.plots import (
     save_figure,
     steps_to_target_plot,
 )
+from bsresearch.plots.sweeps import BOUNDED_METRICS
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
+runs_path, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
 out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)
+results.sweep_dir(sweep, runs_path)
+runs = results.load(sweep, runs_root=runs_path)
+print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].fillna("pending").value_counts().items()))
+results.require_finished(runs, sweep)   # none finished: one line saying why, not an error in a later cell
 ok = results.finished(runs)
-print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
-axes_of_sweep = [a for a in results.sweep_axes(sweep, runs_dir) if a not in ("batch_size", "seed")]
-hue = axes_of_sweep[0] if len(axes_of_sweep) == 1 else None   # e.g. lr, when the grid varies it
-unit = results.loss_unit(ok)                                    # e.g. nats, nats per token, mean squared error
-accuracy = results.accuracy_is_the_metric(ok)                   # a classifier's; else the loss is the metric
-print("grid axes:", results.sweep_axes(sweep, runs_dir), "| budget:", results.budget_description(ok),
-      "| loss:", unit)
+own = results.is_own_training(ok)       # a training notebook of one's own: its parameters and what it logged
+grid = results.sweep_axes(sweep, runs_path)
+x = "batch_size" if "batch_size" in ok else next(a for a in grid if a not in ("seed", "variant"))
+axes_of_sweep = [a for a in grid if a not in (x, "seed")]
+hue = axes_of_sweep[0] if len(axes_of_sweep) == 1 else None     # e.g. the lr, when the grid varies it
+lr = next((a for a in ("lr", "learning_rate") if a in axes_of_sweep), None)
+unit = None if own else results.loss_unit(ok)                   # e.g. nats, nats per token, mean squared error
+accuracy = not own and results.accuracy_is_the_metric(ok)       # a classifier's; else the loss is the metric
+history = results.load_history(ok, [x, *axes_of_sweep, "seed"])
+if own:   # measured along training: the last value each run recorded, where its metrics do not have it
+    ok = results.with_last_values(ok, history, ["b_simple_ema", "b_simple", "sharpness", "sharpness_limit",
+                                                "preconditioned_sharpness", "batch_sharpness"])
+print("grid axes:", grid, "| budget:", results.budget_description(ok), "| loss:", unit or "as the notebook logs it")
+
+
+def numeric(column: str) -> bool:
+    return column in ok and pd.api.types.is_numeric_dtype(ok[column]) and bool(ok[column].notna().any())
+
+
+clipped = " Accuracy intervals are clipped to [0, 1]."
 
 # %%
 # final metrics against batch size: accuracy where the runs report it, else the loss in its unit
-final = ["test_acc", "train_acc", "gap_acc"] if accuracy else ["test_loss", "train_loss", "gap_loss"]
-fig, axes = figure_grid(3)
-for ax, metric in zip(axes, final):
-    metric_vs_batch(ax, results.generalization_gap(ok), metric, hue=hue, unit=unit)
-what = "accuracy" if accuracy else f"loss ({unit})"
-save_figure(fig, out / "metrics_vs_batch",
-            f"Final test {what}, train {what} and their gap against batch size; mean and 95% t "
-            "interval over seeds, seeds as grey points.", runs=ok)
-plt.show()
+if own:
+    final = [m for m in ("test_acc", "eval_accuracy", "accuracy", "test_loss", "eval_loss", "train_loss", "loss")
+             if numeric(m)]
+else:
+    final = ["test_acc", "train_acc", "gap_acc"] if accuracy else ["test_loss", "train_loss", "gap_loss"]
+table_runs = ok if own else results.generalization_gap(ok)
+if final:
+    fig, axes = figure_grid(len(final))
+    logged = []   # a loss is positive: on a log axis, where its interval cannot reach below 0
+    for ax, metric in zip(axes, final):
+        log_y = metric.endswith("loss") and not metric.startswith("gap") and bool((table_runs[metric] > 0).all())
+        logged += [metric] * log_y
+        metric_vs_batch(ax, table_runs, metric, hue=hue, unit=unit, x=x, log_y=log_y)
+    what = ", ".join(final) if own else "accuracy" if accuracy else f"loss ({unit})"
+    save_figure(fig, out / "metrics_vs_batch",
+                (f"Final {what} against batch size" if own else
+                 f"Final test {what}, train {what} and their gap against batch size")
+                + "; mean and 95% t interval over seeds, seeds as grey points"
+                + (f"; on log axes ({', '.join(logged)}) the geometric mean and the t interval of the logs" if logged
+                   else "") + "." + (clipped if any(m in BOUNDED_METRICS for m in final) else ""), runs=ok)
+    plt.show()
+else:
+    print("the runs report no final metric (metrics.json) that this report knows")
 
 # %%
-# measurements taken at the end of training, if the sweep asked for any: every number they record (noise scale,
-# Hessian eigenvalue and trace, Keskar's phi, sharpness), without standard errors and diagnostics
+# measurements: at the end of training (the run template's `measurements`: noise scale, Hessian eigenvalue and
+# trace, Keskar's phi, sharpness), or along training (a notebook of one's own: B_simple and the sharpness, their
+# last values), without standard errors and diagnostics
 kinds = ("noise_b_simple", "noise_b_noise", "hessian_top_eigenvalue", "hessian_trace", "keskar_phi_", "sharpness_",
          "m_sharpness_")
-measured = [c for c in ok.columns if c.startswith(kinds) and not c.endswith(("_std_error", "_residual", "_converged"))
-            and pd.api.types.is_numeric_dtype(ok[c]) and ok[c].notna().any()]
+if own:
+    measured = [c for c in ("b_simple_ema", "b_simple", "sharpness", "sharpness_limit") if numeric(c)]
+else:
+    measured = [c for c in ok.columns if c.startswith(kinds) and not c.endswith(("_std_error", "_residual",
+                                                                                 "_converged")) and numeric(c)]
 if measured:
-    fig, axes = figure_grid(len(measured))
-    for ax, metric in zip(axes, measured):
-        metric_vs_batch(ax, ok, metric, hue=hue)
-        if (ok[metric].dropna() > 0).all():
-            ax.set_yscale("log")
+    panels = measured + ([m for m in measured if m != "sharpness_limit"] if own and lr else [])
+    fig, axes = figure_grid(len(panels))
+    logged = []
+    for k, (ax, metric) in enumerate(zip(axes, panels)):
+        log_y = bool((ok[metric].dropna() > 0).all())
+        logged += [metric] * log_y
+        if k < len(measured):
+            metric_vs_batch(ax, ok, metric, hue=hue, x=x, log_y=log_y)
+        else:   # against the learning rate, one line per batch size
+            metric_vs_lr(ax, ok, metric, hue=x, x=lr, log_y=log_y)
     save_figure(fig, out / "measurements_vs_batch",
-                "Measurements of the final weights against batch size (" + ", ".join(measured) +
-                "); mean and 95% t interval over seeds.", runs=ok)
+                ("Measurements along training, each run's last value (" if own else
+                 "Measurements of the final weights (") + ", ".join(measured) + ") against batch size"
+                + (" and against the learning rate" if own and lr else "")
+                + "; mean and 95% t interval over seeds"
+                + (f"; on log axes ({', '.join(dict.fromkeys(logged))}) the geometric mean and the t interval of the "
+                   "logs" if logged else "") + ".", runs=ok)
     plt.show()
 else:
     print("no measurements in this sweep")
 
 # %%
 # learning curves: mean over seeds, one line per batch size
-history = results.load_history(ok)
-fig, axes = figure_grid(2)
-learning_curves(axes[0], history, "train_loss", unit=unit)
-learning_curves(axes[1], history, "test_acc" if accuracy else "test_loss", log_y=not accuracy, unit=unit)
-save_figure(fig, out / "learning_curves",
-            f"Full-train loss ({unit}) and test {'accuracy' if accuracy else 'loss'} against optimizer steps, per "
-            f"batch size; mean and 95% t interval over seeds (and learning rates, if the sweep varied them).", runs=ok)
-plt.show()
+if own:
+    along = "examples" if "examples" in history else "step"
+    curves = [c for c in ("train_loss", "loss", "test_loss", "eval_loss", "test_acc", "eval_accuracy")
+              if c in history and history[c].notna().any()][:2]
+else:
+    along, curves = "step", ["train_loss", "test_acc" if accuracy else "test_loss"]
+if curves and len(history):
+    fig, axes = figure_grid(len(curves))
+    for ax, curve in zip(axes, curves):
+        log_y = curve not in BOUNDED_METRICS and bool((history[curve].dropna() > 0).all())
+        learning_curves(ax, history, curve, x=along, hue=x, log_y=log_y, geometric=log_y, unit=unit)
+    save_figure(fig, out / "learning_curves",
+                f"{' and '.join(curves)} against {'examples seen' if along == 'examples' else 'optimizer steps'}, per "
+                "batch size; mean and 95% t interval over seeds (and learning rates, if the sweep varied them); on log "
+                "axes the geometric mean and the t interval of the logs." +
+                (clipped if any(c in BOUNDED_METRICS for c in curves) else ""), runs=ok)
+    plt.show()
 
 # %%
 # with the lr tuned per batch size on a target budget: steps to the target, and the critical batch
-if "lr" in axes_of_sweep and set(ok["budget"]) == {"target"} and ok["batch_size"].nunique() >= 2:
+if not own and "lr" in axes_of_sweep and set(ok["budget"]) == {"target"} and ok["batch_size"].nunique() >= 2:
     best = stats.best_lr(ok, "steps_to_target", by="batch_size")
     display(best)
     fit = results.critical_batch(best) if best["steps_to_target"].notna().sum() >= 2 else None
     fig, axes = figure_grid(2)
     steps_to_target_plot(axes[0], best, fit=fit, label="best lr per batch size")
-    metric_vs_lr(axes[1], ok, "steps_to_target")
-    axes[1].set_yscale("log")
+    metric_vs_lr(axes[1], ok, "steps_to_target", log_y=True)
     save_figure(fig, out / "steps_to_target",
                 "Steps to the target train loss against batch size at the best lr of each batch size, "
-                "with the fit S = S_min (1 + B_crit/B); right: against the lr.", runs=ok)
+                "with the fit S = S_min (1 + B_crit/B); right: against the lr (geometric mean over seeds and the t "
+                "interval of the logs).", runs=ok)
     plt.show()
     if fit is not None:
         print(f"B_crit = {fit.b_crit:.4g} ({fit.confidence:.0%} interval {fit.b_crit_interval[0]:.4g}"
@@ -119,11 +180,12 @@ if "lr" in axes_of_sweep and set(ok["budget"]) == {"target"} and ok["batch_size"
 # %%
 # the summary table: mean, std and 95% t interval over seeds per batch size (and the varied axis)
 bits = [c for c in ok.columns if c.startswith("test_bits_per_")]   # a language model's, when its data says
-metrics = [m for m in ["test_acc", "train_acc", "gap_acc", "test_loss", "train_loss", *bits, "steps", "train_seconds",
-                       *measured] if m in results.generalization_gap(ok)]
-table = stats.summarize(results.generalization_gap(ok), ["batch_size"] + ([hue] if hue else []), metrics)
+metrics = [m for m in dict.fromkeys([*final, "test_acc", "train_acc", "gap_acc", "test_loss", "train_loss", *bits,
+                                     "steps", "train_seconds", *measured])
+           if m in table_runs and pd.api.types.is_numeric_dtype(table_runs[m]) and table_runs[m].notna().any()]
+table = stats.summarize(table_runs, [x] + ([hue] if hue else []), metrics)
 table.to_csv(out / "summary.csv", index=False)
-shown = ["batch_size"] + ([hue] if hue else []) + ["n"] + [f"{m}_mean" for m in metrics]
+shown = [x] + ([hue] if hue else []) + ["n"] + [f"{m}_mean" for m in metrics]
 lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
 for _, row in table[shown].iterrows():
     lines.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row) + " |")

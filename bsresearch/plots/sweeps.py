@@ -4,6 +4,13 @@ Means are over seeds with the interval the protocol states (docs/protocols.md, S
 1): the 95% Student t interval over seeds, computed by stats.t_interval, the same numbers as the summary
 tables (stats.summarize); seaborn draws it but never bootstraps it. The individual seeds are drawn as faint
 points so a reader sees how many there are. Batch-size axes are base-2 log.
+
+Two cases where that interval is not drawn as computed, each said by the figure's caption:
+- an accuracy lies in [0, 1], and with 2 seeds its t interval can reach past 1 (t = 12.7): `bounded` clips it
+  to [0, 1] (BOUNDED_METRICS);
+- on a log y axis an interval whose lower end is at or below 0 runs off the axis: `geometric=True` draws the
+  geometric mean over seeds and the t interval of the logs instead, which stays positive.
+Labels name the quantity and its unit (LABELS, axis_label); a hue's legend title too.
 seaborn is imported by the functions that use it (it takes a second or more to import, and the run
 template, executed once per run, only needs `run_curves`).
 """
@@ -27,20 +34,79 @@ def t_interval_over_seeds(values: Any) -> tuple[float, float]:
     return low, high
 
 
+def bounded(interval: Any = t_interval_over_seeds, low: float = 0.0, high: float = 1.0) -> Any:
+    """An errorbar function: `interval` clipped to [low, high] (an accuracy's t interval over 2 seeds can
+    reach 1.55); a figure that uses it says so in its caption."""
+    def clipped(values: Any) -> tuple[float, float]:
+        a, b = interval(values)
+        return float(np.clip(a, low, high)), float(np.clip(b, low, high))
+    return clipped
+
+
+def log_t_interval(values: Any) -> tuple[float, float]:
+    """The 95% t interval of the mean of log(values), back on the values' scale: positive, so it stays on a log
+    axis; the positive values only (a log axis shows no others)."""
+    logs = np.log([v for v in values if v > 0])
+    low, high = t_interval_over_seeds(logs)
+    return float(np.exp(low)), float(np.exp(high))
+
+
+def geometric_mean(values: Any) -> float:
+    """exp(mean(log(values))) over the positive values (the estimator that goes with log_t_interval)."""
+    positive = [v for v in values if v > 0]
+    return float(np.exp(np.mean(np.log(positive)))) if positive else float("nan")
+
+
 CI = t_interval_over_seeds
-LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate", "step": "step (updates)",
-          "examples": "examples seen", "epoch": "epoch", "train_loss": "train loss", "test_loss": "test loss",
-          "train_acc": "train accuracy", "test_acc": "test accuracy", "gap_acc": "train - test accuracy",
-          "gap_loss": "test - train loss",
-          "steps_to_target": "steps to target", "examples_to_target": "examples to target"}
+BOUNDED_METRICS = ("train_acc", "test_acc", "accuracy", "eval_accuracy", "test_accuracy", "train_accuracy")
+LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate", "learning_rate": "learning rate",
+          "step": "step (updates)", "examples": "examples seen", "tokens": "tokens seen", "epoch": "epoch",
+          "seed": "seed",
+          "train_loss": "train loss", "test_loss": "test loss", "eval_loss": "evaluation loss", "loss": "train loss",
+          "train_acc": "train accuracy", "test_acc": "test accuracy", "accuracy": "accuracy",
+          "eval_accuracy": "evaluation accuracy", "gap_acc": "train - test accuracy", "gap_loss": "test - train loss",
+          "steps_to_target": "steps to target (updates)", "examples_to_target": "examples to target",
+          "noise_b_simple": "B_simple, gradient noise scale (examples)",
+          "noise_b_noise": "B_noise, gradient noise scale (examples)",
+          "b_simple": "B_simple, gradient noise scale (examples)",
+          "b_simple_ema": "B_simple, moving average (examples)",
+          "hessian_top_eigenvalue": "top Hessian eigenvalue (loss per parameter²)",
+          "hessian_trace": "Hessian trace (loss per parameter²)",
+          "sharpness": "sharpness: top Hessian eigenvalue (loss per parameter²)",
+          "sharpness_limit": "stability limit of the sharpness (loss per parameter²)",
+          "preconditioned_sharpness": "preconditioned sharpness (1 / learning rate)",
+          "batch_sharpness": "batch sharpness (loss per parameter²)",
+          "train_seconds": "training time (s)"}
 
 
 def axis_label(name: str, unit: str | None = None) -> str:
-    """A column's axis label; a loss with its unit (config.json's loss_unit, e.g. 'nats per token')."""
+    """A column's axis label, with its unit: a loss with the runs' (config.json's loss_unit, e.g. 'nats per
+    token'); a measurement with its own (LABELS)."""
     if name.startswith("keskar_phi_eps"):  # measure.registry's names, e.g. keskar_phi_eps1e-3
         return f"Keskar sharpness phi (%), eps {name.removeprefix('keskar_phi_eps')}"
+    if name.startswith("m_sharpness_"):
+        return f"m-sharpness, {name.removeprefix('m_sharpness_').replace('_', ' ')} (loss)"
+    if name.startswith("sharpness_") and name not in LABELS:
+        return f"sharpness, {name.removeprefix('sharpness_').replace('_', ' ')} (loss)"
     label = LABELS.get(name, name.replace("_", " "))
-    return f"{label} ({unit})" if unit and name.endswith("_loss") else label
+    return f"{label} ({unit})" if unit and name.endswith("loss") else label
+
+
+def label_legend(ax: plt.Axes, hue: str | None) -> None:
+    """The legend's title as the hue's label ('batch size (examples per update)', not 'batch_size')."""
+    legend = ax.get_legend()
+    if legend is not None and hue is not None:
+        legend.set_title(axis_label(hue))
+
+
+def interval_for(y: str, errorbar: Any, geometric: bool) -> tuple[Any, Any]:
+    """(estimator, errorbar) for a metric: the geometric mean and log_t_interval on a log axis; an
+    accuracy's interval clipped to [0, 1]."""
+    if errorbar is CI and geometric:
+        return geometric_mean, log_t_interval
+    if errorbar is CI and y in BOUNDED_METRICS:
+        return "mean", bounded(CI)
+    return "mean", errorbar
 
 
 def plain_numbers(ax: plt.Axes) -> None:
@@ -60,42 +126,65 @@ def categorical(data: pd.DataFrame, column: str | None) -> tuple[pd.DataFrame, l
 
 
 def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: str | None = None,
-                    errorbar: Any = CI, seeds: bool = True, unit: str | None = None, **kwargs: Any) -> plt.Axes:
-    """Mean of `y` over seeds against batch size (log2 axis), with a 95% interval; one line per `hue`; a loss
-    labelled with its `unit`."""
+                    errorbar: Any = CI, seeds: bool = True, unit: str | None = None, x: str = "batch_size",
+                    log_y: bool = False, **kwargs: Any) -> plt.Axes:
+    """Mean of `y` over seeds against batch size (`x`, log2 axis), with a 95% interval (an accuracy's clipped to
+    [0, 1]); one line per `hue`; a loss labelled with its `unit`. log_y: a log y axis, the geometric mean
+    and the t interval of the logs (positive values only)."""
     import seaborn as sns
-    data, order = categorical(runs.dropna(subset=[y]), hue)
-    sns.lineplot(data=data, x="batch_size", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
+    data = runs.dropna(subset=[y])
+    data = data[data[y] > 0] if log_y else data
+    data, order = categorical(data, hue)
+    estimator, errorbar = interval_for(y, errorbar, log_y)
+    sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, estimator=estimator, errorbar=errorbar, marker="o",
                  err_style="bars", seed=0, ax=ax, **kwargs)
     if seeds:
-        ax.scatter(data["batch_size"], data[y], s=10, color="0.3", alpha=0.35, zorder=3, linewidths=0)
-    log2_batch_axis(ax, "x", [int(b) for b in runs["batch_size"].unique()])
-    plain_numbers(ax)
-    ax.set(xlabel=axis_label("batch_size"), ylabel=axis_label(y, unit))
+        ax.scatter(data[x], data[y], s=10, color="0.3", alpha=0.35, zorder=3, linewidths=0)
+    log2_batch_axis(ax, "x", [int(b) for b in runs[x].unique()])
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        plain_numbers(ax)
+    ax.set(xlabel=axis_label(x), ylabel=axis_label(y, unit))
+    label_legend(ax, hue)
     return ax
 
 
 def metric_vs_lr(ax: plt.Axes, runs: pd.DataFrame, y: str, hue: str | None = "batch_size",
-                 errorbar: Any = CI, **kwargs: Any) -> plt.Axes:
-    """Mean of `y` over seeds against the learning rate (log axis), one line per `hue` (batch size)."""
+                 errorbar: Any = CI, x: str = "lr", log_y: bool = False, **kwargs: Any) -> plt.Axes:
+    """Mean of `y` over seeds against the learning rate (`x`, log axis), one line per `hue` (batch size); log_y
+    as metric_vs_batch's."""
     import seaborn as sns
-    data, order = categorical(runs.dropna(subset=[y]), hue)
-    sns.lineplot(data=data, x="lr", y=y, hue=hue, hue_order=order, errorbar=errorbar, marker="o",
+    data = runs.dropna(subset=[y])
+    data = data[data[y] > 0] if log_y else data
+    data, order = categorical(data, hue)
+    estimator, errorbar = interval_for(y, errorbar, log_y)
+    sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, estimator=estimator, errorbar=errorbar, marker="o",
                  err_style="bars", seed=0, ax=ax, **kwargs)
     ax.set_xscale("log")
-    ax.set(xlabel=axis_label("lr"), ylabel=axis_label(y))
+    if log_y:
+        ax.set_yscale("log")
+    ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
+    label_legend(ax, hue)
     return ax
 
 
 def learning_curves(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", x: str = "step",
                     hue: str | None = "batch_size", errorbar: Any = CI, log_x: bool = True, log_y: bool = True,
-                    unit: str | None = None, **kwargs: Any) -> plt.Axes:
+                    unit: str | None = None, geometric: bool = False, **kwargs: Any) -> plt.Axes:
     """`y` against `x` from a long-form history (results.load_history), mean over seeds with a 95%
-    interval, one line per `hue`; a loss labelled with its `unit`. Step 0 is left out of a log x axis."""
+    interval (an accuracy's clipped to [0, 1]), one line per `hue`; a loss labelled with its `unit`. Step 0 is
+    left out of a log x axis. geometric (with log_y): the geometric mean and the t interval of the logs, so
+    that the band stays on the log axis."""
     import seaborn as sns
     data = history[history[x] > 0] if log_x else history
+    data = data.dropna(subset=[y])
+    data = data[data[y] > 0] if log_y and geometric else data
     data, order = categorical(data, hue)
-    sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, errorbar=errorbar, seed=0, ax=ax, **kwargs)
+    estimator, errorbar = interval_for(y, errorbar, log_y and geometric)
+    sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, estimator=estimator, errorbar=errorbar, seed=0, ax=ax,
+                 **kwargs)
+    label_legend(ax, hue)
     if log_x:
         ax.set_xscale("log")
     if log_y:
