@@ -1,13 +1,13 @@
 """Per-member training steps per second: K runs fused into one batched program against the same K runs
-one after another (bsresearch.train.train_step), in the same process, interleaved, warmed up.
+one after another (bsresearch.engine.train_next_batch), in the same process, interleaved, warmed up.
 
 Both sides do what their loop does per step: the fused side computes each member's lr (config.lr_at),
 runs its engine's step (gather K batches, batched forward/backward, one optimizer update for all members)
-and reads the K losses back (the divergence check); the separate side runs train_step for each of the K
+and reads the K losses back (the divergence check); the separate side runs train_next_batch for each of the K
 members with its lr and reads its loss back. Members differ in seed and lr, as in an lr sweep. The
-built-in mlp and cnn1d fuse through their batched layers (fused.trainer.StackEngine); any other model, a
+built-in mlp and cnn1d fuse through their batched layers (fused.engine.StackEngine); any other model, a
 user's given as FILE.py:NAME with --dataset and --model-kwargs, through torch.func.vmap
-(fused.generic.VmapEngine); each row also gives what train_group's calibration decides for that group.
+(fused.engine.VmapEngine); each row also gives what train_group's calibration decides for that group.
 A third mode, where the data allow (K x B <= the training set), is one run at batch K x B: the same
 arithmetic with one step's overhead, the practical limit of fusing (its examples/s divided by B). With
 --compare-attention, a model through the vmap path is also timed fused with scaled_dot_product_attention
@@ -38,10 +38,12 @@ from common import benchmark_parser, interleaved, median_and_spread, start, time
 
 from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.engine import train_step  # noqa: E402
+from bsresearch.engine import train_next_batch  # noqa: E402
+from bsresearch.fused import engine as fused_engine  # noqa: E402
 from bsresearch.fused import generic  # noqa: E402
 from bsresearch.fused.compat import STACKED_MODELS  # noqa: E402
-from bsresearch.fused.trainer import StackEngine, calibrate_group  # noqa: E402
+from bsresearch.fused.engine import StackEngine, VmapEngine  # noqa: E402
+from bsresearch.fused.trainer import calibrate_group  # noqa: E402
 from bsresearch.runsetup import run_setup  # noqa: E402
 from bsresearch.schedule import lr_at  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
@@ -56,7 +58,7 @@ def configs(model: str, batch_size: int, k: int, device: torch.device, **fields:
 def fused_step(cfgs: list[RunConfig], data, device: torch.device, parts):
     members = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     engine = StackEngine(members, data, device) if cfgs[0].model in STACKED_MODELS else \
-        generic.VmapEngine(members, data, parts.loss, parts.task, device)
+        VmapEngine(members, data, parts.loss, parts.task, device)
 
     def run_step() -> None:
         lrs = [lr_at(m.cfg, m.state.step, data.n_train) for m in members]
@@ -69,7 +71,7 @@ def separate_steps(cfgs: list[RunConfig], data, device: torch.device, parts):
 
     def run_steps() -> None:
         for cfg, state in zip(cfgs, states):
-            float(train_step(state, cfg, data, lr_at(cfg, state.step, data.n_train), parts.loss))
+            float(train_next_batch(state, cfg, data, lr_at(cfg, state.step, data.n_train), parts.loss))
     return run_steps
 
 
@@ -77,12 +79,12 @@ def without_batched_attention(step: Callable[[], None]) -> Callable[[], None]:
     """`step` with the generic path's scaled_dot_product_attention left to vmap's per-member loop, as before
     fused/attention.py: the same program otherwise, for an A/B in one run."""
     def run_step() -> None:
-        saved = generic.batched_attention
-        generic.batched_attention = contextlib.nullcontext  # type: ignore[assignment]
+        saved = fused_engine.batched_attention
+        fused_engine.batched_attention = contextlib.nullcontext  # type: ignore[assignment]
         try:
             step()
         finally:
-            generic.batched_attention = saved
+            fused_engine.batched_attention = saved
     return run_step
 
 

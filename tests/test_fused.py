@@ -12,8 +12,8 @@ from conftest import requires_cuda, tiny_config
 from bsresearch import runsetup, train
 from bsresearch.callbacks import LOSS_CHECK_EVERY
 from bsresearch.config import ConfigError
+from bsresearch.fused import engine as fused_engine
 from bsresearch.fused import fusion_blocker, train_group
-from bsresearch.fused import trainer as fused_trainer
 from bsresearch.rundir import RunDir
 from bsresearch.state import load_checkpoint
 
@@ -164,7 +164,7 @@ def test_fusion_blocker_names_the_field():
 
 def test_out_of_memory_splits_the_group(monkeypatch):
     """A simulated OOM for groups of more than 2 members: halves are retried, results unchanged."""
-    real_step = fused_trainer.StackEngine.step
+    real_step = fused_engine.StackEngine.step
     sizes = []
 
     def step(self, members, *args):
@@ -173,7 +173,7 @@ def test_out_of_memory_splits_the_group(monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_step(self, members, *args)
 
-    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
+    monkeypatch.setattr(fused_engine.StackEngine, "step", step)
     cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1)) for s in range(4)]
     check_group(cfgs)
     assert sizes[0] == 4 and set(sizes[1:]) == {2}
@@ -187,7 +187,7 @@ def test_out_of_memory_alone_is_recorded(monkeypatch, tmp_path):
         sizes.append(len(members))
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
+    monkeypatch.setattr(fused_engine.StackEngine, "step", step)
     results = train_group([tiny_config(seed=s) for s in range(3)], [tmp_path / str(s) for s in range(3)],
                           progress=False)
     assert sizes == [3, 1, 2, 1, 1]
@@ -202,7 +202,7 @@ def test_out_of_memory_splits_chunks_down_to_a_lone_member_whose_oom_stands(monk
     members start again from scratch; seed 1 alone records "oom" (never raised); the others end as their
     separate runs."""
     chunks = []
-    real_step = fused_trainer.StackEngine.step
+    real_step = fused_engine.StackEngine.step
 
     def step(self, members, *args):
         if members[0].state.step == 0:
@@ -211,7 +211,7 @@ def test_out_of_memory_splits_chunks_down_to_a_lone_member_whose_oom_stands(monk
             raise torch.OutOfMemoryError("CUDA out of memory (simulated). Tried to allocate 2.00 GiB")
         return real_step(self, members, *args)
 
-    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
+    monkeypatch.setattr(fused_engine.StackEngine, "step", step)
     cfgs = [tiny_config(seed=s, lr=0.05 * (s + 1)) for s in range(5)]
     dirs = [tmp_path / str(s) for s in range(5)]
     results = train_group(cfgs, dirs, progress=False, group_id="g-x")
@@ -229,7 +229,7 @@ def test_a_member_that_finished_before_its_chunk_ran_out_of_memory_keeps_its_res
     """Seed 0 stops at step 10; at step 12 the two others, still together, run out of memory: seed 0 is not
     trained again, the two others start again from scratch, each alone."""
     chunks = []
-    real_step = fused_trainer.StackEngine.step
+    real_step = fused_engine.StackEngine.step
 
     def step(self, members, *args):
         if members[0].state.step == 0:
@@ -238,7 +238,7 @@ def test_a_member_that_finished_before_its_chunk_ran_out_of_memory_keeps_its_res
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_step(self, members, *args)
 
-    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
+    monkeypatch.setattr(fused_engine.StackEngine, "step", step)
     check_group([tiny_config(seed=0, budget_amount=10), tiny_config(seed=1), tiny_config(seed=2, lr=0.05)])
     assert chunks == [(0, 1, 2), (1,), (2,)]
 
@@ -287,7 +287,7 @@ def test_failure_is_recorded_per_member(monkeypatch, tmp_path, batch_size):
     def step(self, members, *args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(fused_trainer.StackEngine, "step", step)
+    monkeypatch.setattr(fused_engine.StackEngine, "step", step)
     results = train_group([tiny_config(seed=0, batch_size=batch_size), tiny_config(seed=1, batch_size=batch_size)],
                           [tmp_path / "a", tmp_path / "b"], progress=False)
     assert [r.state for r in results] == ["failed", "failed"]
@@ -375,7 +375,7 @@ def test_measurements_after_training_per_member():
 @pytest.mark.parametrize("batchnorm", [False, True])
 def test_members_in_several_passes(monkeypatch, batchnorm):
     """The CPU splits a large group's forward/backward into slices of members: same results."""
-    monkeypatch.setattr(fused_trainer, "CPU_PASS_EXAMPLES", 64)  # 4 members of micro-batch 16: slices of 4 and 1
+    monkeypatch.setattr(fused_engine, "CPU_PASS_EXAMPLES", 64)  # 4 members of micro-batch 16: slices of 4 and 1
     check_group([tiny_config(seed=s, model="cnn1d", width=6, depth=2, batchnorm=batchnorm, lr=0.02 * (s + 1),
                              micro_batch_size=16, budget_amount=30, eval_every=10) for s in range(5)])
 

@@ -6,7 +6,7 @@ generator), its own data order (its own BatchSampler and data generator; batches
 its own lr at every step (schedule.lr_at), its own optimizer hyperparameters, evaluation schedule, budget
 and divergence check. What is fused is the loop's engine (fused/engine.py): the members' parameters
 stacked into one (K, P) tensor, one batched forward and backward pass (the built-in models' batched layers,
-this module's `StackEngine`, or any other model through torch.func.vmap, `generic.VmapEngine`), one optimizer
+fused/engine.py's `StackEngine`, or any other model through torch.func.vmap, `VmapEngine`), one optimizer
 update for all (fused/optim.py). A member that stops has its row written back into its own TrainState (weights,
 BatchNorm statistics, optimizer state) and leaves the stack.
 
@@ -27,13 +27,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .. import schedule
 from ..config import ConfigError, RunConfig
 from ..data import Dataset
 from ..driver import Place, callbacks_for
-from ..engine import CROSS_ENTROPY, ModelEngine, evaluate_batches
+from ..engine import ModelEngine
 from ..loop import Member, RunResult, StepHooks
 from ..models import model_for
 from ..rundir import RunDir
@@ -43,12 +42,9 @@ from ..trackers import trackers_for
 from ..train import run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
-from .engine import FusedEngine
+from .engine import FusedEngine, StackEngine, VmapEngine
 from .grouping import CPU_FUSE_MAX_BATCH_OTHER, residency, resident_bytes
-from .layers import StackedModel
 from .memory import cuda_group_size
-
-CPU_PASS_EXAMPLES = 1024  # members x examples per training forward/backward pass on the CPU (cache-sized)
 
 
 def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None] | None = None,
@@ -183,7 +179,7 @@ def calibrate_group(cfgs: list[RunConfig], data: Dataset, device: torch.device, 
     engine the group would train with."""
     copies = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
     engine: FusedEngine = StackEngine(copies, data, device) if stacked else \
-        generic.VmapEngine(copies, data, parts.loss, parts.task, device)
+        VmapEngine(copies, data, parts.loss, parts.task, device)
     lrs = [schedule.lr_at(m.cfg, 0, data.n_train) for m in copies]
     alone = ModelEngine(data, parts.loss, parts.task)
     loners = [parts.member(i, cfg) for i, cfg in enumerate(cfgs)]
@@ -202,7 +198,7 @@ def _train_fused(members: list[Member], data: Dataset, device: torch.device, pro
     engine: FusedEngine | _OutOfMemory
     try:
         engine = StackEngine(members, data, device) if stacked else \
-            generic.VmapEngine(members, data, parts.loss, parts.task, device)
+            VmapEngine(members, data, parts.loss, parts.task, device)
     except Exception as exc:
         if len(members) > 1 or not is_out_of_memory(exc):
             raise
@@ -228,67 +224,3 @@ class _OutOfMemory:
 
     def remove(self, members: list[Member]) -> None:
         pass
-
-
-class StackEngine(FusedEngine):
-    """The loop's engine for a fused group of the built-in mlp and cnn1d: the members' parameters as one flat
-    (K, P) leaf through the batched layers (fused/layers.py), their BatchNorm buffers stacked beside it."""
-
-    def __init__(self, members: list[Member], data: Dataset, device: torch.device):
-        super().__init__(members, data)
-        self.model = StackedModel(members[0].state.model, data.input_shape)
-        flat, self.buffers = self.model.stack([m.state.model for m in members], device)
-        self._start(flat)
-        self.flat = flat.requires_grad_(True)
-
-    def _parameters(self) -> torch.Tensor:
-        return self.flat.detach()
-
-    def _zero_grad(self) -> None:
-        self.flat.grad = None
-
-    def _gradient(self) -> torch.Tensor:
-        assert self.flat.grad is not None
-        return self.flat.grad
-
-    def _members_per_pass(self, micro_batch_size: int, k: int) -> int:
-        """On the CPU at most CPU_PASS_EXAMPLES examples per pass (the activations stay in cache)."""
-        return max(1, CPU_PASS_EXAMPLES // micro_batch_size) if self.flat.device.type == "cpu" else k
-
-    def _losses(self, lo: int, n: int, micro: torch.Tensor) -> torch.Tensor:
-        flat = self.flat if n == len(self.flat) else self.flat.narrow(0, lo, n)
-        buffers = {key: [t.narrow(0, lo, n) for t in stats] for key, stats in self.buffers.items()}
-        logits = self.model.forward(flat, buffers, self.data.x_train[micro])
-        # classes as dim 1: log_softmax then runs along the batch, much faster than over 10 classes
-        return F.cross_entropy(logits.transpose(1, 2), self.data.y_train[micro], reduction="none").mean(1)
-
-    def _keep(self, index: torch.Tensor) -> None:
-        self.flat = self.flat.detach()[index].requires_grad_(True)
-        self.buffers = {key: [t[index] for t in stats] for key, stats in self.buffers.items()}
-
-    @torch.no_grad()
-    def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
-        """(mean cross-entropy, accuracy) of `members` on a split, eval-mode BatchNorm: each member's weights and
-        BatchNorm statistics loaded into its own torch model (its TrainState's, which the stack writes again when
-        the member leaves) and evaluated as a run alone evaluates. Evaluation shares nothing between members, and
-        torch's own layers do it several times faster on a CPU than the batched ones (measured: a 5-member cnn1d
-        group with BatchNorm on MNIST-1D 40k spent 93% of its time evaluating with them)."""
-        flat = self.flat.detach()
-        out = []
-        for m, row in zip(members, self._rows(members)):
-            self.model.load_member(m.state.model, flat, self.buffers, row)
-            out.append(evaluate_batches(m.state.model, self.data.eval_batches(split, limit), CROSS_ENTROPY,
-                                        m.cfg.precision))
-        return out
-
-    @torch.no_grad()
-    def _unstack(self, member: Member, row: int) -> None:
-        """Row `row`'s weights and BatchNorm statistics into the member's model, its optimizer state after."""
-        model = member.state.model
-        self.model.load_member(model, self.flat.detach(), self.buffers, row)
-        opt = self.optimizer
-        firsts = self.model.rows_to_torch(opt.buf[row:row + 1])
-        seconds = self.model.rows_to_torch(opt.sq[row:row + 1]) if opt.sq is not None else [None] * len(firsts)
-        params = dict(model.named_parameters())
-        self._write_optimizer(member, ((params[slot.name], first[0], second[0] if second is not None else None)
-                                       for slot, first, second in zip(self.model.slots, firsts, seconds)))
