@@ -72,3 +72,73 @@ def test_checkpoints_written_before_callbacks_kept_their_state_are_read():
                                                           "trace_cov_avg": 2.0}}}
     assert callback_states(legacy) == {"divergence": {"first_loss": 1.25}, "noise_scale": legacy["state"]["noise_ema"]}
     assert callback_states({"state": {}, "callbacks": {"counter": {"seen": 3}}}) == {"counter": {"seen": 3}}
+
+
+# ----------------------------------------------------------------------------- measuring, apart from recording
+def _loop(cfg, callbacks, run_dir=None, engine=None):
+    from bsresearch.engine import ModelEngine
+    from bsresearch.runsetup import run_setup
+    setup = run_setup(cfg)
+    member = setup.member(0, cfg, run_dir)
+    return setup.loop([member], engine or ModelEngine(setup.data, setup.loss, setup.task), callbacks), member
+
+
+def test_measurements_are_their_own_callback_and_recording_writes_what_they_took(tmp_path):
+    """The config's measurements come from Measurements (listed after Recording, it still comes first: its
+    phase); Recording alone measures nothing. Oracle: the same measurement taken by hand on the final weights,
+    with the probe generator as it stood when the run ended."""
+    from bsresearch.callbacks import Evaluation, Measurements, Recording
+    from bsresearch.measure.registry import take_measurements
+    cfg = tiny_config(budget_amount=6, measure=("hessian",))
+    probe = None
+
+    class KeepProbe(Callback):   # the probe generator's state just before Measurements draws from it
+        order = Measurements.order - 1
+
+        def on_finish(self, loop, m):
+            nonlocal probe
+            probe = m.state.generators.probe.get_state()
+    loop, member = _loop(cfg, [Evaluation(), Recording(), Measurements(), KeepProbe()], tmp_path / "measured")
+    loop.run()
+    metrics = RunDir(tmp_path / "measured").metrics()
+    assert member.measured and set(member.measured) <= set(metrics)
+    generator = torch.Generator().set_state(probe)
+    by_hand = take_measurements(cfg.measure, member.state.model, loop.data, cfg, generator)
+    assert set(by_hand) == set(member.measured)
+    assert all(by_hand[k] == member.measured[k] for k in by_hand)
+
+    plain, alone = _loop(cfg, [Evaluation(), Recording()], tmp_path / "recorded")
+    plain.run()
+    assert not alone.measured and not set(member.measured) & set(RunDir(tmp_path / "recorded").metrics())
+
+
+def test_a_failed_member_is_not_measured(tmp_path):
+    from test_loop import FailingAt
+
+    from bsresearch.callbacks import Evaluation, Measurements, Recording
+    from bsresearch.engine import ModelEngine
+    from bsresearch.runsetup import run_setup
+    cfg = tiny_config(budget_amount=6, measure=("hessian",))
+    setup = run_setup(cfg)
+    member = setup.member(0, cfg)
+    engine = FailingAt(ModelEngine(setup.data, setup.loss, setup.task), ValueError("broken"), at=3)
+    setup.loop([member], engine, [Evaluation(), Measurements(), Recording()]).run()
+    assert member.outcome == "failed" and member.measured == {}
+
+
+# ----------------------------------------------------------------------------- where each attempt ran
+def test_status_lists_each_attempt_with_its_devices(tmp_path):
+    """A run killed at step 15 and resumed: status.json's attempts are the two starts (the second from the
+    checkpoint at step 10), each with its device count; `devices` is the attempt that wrote it. A run started
+    again from scratch (overwrite) begins a new list."""
+    cfg = tiny_config(budget_amount=20, checkpoint_every=10)
+    with killed_at(15):
+        run(cfg, tmp_path / "run")
+    first = RunDir(tmp_path / "run").status()["attempts"]
+    assert [(a["resumed_from"], a["devices"]) for a in first] == [(None, 1)]
+    run(cfg, tmp_path / "run")
+    status = RunDir(tmp_path / "run").status()
+    assert [(a["resumed_from"], a["devices"]) for a in status["attempts"]] == [(None, 1), (10, 1)]
+    assert status["devices"] == {"count": 1} and status["attempts"][0]["started"] == first[0]["started"]
+    run(cfg, tmp_path / "run", overwrite=True)
+    assert [(a["resumed_from"], a["devices"]) for a in RunDir(tmp_path / "run").status()["attempts"]] == [(None, 1)]
