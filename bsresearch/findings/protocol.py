@@ -29,6 +29,9 @@ PROTOCOL_VERSION: dict[str, str] = {
     # version 5: B/N against B/B_crit and the step budget, lr/B at a common loss, the LM tests at a size
     "bn_budget_goyal": "5", "lr_over_b_mnist1d": "5", "lr_over_b_fashion": "5", "lm_cbs_long": "5",
     "lm_small_batch_v5": "5",
+    # version 6: tests sized by power, the predictor against its rival, beta2 with held-out lrs (GPU specs: gpu_*)
+    "lr_over_b_v6_mnist1d": "6", "bn_budget_hoffer_v6": "6", "gpu_lr_over_b_v6_fashion": "6",
+    "gpu_bn_budget_goyal_v6": "6", "gpu_bn_budget_bcrit_v6": "6", "gpu_lm_small_batch_v6": "6",
 }
 
 ALSO: dict[str, str] = {   # a second test a report carries, under a later version
