@@ -4,7 +4,7 @@ A training step frees its activations and gradients and the next step allocates 
 default settings the larger of those blocks go back to the kernel and come back as fresh pages, each one
 a page fault; runs (train.run, the fused trainer) and the benchmarks set the allocator to keep them.
 
-This benchmark times the step a run executes (bsresearch.engine.train_step on a TrainState from
+This benchmark times the step a run executes (bsresearch.engine.train_next_batch on a TrainState from
 state.new_state, one torch thread) in pairs of fresh processes, one with glibc's defaults and one with
 retain_freed_memory, their order alternating from pair to pair, so that a drift of a shared machine hits
 both sides alike. Each process times every case (model at batch size), the best of three timings of
@@ -39,7 +39,7 @@ def child(setting: str, cases: list[tuple[str, int]], seconds: float, threads: i
     """Per case: the best step time (ms) of three timings and the minor page faults while timing."""
     from bsresearch.config import RunConfig
     from bsresearch.data import dataset_for
-    from bsresearch.engine import train_step
+    from bsresearch.engine import train_next_batch
     from bsresearch.runtime import retain_freed_memory, set_threads
     from bsresearch.schedule import scaled_lr
     from bsresearch.state import new_state
@@ -53,7 +53,7 @@ def child(setting: str, cases: list[tuple[str, int]], seconds: float, threads: i
         cfg = RunConfig(model=model, dataset="mnist1d", batch_size=batch_size, base_batch_size=batch_size)
         data = dataset_for(cfg, device)
         state = new_state(cfg, data, device)
-        step = functools.partial(train_step, state, cfg, data, scaled_lr(cfg))
+        step = functools.partial(train_next_batch, state, cfg, data, scaled_lr(cfg))
         time_steps(step, 3, device)   # warm up
         n = max(3, int(time_steps(step, 3, device) * seconds))
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

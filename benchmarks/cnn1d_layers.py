@@ -2,7 +2,7 @@
 
 The built-in cnn1d runs its convolutions as matrix products (models.MatmulConv1d) and its BatchNorm on the
 (examples x positions, channels) rows (models.BatchNorm1dByRows). This times the step a run executes
-(bsresearch.engine.train_step: batch gather, forward, backward, SGD update; one torch thread) on the same
+(bsresearch.engine.train_next_batch: batch gather, forward, backward, SGD update; one torch thread) on the same
 state, alternating rounds with the library's forward methods and with torch's nn.Conv1d and nn.BatchNorm1d
 forward methods swapped in (the same parameters, so the same arithmetic to float32 rounding). Per case:
 the median step time of each over the rounds, and the median over rounds of their ratio.
@@ -33,7 +33,7 @@ from cpu_step import cpu_name  # noqa: E402
 from bsresearch import models  # noqa: E402
 from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.engine import train_step  # noqa: E402
+from bsresearch.engine import train_next_batch  # noqa: E402
 from bsresearch.schedule import scaled_lr  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
@@ -67,7 +67,7 @@ def measure(batch_size: int, batchnorm: bool, device: torch.device, seconds: flo
                     batchnorm=batchnorm, ghost_batch_size=ghost_batch_size, device=str(device))
     data = dataset_for(cfg, device)
     state = new_state(cfg, data, device)
-    step = functools.partial(train_step, state, cfg, data, scaled_lr(cfg))
+    step = functools.partial(train_next_batch, state, cfg, data, scaled_lr(cfg))
     baseline = "ghost batches one by one" if ghost_batch_size else "torch"
     steps = {kind: with_layers(kind, step) for kind in ("library", baseline)}
     for s in steps.values():

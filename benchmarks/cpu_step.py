@@ -2,7 +2,7 @@
 
 For each built-in model and batch size, one process (one torch thread by default) alternates two timings,
 several rounds: (a) the GEMM rate, FLOP/s of a 1024x1024 float32 matrix product; (b) the training step
-that runs execute (bsresearch.engine.train_step on a TrainState from train.new_state: the batch gather, the
+that runs execute (bsresearch.engine.train_next_batch on a TrainState from train.new_state: the batch gather, the
 forward and backward pass, the optimizer update). The FLOPs of a step are counted on the step itself by
 torch.utils.flop_counter.FlopCounterMode (forward and backward matrix products and convolutions; the
 element-wise work and the optimizer are not counted). The fraction of each round is the step's FLOP/s
@@ -38,7 +38,7 @@ from common import benchmark_parser, interleaved, median_and_spread, start, time
 
 from bsresearch.config import RunConfig
 from bsresearch.data import DatasetUnavailable, dataset_for  # noqa: E402
-from bsresearch.engine import train_step  # noqa: E402
+from bsresearch.engine import train_next_batch  # noqa: E402
 from bsresearch.schedule import scaled_lr  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
@@ -127,7 +127,7 @@ def measure(model: str, batch_size: int, device: torch.device, seconds: float, r
         return None
     state = new_state(cfg, data, device)
     lr = scaled_lr(cfg)
-    step = lambda: train_step(state, cfg, data, lr)  # noqa: E731  # the step a run executes
+    step = lambda: train_next_batch(state, cfg, data, lr)  # noqa: E731  # the step a run executes
     with FlopCounterMode(display=False) as counter:
         step()
     flops = counter.get_total_flops()

@@ -2,7 +2,7 @@
 
 Tutorial loop: DataLoader(TensorDataset(x, y), batch_size=B, shuffle=True), `.to(device)` per batch,
 zero_grad / forward / cross_entropy / backward / step. Ours: data resident on the device, a permutation
-plus indexing (bsresearch.train.train_step). Same model (the MNIST-1D CNN), same optimizer (SGD with
+plus indexing (bsresearch.engine.train_next_batch). Same model (the MNIST-1D CNN), same optimizer (SGD with
 momentum), same threads (1 on CPU). The two are timed in alternation, several rounds, in one process.
 
     python benchmarks/loop_vs_dataloader.py [--device cpu|cuda] [--seconds 1.0] [--repeats 5]
@@ -22,7 +22,7 @@ from common import benchmark_parser, interleaved, median_and_spread, start, time
 
 from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.engine import train_step  # noqa: E402
+from bsresearch.engine import train_next_batch  # noqa: E402
 from bsresearch.models import build_model  # noqa: E402
 from bsresearch.runtime import make_generator  # noqa: E402
 from bsresearch.schedule import scaled_lr  # noqa: E402
@@ -32,7 +32,7 @@ from bsresearch.state import new_state  # noqa: E402
 def ours(cfg: RunConfig, data, device):
     state = new_state(cfg, data, device)
     lr = scaled_lr(cfg)
-    return lambda: train_step(state, cfg, data, lr)
+    return lambda: train_next_batch(state, cfg, data, lr)
 
 
 def tutorial(cfg: RunConfig, data, device):

@@ -18,7 +18,7 @@ from .schedule import eval_steps, lr_at, scaled_lr, steps_per_epoch, total_steps
 _LAZY = {
     "Dataset": "data", "DatasetUnavailable": "data", "load_dataset": "data", "dataset_for": "data",
     "BatchSampler": "data", "build_model": "models", "GhostBatchNorm": "models",
-    "TrainState": "state", "RunResult": "loop", "run": "train", "train_step": "engine", "evaluate": "engine",
+    "TrainState": "state", "RunResult": "loop", "run": "train", "train_next_batch": "engine", "evaluate": "engine",
     "new_state": "state", "load_trained_model": "train",
     "resolve_device": "runtime", "make_generator": "runtime",
     "RunDir": "rundir",

@@ -1,6 +1,6 @@
 """One model trains: a single run's (and advise's) engine for the loop, its step and its evaluation.
 
-`train_step` is one optimizer update of a TrainState on its next batch (bsresearch.step.training_step does
+`train_next_batch` is one optimizer update of a TrainState on its next batch (bsresearch.step.optimizer_update does
 the arithmetic); `evaluate_batches` is the mean loss (and accuracy where the task has it) over batches in
 eval mode; `ModelEngine` runs a member of the loop with them.
 
@@ -24,14 +24,32 @@ from .loop import Member, StepHooks
 from .losses import Loss, Task, loss_for
 from .runtime import autocast
 from .state import TrainState
-from .step import training_step
+from .step import optimizer_update
 
 CROSS_ENTROPY = loss_for("cross_entropy")
 
 
-def train_step(state: TrainState, cfg: RunConfig, data: Data, lr: float, loss: Loss = CROSS_ENTROPY,
-               hooks: StepHooks | None = None, task: Task | None = None) -> torch.Tensor:
-    """One optimizer update (step.training_step) on the state's next batch (cfg.batch_size examples, or the
+def prepare_update(optimizer: torch.optim.Optimizer, cfg: RunConfig, lr: float, x: Inputs, y: torch.Tensor,
+                   devices: int = 1) -> list[tuple[Inputs, torch.Tensor]]:
+    """Ready `optimizer` for one update of a batch of len(y) * `devices` examples, of which (x, y) is this
+    process's share (all of it on one device): every parameter group's lr, and Adam's beta2 for the batch's
+    size where beta2_scaling asks (schedule.adam_beta2_at: a batch schedule changes it). Returns the share
+    split into its micro-batches of micro_batch_size / `devices` examples (one per accumulation step), or the
+    share itself without accumulation. The one place a step is prepared: train_next_batch and, on several
+    devices, devices.engine.DeviceEngine."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+        if "betas" in group:
+            group["betas"] = (group["betas"][0], schedule.adam_beta2_at(cfg, len(y) * devices))
+    if not cfg.micro_batch_size:
+        return [(x, y)]
+    part = cfg.micro_batch_size // devices
+    return list(zip(x.split(part), y.split(part)))
+
+
+def train_next_batch(state: TrainState, cfg: RunConfig, data: Data, lr: float, loss: Loss = CROSS_ENTROPY,
+                     hooks: StepHooks | None = None, task: Task | None = None) -> torch.Tensor:
+    """One optimizer update (step.optimizer_update) on the state's next batch (cfg.batch_size examples, or the
     batch schedule's size at this step); returns the batch's mean loss (a tensor, not synchronised).
 
     With micro_batch_size the batch is split and gradients accumulate (each micro-batch's loss weighted by
@@ -39,13 +57,8 @@ def train_step(state: TrainState, cfg: RunConfig, data: Data, lr: float, loss: L
     backward pass and before the update.
     """
     x, y = state.next_batch(data)
-    for group in state.optimizer.param_groups:
-        group["lr"] = lr
-        if "betas" in group:   # Adam's beta2 follows the batch size where beta2_scaling asks (a batch schedule)
-            group["betas"] = (group["betas"][0], schedule.adam_beta2_at(cfg, len(y)))
-    batches = list(zip(x.split(cfg.micro_batch_size), y.split(cfg.micro_batch_size))) if cfg.micro_batch_size \
-        else [(x, y)]
-    value = training_step(state.model, state.optimizer, batches, cfg.precision, state.scaler, loss,
+    batches = prepare_update(state.optimizer, cfg, lr, x, y)
+    value = optimizer_update(state.model, state.optimizer, batches, cfg.precision, state.scaler, loss,
                           after_backward=hooks.after_backward if hooks else None,
                           before_update=hooks.before_update if hooks else None,
                           count=task.count if task is not None and task.token_level else None)
@@ -138,14 +151,14 @@ def weight_stats(state: TrainState) -> tuple[float, float]:
 
 class ModelEngine:
     """The loop's engine for members that each train their own nn.Module (in practice one member): their
-    TrainState's model, optimizer and GradScaler, stepped by train_step."""
+    TrainState's model, optimizer and GradScaler, stepped by train_next_batch."""
     can_split = False
 
     def __init__(self, data: Data, loss: Loss, task: Task) -> None:
         self.data, self.loss, self.task = data, loss, task
 
     def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
-        return torch.stack([train_step(m.state, m.cfg, self.data, lr, self.loss, h, self.task).reshape(())
+        return torch.stack([train_next_batch(m.state, m.cfg, self.data, lr, self.loss, h, self.task).reshape(())
                             for m, lr, h in zip(members, lrs, hooks)])
 
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:

@@ -1,6 +1,6 @@
 """One optimizer update: the step that training runs and that the systems benchmarks time.
 
-`training_step` is the only place a training step is written. bsresearch.train calls it with a batch
+`optimizer_update` is the only place a training step is written. bsresearch.train calls it with a batch
 sampled from the training set (split into micro-batches for gradient accumulation) and feeds the in-loop
 noise-scale estimator through its hooks; bsresearch.systems calls it on synthetic batches to measure
 time and memory, so a benchmark times exactly what a run executes.
@@ -47,7 +47,7 @@ def micro_batch_loss(loss: torch.Tensor, n_micro: int | torch.Tensor, n_batch: i
     """A micro-batch's mean loss weighted by its share of the batch, `loss * (n_micro / n_batch)`, so that the
     gradients accumulated over a batch's micro-batches are the whole batch's mean-loss gradient; the loss
     itself when the micro-batch is the whole batch (no accumulation). The one place this rule is written:
-    training_step and the fused engines (fused/engine.py) apply it, member by member there.
+    optimizer_update and the fused engines (fused/engine.py) apply it, member by member there.
 
     Shares are of examples, or, for a token-level loss (a mean over a sequence's real tokens, targets of -100
     ignored), of the batch's real tokens: then n_micro and n_batch are 0-d tensors of tokens (Task.count), so
@@ -60,13 +60,13 @@ def micro_batch_loss(loss: torch.Tensor, n_micro: int | torch.Tensor, n_batch: i
     return loss if n_micro == n_batch else loss * (n_micro / n_batch)
 
 
-def training_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-                  batches: Sequence[tuple[Inputs, torch.Tensor]], precision: str = "fp32",
-                  scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
-                  after_backward: Callable[[int], None] | None = None,
-                  before_update: Callable[[], None] | None = None, count: Count | None = None,
-                  no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
-                  total: torch.Tensor | None = None) -> torch.Tensor:
+def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer,
+                     batches: Sequence[tuple[Inputs, torch.Tensor]], precision: str = "fp32",
+                     scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
+                     after_backward: Callable[[int], None] | None = None,
+                     before_update: Callable[[], None] | None = None, count: Count | None = None,
+                     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+                     total: torch.Tensor | None = None) -> torch.Tensor:
     """One optimizer update on the examples of `batches`; returns the batch's mean loss (a detached float32
     0-d tensor, not synchronised).
 

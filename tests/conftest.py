@@ -32,21 +32,21 @@ def load_example(name: str) -> ModuleType:
 
 @contextlib.contextmanager
 def killed_at(step: int) -> Iterator[None]:
-    """Every run inside dies when it reaches `step`: engine.train_step raises KeyboardInterrupt there, as a
+    """Every run inside dies when it reaches `step`: engine.train_next_batch raises KeyboardInterrupt there, as a
     killed process would stop (the run directory keeps what was written); the context expects that."""
     import bsresearch.engine as engine
-    original = engine.train_step
+    original = engine.train_next_batch
 
     def dying(state, *args, **kwargs):
         if state.step == step:
             raise KeyboardInterrupt
         return original(state, *args, **kwargs)
-    engine.train_step = dying
+    engine.train_next_batch = dying
     try:
         with pytest.raises(KeyboardInterrupt):
             yield
     finally:
-        engine.train_step = original
+        engine.train_next_batch = original
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:

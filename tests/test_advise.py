@@ -14,7 +14,7 @@ from bsresearch.advise import advise, optimizer_factory, scale_lr
 from bsresearch.config import ConfigError
 from bsresearch.losses import cross_entropy
 from bsresearch.systems import search as search_module
-from bsresearch.systems.workload import TrainParts, training_step
+from bsresearch.systems.workload import TrainParts, train_on_batch
 
 tiny_transformer, regression_mlp = load_example("tiny_transformer"), load_example("regression_mlp")
 
@@ -222,7 +222,7 @@ def test_the_accumulated_step_gives_the_one_big_batch_gradient():
         torch.manual_seed(1)
         model = regression_mlp.make_model(width=8)
         parts = TrainParts(model, torch.optim.SGD(model.parameters(), lr=0.0), None, "fp32")
-        training_step(parts, x, y, F.mse_loss, micro)
+        train_on_batch(parts, x, y, F.mse_loss, micro)
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
 

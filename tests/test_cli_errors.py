@@ -383,7 +383,7 @@ def test_out_of_memory_is_recorded_as_oom_wherever_it_happens(tmp_path, monkeypa
     elif where == "to_device":
         monkeypatch.setattr(models, "build_model", lambda *a, **k: _RefusesDevice(exc))
     elif where == "training_step":
-        monkeypatch.setattr(engine, "train_step", raise_it)
+        monkeypatch.setattr(engine, "train_next_batch", raise_it)
     else:
         monkeypatch.setattr(data_module.Dataset, "to", raise_it)
     result = train.run(RunConfig(**TINY), tmp_path / "run", progress=False)
@@ -413,7 +413,7 @@ def test_other_errors_stay_errors(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="shapes"):   # a bug in setup propagates
         train.run(RunConfig(**TINY), tmp_path / "a", progress=False)
     monkeypatch.undo()
-    monkeypatch.setattr(engine, "train_step", broken)
+    monkeypatch.setattr(engine, "train_next_batch", broken)
     assert train.run(RunConfig(**TINY), tmp_path / "b", progress=False).state == "failed"
 
 

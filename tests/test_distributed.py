@@ -32,7 +32,7 @@ from bsresearch.data import load_dataset
 from bsresearch.devices.batchnorm import AllReduceBatchNorm
 from bsresearch.devices.place import GroupPlace, first_host, group_from_environment
 from bsresearch.devices.rank import run_rank
-from bsresearch.engine import train_step
+from bsresearch.engine import train_next_batch
 from bsresearch.loop import Callback, StepHooks
 from bsresearch.losses import loss_for
 from bsresearch.noise.estimators import squared_grad_norm, two_batch_estimate
@@ -286,14 +286,14 @@ def test_the_hook_noise_scale_is_the_two_batch_estimator_on_the_devices_partitio
     for step in range(3):
         saved = state.sampler.state_dict()
         idx = state.sampler.next()
-        state.sampler.load_state_dict(saved)          # train_step draws the same batch again
+        state.sampler.load_state_dict(saved)          # train_next_batch draws the same batch again
         norms = []
         for part in (idx[:32], idx[32:], idx):
             state.model.zero_grad()
             loss(state.model(data.x_train[part]), data.y_train[part]).backward()
             norms.append(float(squared_grad_norm(state.model)))
         expected.append(two_batch_estimate((norms[0] + norms[1]) / 2, norms[2], 32, 64))
-        train_step(state, cfg, data, schedule.lr_at(cfg, step, data.n_train), loss)
+        train_next_batch(state, cfg, data, schedule.lr_at(cfg, step, data.n_train), loss)
     rows = two.history[1:]
     for row, (grad_sq, trace) in zip(rows, expected):
         assert row["device_noise_grad_sq_norm_ema"] == pytest.approx(grad_sq, rel=1e-4)

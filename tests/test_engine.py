@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_config
 
-from bsresearch.engine import ModelEngine, evaluate_batches, train_step, weight_stats
+from bsresearch.engine import ModelEngine, evaluate_batches, prepare_update, train_next_batch, weight_stats
 from bsresearch.runsetup import run_setup
 from bsresearch.state import new_state
 
 
-def test_train_step_is_one_plain_sgd_update_on_the_next_batch():
+def test_train_next_batch_is_one_plain_sgd_update_on_the_next_batch():
     cfg = tiny_config(momentum=0.0)
     setup = run_setup(cfg)
     state = new_state(cfg, setup.data, setup.device)
@@ -23,7 +23,7 @@ def test_train_step_is_one_plain_sgd_update_on_the_next_batch():
     loss = F.cross_entropy(twin.model(x), y)
     grads = torch.autograd.grad(loss, list(twin.model.parameters()))
     expected = [p.detach() - 0.05 * g for p, g in zip(twin.model.parameters(), grads)]
-    value = train_step(state, cfg, setup.data, lr=0.05)
+    value = train_next_batch(state, cfg, setup.data, lr=0.05)
     assert float(value) == pytest.approx(float(loss), rel=1e-6)
     assert (state.step, state.examples_seen) == (1, cfg.batch_size)
     for p, e in zip(state.model.parameters(), expected):
@@ -50,7 +50,7 @@ def test_weight_stats_are_the_distance_from_init_and_the_norm():
     cfg = tiny_config()
     setup = run_setup(cfg)
     state = new_state(cfg, setup.data, setup.device)
-    train_step(state, cfg, setup.data, lr=0.1)
+    train_next_batch(state, cfg, setup.data, lr=0.1)
     params = [p.detach() for p in state.model.parameters()]
     distance = math.sqrt(sum(float(((p - p0) ** 2).sum()) for p, p0 in zip(params, state.initial_params)))
     norm = math.sqrt(sum(float((p ** 2).sum()) for p in params))
@@ -68,3 +68,23 @@ def test_model_engine_steps_each_member_at_its_own_lr():
     assert all(torch.equal(p, p0) for p, p0 in zip(frozen, members[0].state.initial_params))   # lr 0
     assert not all(torch.equal(p, p0) for p, p0 in zip(moved, members[1].state.initial_params))
     assert [m.state.step for m in members] == [1, 1]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_prepare_update_sets_the_global_batch_lr_and_beta2_and_splits_this_process_share(devices):
+    """A step on `devices` processes, of which (x, y) is one's share of a global batch of 64: lr as given, Adam's
+    beta2 of the global batch (half_life: adam_beta2 ** (64 / base_batch_size)), and the share in micro-batches of
+    micro_batch_size / devices examples, in order. Oracle: the formula and torch.split written out."""
+    cfg = tiny_config(optimizer="adam", beta2_scaling="half_life", adam_beta2=0.99, base_batch_size=32,
+                      batch_size=64, micro_batch_size=16)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(3))], lr=0.0, betas=(0.9, 0.5))
+    x, y = torch.arange(64 // devices * 2.0).view(-1, 2), torch.arange(64 // devices)
+    batches = prepare_update(optimizer, cfg, 0.25, x, y, devices)
+    group = optimizer.param_groups[0]
+    assert group["lr"] == 0.25 and group["betas"] == (0.9, 0.99 ** (64 / 32))
+    assert len(batches) == 4
+    for i, (xb, yb) in enumerate(batches):
+        part = 16 // devices
+        assert torch.equal(xb, x[i * part:(i + 1) * part]) and torch.equal(yb, y[i * part:(i + 1) * part])
+    whole = prepare_update(optimizer, cfg.replace(micro_batch_size=None), 0.5, x, y, devices)
+    assert len(whole) == 1 and whole[0][0] is x and whole[0][1] is y and group["lr"] == 0.5

@@ -286,7 +286,7 @@ def _padded_tokens(n=12, t=7, vocab=11, seed=0):
 def _grad_after_step(model, batches, loss_fn, count=None):
     model = __import__("copy").deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    value = step.training_step(model, opt, batches, loss_fn=loss_fn, count=count)
+    value = step.optimizer_update(model, opt, batches, loss_fn=loss_fn, count=count)
     return value, torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 

@@ -13,7 +13,7 @@ from measure_oracles import Shift, Snapshot, dense_hessian, per_example_loop, qu
 from bsresearch import noise_tracker
 from bsresearch.config import ConfigError, RunConfig
 from bsresearch.data import load_dataset
-from bsresearch.engine import train_step
+from bsresearch.engine import train_next_batch
 from bsresearch.measure import noise
 from bsresearch.measure.critical import fit_critical_batch, fit_critical_batch_examples
 from bsresearch.measure.functional import layer_slices
@@ -157,7 +157,7 @@ def test_training_hook_feeds_the_ema_from_a_steps_micro_batches():
     state = new_state(cfg, data, torch.device("cpu"))
     twin = new_state(cfg, data, torch.device("cpu"))   # same seed: same weights and the same batch
     meter = NoiseMeter(cfg.noise_scale_ema)
-    train_step(state, cfg, data, lr=0.0, hooks=micro_batch_hooks(cfg, state, meter))
+    train_next_batch(state, cfg, data, lr=0.0, hooks=micro_batch_hooks(cfg, state, meter))
     idx = twin.sampler.next()
 
     def sq_norm(index):

@@ -2,7 +2,7 @@
 
 The oracle is a per-example loop: the gradient of a batch's mean loss is the mean of every example's own
 gradient (for a token-level loss, each real token's), computed one example at a time with autograd and then
-applied by hand (p - lr * g for plain SGD). training_step must reach the same weights with the whole batch
+applied by hand (p - lr * g for plain SGD). optimizer_update must reach the same weights with the whole batch
 in one piece and with any split into micro-batches, equal or not.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_one_update_matches_the_per_example_loop(micro):
     mean_loss = F.cross_entropy(model(x), y).detach()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     batches = split(x, y, micro) if micro else [(x, y)]
-    loss = step.training_step(model, optimizer, batches)
+    loss = step.optimizer_update(model, optimizer, batches)
     after = [p.detach() for p in model.parameters()]
     assert len(after) == len(expected) == 4
     for a, e in zip(after, expected):
@@ -71,7 +71,7 @@ def test_the_weights_move_at_all():
     """The oracle comparison would also hold if neither moved: it must not be vacuous."""
     model, x, y = model_and_batch()
     before = [p.detach().clone() for p in model.parameters()]
-    step.training_step(model, torch.optim.SGD(model.parameters(), lr=LR), [(x, y)])
+    step.optimizer_update(model, torch.optim.SGD(model.parameters(), lr=LR), [(x, y)])
     assert all((p.detach() - b).abs().max() > 1e-3 for p, b in zip(model.parameters(), before))
 
 
@@ -115,7 +115,7 @@ def test_micro_batches_weighted_by_real_tokens_match_the_per_token_loop():
     expected = [(p - LR * g_).detach() for p, g_ in zip(params, grads)]
 
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    step.training_step(model, optimizer, split(x, y, 1), loss_fn=token_loss, count=count)
+    step.optimizer_update(model, optimizer, split(x, y, 1), loss_fn=token_loss, count=count)
     for a, e in zip(model.parameters(), expected):
         torch.testing.assert_close(a.detach(), e, rtol=1e-12, atol=1e-12)
 
@@ -131,7 +131,7 @@ def test_weighting_by_examples_is_wrong_for_padded_sequences():
     for c in (count, None):
         torch.manual_seed(0)
         model = TokenModel()
-        step.training_step(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 1), loss_fn=token_loss,
+        step.optimizer_update(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 1), loss_fn=token_loss,
                            count=c)
         results.append(model.proj.weight.detach().clone())
     assert (results[0] - results[1]).abs().max() > 1e-6
@@ -161,7 +161,7 @@ def test_hooks_run_after_each_backward_and_before_the_update():
     def before_update() -> None:
         assert torch.equal(weights.detach(), before)   # not updated yet
         seen.append("update")
-    step.training_step(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 4),
+    step.optimizer_update(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 4),
                        after_backward=after_backward, before_update=before_update)
     assert [s if s == "update" else s[0] for s in seen] == [0, 1, 2, "update"]   # 4 + 4 + 2 examples
     # the gradient accumulates across micro-batches (it is read after each backward)
@@ -181,7 +181,7 @@ def test_no_sync_wraps_every_micro_batch_but_the_last():
     def after_backward(i: int) -> None:
         nonlocal calls
         calls += 1
-    step.training_step(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 3), no_sync=no_sync,
+    step.optimizer_update(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 3), no_sync=no_sync,
                        after_backward=after_backward)
     assert entered == [0, 1, 2]   # 4 micro-batches (3, 3, 3, 1): the first three without the all-reduce
 
@@ -197,7 +197,7 @@ def test_total_replaces_this_process_count():
         x = torch.randn(3, 6, 4, generator=g, dtype=torch.float64)
         y = torch.randint(0, 5, (3, 6), generator=g)
         before = model.proj.weight.detach().clone()
-        step.training_step(model, torch.optim.SGD(model.parameters(), lr=LR), [(x, y)], loss_fn=token_loss,
+        step.optimizer_update(model, torch.optim.SGD(model.parameters(), lr=LR), [(x, y)], loss_fn=token_loss,
                            count=count, total=total)
         outs.append(model.proj.weight.detach() - before)
     torch.testing.assert_close(outs[1], outs[0] / 2)
@@ -206,9 +206,9 @@ def test_total_replaces_this_process_count():
 def test_gradients_are_kept_after_the_update_and_reset_before_the_next():
     model, x, y = model_and_batch()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    step.training_step(model, optimizer, [(x, y)])
+    step.optimizer_update(model, optimizer, [(x, y)])
     first = model[0].weight.grad.clone()
-    step.training_step(model, optimizer, [(x, y)])   # lr 0: same weights, so the same gradient, not twice it
+    step.optimizer_update(model, optimizer, [(x, y)])   # lr 0: same weights, so the same gradient, not twice it
     torch.testing.assert_close(model[0].weight.grad, first)
 
 

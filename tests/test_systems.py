@@ -20,7 +20,7 @@ from bsresearch.systems.workload import (
     restore,
     snapshot,
     synthetic_batch,
-    training_step,
+    train_on_batch,
     workload_for,
 )
 
@@ -103,14 +103,14 @@ def test_throughput_table_and_one_thread_by_default():
 
 
 def test_throughput_sweep_stops_at_the_first_out_of_memory(monkeypatch):
-    real = timing.training_step
+    real = timing.train_on_batch
 
     def fake(parts, x, y, *args):
         if len(x) >= 16:
             raise torch.OutOfMemoryError("simulated")
         return real(parts, x, y, *args)
 
-    monkeypatch.setattr(timing, "training_step", fake)
+    monkeypatch.setattr(timing, "train_on_batch", fake)
     df = timing.measure_throughput(tiny_workload(), [4, 8, 16, 32], CPU, warmup=0, repeats=1, min_seconds=0.0)
     assert df["batch_size"].tolist() == [4, 8, 16]
     assert df["status"].tolist() == ["ok", "ok", "oom"]
@@ -140,7 +140,7 @@ def test_cpu_memory_accounting_matches_a_hand_count(optimizer):
 def test_memory_measurement_leaves_the_model_and_optimizer_exactly_as_found():
     w = model_workload("cnn1d", optimizer="adam", batchnorm=True)
     parts = build_parts(w, CPU)
-    training_step(parts, *synthetic_batch(w, 8, CPU))   # non-trivial state: moments, running stats
+    train_on_batch(parts, *synthetic_batch(w, 8, CPU))   # non-trivial state: moments, running stats
     before = snapshot(parts)
     step_memory(parts, *synthetic_batch(w, 16, CPU))
     state_equal(parts, before)
@@ -191,7 +191,7 @@ def test_snapshot_and_restore_are_bit_exact_after_steps():
     parts = build_parts(w, CPU)
     before = snapshot(parts)
     for b in (2, 3):
-        training_step(parts, *synthetic_batch(w, b, CPU))
+        train_on_batch(parts, *synthetic_batch(w, b, CPU))
     restore(parts, before)
     state_equal(parts, before)
     assert len(parts.optimizer.state) == 0  # Adam's moments created by the steps are gone again
@@ -283,9 +283,9 @@ def test_cuda_timing_uses_events():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_benchmarked_step_is_the_training_runs_step(optimizer):
-    """systems' training_step on the batches a run samples gives the run's weights bit for bit."""
+    """systems' train_on_batch on the batches a run samples gives the run's weights bit for bit."""
     from bsresearch.data import dataset_for
-    from bsresearch.engine import train_step
+    from bsresearch.engine import train_next_batch
     from bsresearch.state import new_state
     cfg = tiny_config(optimizer=optimizer, lr=0.05)
     data = dataset_for(cfg, CPU)
@@ -299,7 +299,7 @@ def test_the_benchmarked_step_is_the_training_runs_step(optimizer):
         twin = type(state.sampler)(data.n_train, cfg.batch_size, torch.Generator())
         twin.load_state_dict(idx)
         batch = twin.next()
-        train_step(state, cfg, data, lr=0.05)
-        training_step(parts, data.x_train[batch], data.y_train[batch])
+        train_next_batch(state, cfg, data, lr=0.05)
+        train_on_batch(parts, data.x_train[batch], data.y_train[batch])
     for a, b in zip(state.model.parameters(), parts.model.parameters()):
         assert torch.equal(a, b)

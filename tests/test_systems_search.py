@@ -15,7 +15,7 @@ from bsresearch.systems.workload import (
     model_workload,
     snapshot,
     synthetic_batch,
-    training_step,
+    train_on_batch,
     workload_for,
 )
 from bsresearch.train import run
@@ -83,25 +83,25 @@ def test_live_search_restores_model_and_optimizer_bit_identically_after_a_mid_st
     still leave the model, gradients, BatchNorm buffers and Adam state exactly as they were."""
     w = model_workload("cnn1d", optimizer="adam", batchnorm=True)
     parts = build_parts(w, CPU)
-    training_step(parts, *synthetic_batch(w, 8, CPU))
+    train_on_batch(parts, *synthetic_batch(w, 8, CPU))
     before = snapshot(parts)
-    real = search_module.training_step
+    real = search_module.train_on_batch
 
     def oom_after_the_update(p, x, y, *loss_fn):
         real(p, x, y, *loss_fn)
         if len(x) > 12:
             raise torch.OutOfMemoryError("simulated, after the weights changed")
 
-    monkeypatch.setattr(search_module, "training_step", oom_after_the_update)
+    monkeypatch.setattr(search_module, "train_on_batch", oom_after_the_update)
     result = largest_batch_size(parts, w, start=2, limit=1024)
     assert result.sizes_tried == [2, 4, 8, 16, 12, 14, 13]
     assert result.largest_batch_size == 12
     state_equal(parts, before)
     # and training continues exactly as it would have without the search
     twin = build_parts(w, CPU)
-    training_step(twin, *synthetic_batch(w, 8, CPU))
+    train_on_batch(twin, *synthetic_batch(w, 8, CPU))
     batch = synthetic_batch(w, 8, CPU)
-    assert torch.equal(training_step(parts, *batch), training_step(twin, *batch))
+    assert torch.equal(train_on_batch(parts, *batch), train_on_batch(twin, *batch))
     for p, q in zip(parts.model.parameters(), twin.model.parameters()):
         assert torch.equal(p, q)
 

@@ -185,12 +185,12 @@ def test_saved_state_is_the_producer_s_state_at_that_step(tmp_path):
 def test_runs_of_one_trajectory_started_together_train_its_prefix_once(tmp_path, monkeypatch):
     import bsresearch.engine as engine
     steps_trained = []
-    original = engine.train_step
+    original = engine.train_next_batch
 
     def counting(state, *args, **kwargs):
         steps_trained.append(state.step)
         return original(state, *args, **kwargs)
-    monkeypatch.setattr(engine, "train_step", counting)
+    monkeypatch.setattr(engine, "train_next_batch", counting)
     results = {}
 
     def go(name, cfg):

@@ -7,7 +7,7 @@ from conftest import killed_at, requires_cuda, tiny_config
 from bsresearch import config as C
 from bsresearch.config import RunConfig
 from bsresearch.data import load_dataset
-from bsresearch.engine import evaluate, train_step
+from bsresearch.engine import evaluate, train_next_batch
 from bsresearch.rundir import RunDir
 from bsresearch.state import new_state
 from bsresearch.train import load_trained_model, run
@@ -24,8 +24,8 @@ def test_accumulated_gradient_equals_the_single_large_batch(micro):
     data = load_dataset("synthetic", train_size=256)
     big = new_state(cfg, data, torch.device("cpu"))
     acc = new_state(cfg.replace(micro_batch_size=micro), data, torch.device("cpu"))
-    loss_big = train_step(big, cfg, data, lr=0.0)   # lr 0: gradients computed, weights unchanged
-    loss_acc = train_step(acc, cfg.replace(micro_batch_size=micro), data, lr=0.0)
+    loss_big = train_next_batch(big, cfg, data, lr=0.0)   # lr 0: gradients computed, weights unchanged
+    loss_acc = train_next_batch(acc, cfg.replace(micro_batch_size=micro), data, lr=0.0)
     assert torch.allclose(flat_grad(big.model), flat_grad(acc.model), rtol=1e-5, atol=1e-7)
     assert loss_acc.item() == pytest.approx(loss_big.item(), rel=1e-6)
 
@@ -139,14 +139,14 @@ def test_batch_larger_than_dataset_fails_before_any_work(tmp_path):
 def test_a_crash_during_work_is_recorded_not_lost(tmp_path, monkeypatch):
     import bsresearch.engine as E
     calls = {"n": 0}
-    original = E.train_step
+    original = E.train_next_batch
 
     def flaky(state, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 12:
             raise RuntimeError("simulated failure")
         return original(state, *args, **kwargs)
-    monkeypatch.setattr(E, "train_step", flaky)
+    monkeypatch.setattr(E, "train_next_batch", flaky)
     result = run(tiny_config(), tmp_path / "f")
     status = RunDir(tmp_path / "f").status()
     assert result.state == "failed" and status["state"] == "failed"
@@ -159,7 +159,7 @@ def test_simulated_oom_is_recorded(tmp_path, monkeypatch):
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    monkeypatch.setattr(E, "train_step", oom)
+    monkeypatch.setattr(E, "train_next_batch", oom)
     result = run(tiny_config(), tmp_path / "o")
     assert result.state == "oom" and "out of memory" in RunDir(tmp_path / "o").status()["error"]
 
@@ -184,8 +184,8 @@ def test_cuda_accumulation_equals_large_batch():
     data = load_dataset("synthetic", train_size=256, device="cuda")
     big = new_state(cfg, data, torch.device("cuda"))
     acc = new_state(cfg.replace(micro_batch_size=8), data, torch.device("cuda"))
-    train_step(big, cfg, data, lr=0.0)
-    train_step(acc, cfg.replace(micro_batch_size=8), data, lr=0.0)
+    train_next_batch(big, cfg, data, lr=0.0)
+    train_next_batch(acc, cfg.replace(micro_batch_size=8), data, lr=0.0)
     assert torch.allclose(flat_grad(big.model), flat_grad(acc.model), rtol=1e-4, atol=1e-6)
 
 

@@ -10,7 +10,7 @@ objects are never trained or modified):
   decides against memory_budget), and the peak memory of a step at every batch size (systems.memory:
   the allocator's peak on CUDA, tensor accounting on the CPU);
 - synchronised throughput at every batch size (systems.timing) of the training step a run executes
-  (systems.workload.training_step); a batch beyond the safe size runs as the accumulation plan
+  (systems.workload.train_on_batch); a batch beyond the safe size runs as the accumulation plan
   (systems.plan) of micro-batches, which is also how it would be trained;
 - the gradient noise scale B_simple at the given weights: exact from per-example gradients with a
   bootstrap interval (measure.noise, torch.func.vmap), or where vmap cannot run the model the two-batch
@@ -73,7 +73,7 @@ from ..systems.plan import accumulation_plan, largest_batch_on_devices, largest_
 from ..systems.recommend import time_to_target
 from ..systems.search import BatchSearch, largest_batch_size
 from ..systems.timing import steps_for, summarise, time_steps, torch_threads
-from ..systems.workload import TrainParts, free_memory, training_step
+from ..systems.workload import TrainParts, free_memory, train_on_batch
 from ..userdata import first_examples
 
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]  # parameters -> optimizer
@@ -344,7 +344,7 @@ def _memory_and_time(models: _Models, batch: Callable[[int], tuple[torch.Tensor,
     x, y = batch(batch_size)
 
     def step() -> object:
-        return training_step(parts, x, y, loss_fn, micro_batch_size)
+        return train_on_batch(parts, x, y, loss_fn, micro_batch_size)
     step()  # allocation and lazy initialisation: never timed
     stats = summarise(time_steps(step, device, steps=steps_for(step, device, settings.min_seconds),
                                  repeats=settings.repeats, warmup=settings.warmup))

@@ -11,14 +11,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import schedule
 from ..data import Data
-from ..engine import ModelEngine
+from ..engine import ModelEngine, prepare_update
 from ..loop import Member, StepHooks
 from ..losses import Loss, Task
 from ..noise.device import GradientNorms, gradient_norms_hook
 from ..runtime import is_out_of_memory
-from ..step import training_step
+from ..step import optimizer_update
 from .batchnorm import restore_batchnorm, swap_batchnorm
 from .place import COLLECTIVE_TIMEOUT, DeviceLost, lost
 
@@ -26,7 +25,7 @@ from .place import COLLECTIVE_TIMEOUT, DeviceLost, lost
 class DeviceEngine(ModelEngine):
     """The loop's engine on one device of a group: the member's model wrapped in DistributedDataParallel (its
     TrainState keeps the plain module, so checkpoints do not depend on the number of devices), fed its share
-    of each global batch. The global batch loss and the devices' mean squared gradient norm (DeviceNoiseScale)
+    of each global batch. The global batch loss and the devices' mean squared gradient norm (noise.DeviceNoise)
     travel with the last gradient bucket's all-reduce (gradient_norms_hook): one all-reduce per bucket a step."""
     can_split = False
 
@@ -61,15 +60,10 @@ class DeviceEngine(ModelEngine):
         try:
             x, y = next(state.batches)
             big = len(y) * self.world
-            for group in state.optimizer.param_groups:
-                group["lr"] = lr
-                if "betas" in group:
-                    group["betas"] = (group["betas"][0], schedule.adam_beta2_at(cfg, big))
-            part = (cfg.micro_batch_size or big) // self.world
+            micro = prepare_update(state.optimizer, cfg, lr, x, y, self.world)
             self.norms.reset(self.device)
-            micro = list(zip(x.split(part), y.split(part)))
             total = self._token_share(micro) if self.task.token_level else None
-            value = training_step(self.ddp, state.optimizer, micro, cfg.precision, state.scaler,
+            value = optimizer_update(self.ddp, state.optimizer, micro, cfg.precision, state.scaler,
                                   self.recorded_loss,
                                   after_backward=hook.after_backward if hook else None,
                                   before_update=hook.before_update if hook else None, no_sync=self.ddp.no_sync,
@@ -92,7 +86,7 @@ class DeviceEngine(ModelEngine):
 
     def _token_share(self, micro: list[tuple[Any, torch.Tensor]]) -> torch.Tensor:
         """For a token-level loss: the global batch's real tokens over the number of devices, what each device's
-        micro-batch shares are of (step.training_step's `total`), so that DDP's mean of the devices' gradients
+        micro-batch shares are of (step.optimizer_update's `total`), so that DDP's mean of the devices' gradients
         is the global batch's mean over its real tokens whatever each device's share holds (one all-reduce of
         one number a step). The micro-batches' shares also weight the loss the last bucket carries."""
         counts = [self.task.count(y) for _, y in micro]

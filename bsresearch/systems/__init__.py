@@ -24,7 +24,7 @@ _API = {
     "search": ["BatchSearch", "largest_batch_size", "search_batch_size"],
     "timing": ["measure_throughput", "time_steps"],
     "workload": ["INPUT_SHAPES", "TrainParts", "Workload", "build_parts", "inference_step", "model_workload",
-                 "restore", "snapshot", "synthetic_batch", "training_step", "workload_batch", "workload_for"],
+                 "restore", "snapshot", "synthetic_batch", "train_on_batch", "workload_batch", "workload_for"],
 }
 _LAZY = {name: module for module, names in _API.items() for name in names}
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from ..runtime import is_out_of_memory, synchronize
-from .workload import TrainParts, Workload, build_parts, free_memory, restore, snapshot, training_step, workload_batch
+from .workload import TrainParts, Workload, build_parts, free_memory, restore, snapshot, train_on_batch, workload_batch
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def step_memory(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
     device = x.device
     snap = snapshot(parts)
     try:
-        training_step(parts, x, y, loss_fn)  # steady state: optimizer state allocated, as in every later step
+        train_on_batch(parts, x, y, loss_fn)  # steady state: optimizer state allocated, as in every later step
         parts.optimizer.zero_grad(set_to_none=True)
         params = list(parts.model.parameters())
         param_keys = {_storage_key(p) for p in params}
@@ -113,7 +113,7 @@ def step_memory(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
             resident = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         with count_saved_bytes(param_keys | input_keys) as saved:
-            training_step(parts, x, y, loss_fn)
+            train_on_batch(parts, x, y, loss_fn)
         grad_bytes = tensor_bytes([p.grad for p in params if p.grad is not None])
         if device.type == "cuda":
             synchronize(device)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..runtime import is_out_of_memory, oom_message
 from .fit import MemoryFit, fit_memory
 from .memory import memory_cap, step_memory
-from .workload import TrainParts, Workload, free_memory, restore, snapshot, training_step, workload_batch
+from .workload import TrainParts, Workload, free_memory, restore, snapshot, train_on_batch, workload_batch
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def largest_batch_size(parts: TrainParts, workload: Workload | None, memory_budg
                                              f"the memory budget {memory_budget} bytes (fitted CPU memory model)")
         failure = None
         try:
-            training_step(parts, *batch_fn(batch_size), loss_fn)
+            train_on_batch(parts, *batch_fn(batch_size), loss_fn)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # an asynchronous failure must surface inside this trial
         except Exception as exc:

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from ..runtime import is_out_of_memory, synchronize
-from .workload import Workload, build_parts, free_memory, inference_step, training_step, workload_batch
+from .workload import Workload, build_parts, free_memory, inference_step, train_on_batch, workload_batch
 
 _clock = time.perf_counter  # a module attribute so tests can substitute a fake clock
 
@@ -96,7 +96,7 @@ def measure_throughput(workload: Workload, batch_sizes: Sequence[int], device: t
 
     Each batch size gets fresh parts (same initial weights, empty optimizer state) and one fixed
     synthetic batch resident on the device, so the time is the step's compute and Python overhead, not
-    data loading. mode 'train' times `training_step` (model in train mode: BatchNorm batch statistics);
+    data loading. mode 'train' times `train_on_batch` (model in train mode: BatchNorm batch statistics);
     'inference' times a forward pass under torch.inference_mode in eval mode. Each repeat lasts at least
     `min_seconds`. On the CPU the timing runs with `threads` torch threads (default 1).
 
@@ -134,7 +134,7 @@ def _time_one(workload: Workload, batch_size: int, device: torch.device, mode: s
     x, y = workload_batch(workload, batch_size, device)
     if mode == "train":
         def step() -> object:
-            return training_step(parts, x, y, workload.loss)
+            return train_on_batch(parts, x, y, workload.loss)
     else:
         parts.model.eval()
 

@@ -3,7 +3,7 @@
 A `Workload` describes the step (the model, loss and optimizer a RunConfig names, built in or the user's
 own, and the inputs: synthetic tensors of a built-in dataset's shape, or real examples of the user's data);
 `build_parts` turns it into live objects (`TrainParts`) on a device; `workload_batch` makes a batch of any
-size; `training_step` runs the one training step a run executes (bsresearch.step.training_step) on a given
+size; `train_on_batch` runs the one training step a run executes (bsresearch.step.optimizer_update) on a given
 batch, without the batch sampler.
 `snapshot` and `restore` put a model, its optimizer and scaler back exactly as they were, so a benchmark
 can run steps on a live model.
@@ -148,16 +148,16 @@ def synthetic_batch(workload: Workload, batch_size: int, device: torch.device | 
     return x, y
 
 
-def training_step(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
-                  loss_fn: step.LossFn = F.cross_entropy, micro_batch_size: int | None = None) -> torch.Tensor:
-    """One optimizer update on (x, y): bsresearch.step.training_step, the step a training run executes,
+def train_on_batch(parts: TrainParts, x: torch.Tensor, y: torch.Tensor,
+                   loss_fn: step.LossFn = F.cross_entropy, micro_batch_size: int | None = None) -> torch.Tensor:
+    """One optimizer update on (x, y): bsresearch.step.optimizer_update, the step a training run executes,
     in the model's current mode, in micro-batches of micro_batch_size (gradient accumulation) when it is
     smaller than the batch; loss_fn(model(x), y) is a mean-reduced scalar loss (default: cross-entropy, as
     the trainer). Returns the mean loss. Nothing is synchronised here: the caller times with device
     synchronisation."""
     batches = list(zip(x.split(micro_batch_size), y.split(micro_batch_size))) \
         if micro_batch_size and micro_batch_size < len(x) else [(x, y)]
-    return step.training_step(parts.model, parts.optimizer, batches, parts.precision, parts.scaler, loss_fn)
+    return step.optimizer_update(parts.model, parts.optimizer, batches, parts.precision, parts.scaler, loss_fn)
 
 
 def inference_step(parts: TrainParts, x: torch.Tensor) -> torch.Tensor:
