@@ -52,7 +52,7 @@ SAMPLINGS = ("shuffle", "replacement")
 EVAL_SCHEDULES = ("every", "log")
 # Experiment trackers a run's history and final metrics can also go to (bsresearch/trackers.py).
 TRACKERS = ("tensorboard", "mlflow")
-# Measurements a run can take after training; each name has an entry in bsresearch/measure/registry.py.
+# Measurements a run can take after training; each name has an entry in bsresearch/measurements.py.
 MEASUREMENTS: tuple[str, ...] = ("noise_scale", "hessian", "keskar_sharpness", "sharpness", "m_sharpness")
 
 # Fields that change how a run executes but not what it computes: left out of the run id, so a rerun
@@ -141,7 +141,7 @@ class RunConfig:
     dataset: str = "mnist1d"            # one of DATASETS, or FILE.py:NAME / module:NAME of your dataset factory
     dataset_kwargs: dict[str, Any] = Kwargs()  # keyword arguments for your dataset factory
     test_size: float = 0.2              # a factory's single dataset: test examples held out (fraction < 1, or count)
-    data_dir: str | None = None         # where dataset files/caches live; None: $BSRESEARCH_DATA_DIR or data/
+    data_dir: str | None = None         # None: $BSRESEARCH_DATA_DIR, else the checkout's data/, else ~/.cache/bsresearch
     train_size: int | None = None       # use a fixed random subset of the training set (None: all of it)
     data_loading: str = "auto"          # auto | resident (tensors on the device) | stream (torch DataLoader)
     loader_workers: int = 0             # stream: DataLoader worker processes (0: in this process)
