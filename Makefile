@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	    echo "reusing the torch installed for $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	  else $(PYTHON) -m venv $(VENV); fi; }
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[dev,docs,hf]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/pip install -q -e ".[dev,docs,hf,lightning]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(BIN)/python -c "import bsresearch, torch, papermill, mnist1d; print('bsresearch', bsresearch.__version__, '| torch', torch.__version__, '| cuda', torch.cuda.is_available())"
 	@# the kernel the notebooks name, inside the venv: papermill and JupyterLab run them with this Python
 	$(BIN)/python -m ipykernel install --sys-prefix --name bsresearch --display-name "bsresearch (.venv)" >/dev/null
