@@ -17,11 +17,11 @@ import torch
 import torch.nn as nn
 
 from . import schedule
-from .batch import IGNORE_INDEX, Inputs, call, logits_of
 from .config import RunConfig
 from .data import EVAL_CHUNK, Data, eval_chunk_size, in_chunks
 from .loop import Member, StepHooks
 from .losses import Loss, Task, loss_for
+from .model_io import IGNORE_INDEX, Inputs, call, logits_of
 from .runtime import autocast
 from .state import TrainState
 from .step import optimizer_update

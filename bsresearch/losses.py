@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from . import config as C
-from .batch import IGNORE_INDEX, Inputs, call, logits_of, model_loss_of
 from .config import ConfigError
 from .loading import load_factory
+from .model_io import IGNORE_INDEX, Inputs, call, logits_of, model_loss_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss, a scalar
 

@@ -21,12 +21,12 @@ import torch.nn as nn
 
 from . import config as C
 from . import schedule
-from .batch import IGNORE_INDEX, Features, Inputs, OutputError, call, describe, logits_of, model_loss_of
 from .config import ConfigError, RunConfig
 from .data import Data, Dataset, dataset_for
 from .loop import Callback, Engine, Loop, Member, RunResult
 from .losses import Loss, Task, class_indices, loss_for, task_of
 from .measure.functional import measuring
+from .model_io import IGNORE_INDEX, Features, Inputs, OutputError, call, describe, logits_of, model_loss_of
 from .models import model_for
 from .rundir import RunDir
 from .runtime import autocast, check_precision, is_out_of_memory, prepare_process, provenance, resolve_device

@@ -15,9 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import schedule
-from .batch import Inputs
 from .config import OPTIMIZERS, ConfigError, RunConfig
 from .losses import loss_for
+from .model_io import Inputs
 from .runtime import autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

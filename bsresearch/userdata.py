@@ -26,9 +26,9 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import default_collate as collate
 
-from .batch import Features, Inputs, split_batch
 from .config import ConfigError, RunConfig
 from .loading import call_factory, load_factory
+from .model_io import Features, Inputs, split_batch
 from .runtime import make_generator
 
 ATTRIBUTES = ("num_classes", "characters_per_token", "bytes_per_token")  # read from the training dataset

@@ -1,6 +1,6 @@
 """The ecosystem's models and data, offline: a Hugging Face causal LM (GPT-2 family) and image classifier (ViT),
 built from configs with random weights, and data as Hugging Face datasets and collators give it. Nothing here is
-special-cased by the library: the models are used through the adapters every model goes through (bsresearch.batch).
+special-cased by the library: the models are used through the adapters every model goes through (bsresearch.model_io).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ transformers = pytest.importorskip("transformers")
 from conftest import requires_cuda  # noqa: E402
 
 from bsresearch import step  # noqa: E402
-from bsresearch.batch import Features, OutputError, logits_of, model_loss_of  # noqa: E402
 from bsresearch.config import ConfigError, RunConfig  # noqa: E402
 from bsresearch.losses import Task, loss_for  # noqa: E402
+from bsresearch.model_io import Features, OutputError, logits_of, model_loss_of  # noqa: E402
 from bsresearch.rundir import RunDir  # noqa: E402
 from bsresearch.runsetup import run_setup  # noqa: E402
 from bsresearch.train import run  # noqa: E402

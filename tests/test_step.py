@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from conftest import tiny_config
 
 from bsresearch import step
-from bsresearch.batch import IGNORE_INDEX
 from bsresearch.config import ConfigError
+from bsresearch.model_io import IGNORE_INDEX
 
 LR = 0.3
 

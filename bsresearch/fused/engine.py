@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from .. import schedule
-from ..batch import Inputs, call, logits_of
 from ..data import Dataset, eval_chunk_size
 from ..engine import CROSS_ENTROPY, EvalSums, evaluate_batches
 from ..loop import Member, StepHooks
 from ..losses import Loss, Task
+from ..model_io import Inputs, call, logits_of
 from ..step import micro_batch_loss
 from .attention import batched_attention
 from .layers import StackedModel

@@ -28,8 +28,8 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.func import vmap
 
-from ..batch import Inputs
 from ..losses import Loss
+from ..model_io import Inputs
 from ..runtime import synchronize
 from .attention import batched_attention
 from .engine import LAYOUT_WARNING, ParameterStack

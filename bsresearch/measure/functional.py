@@ -26,9 +26,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..batch import Inputs, call, logits_of
 from ..config import ConfigError
 from ..losses import loss_for
+from ..model_io import Inputs, call, logits_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> mean loss, a scalar
 Batches = Sequence[tuple[Inputs, torch.Tensor]]

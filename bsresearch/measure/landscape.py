@@ -17,10 +17,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..batch import call, logits_of
 from ..config import ConfigError
 from ..data import Dataset
 from ..losses import class_indices, loss_for
+from ..model_io import call, logits_of
 from .curvature import top_eigenvalues
 from .functional import (
     DEFAULT_CHUNK,

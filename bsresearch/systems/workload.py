@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from .. import config as C
 from .. import step
-from ..batch import call, logits_of
 from ..config import ConfigError, RunConfig
 from ..losses import Loss, loss_for
+from ..model_io import call, logits_of
 from ..models import build_model, classes_of, model_for
 from ..references import short_name
 from ..runtime import autocast, check_precision, make_generator

@@ -105,7 +105,7 @@ class Features:
 
 pytree.register_pytree_node(
     Features, lambda f: (list(f.tensors.values()), list(f.tensors)),
-    lambda values, keys: Features(dict(zip(keys, values))), serialized_type_name="bsresearch.batch.Features")
+    lambda values, keys: Features(dict(zip(keys, values))), serialized_type_name="bsresearch.model_io.Features")
 
 Inputs = torch.Tensor | Features
 

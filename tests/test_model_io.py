@@ -1,4 +1,4 @@
-"""bsresearch.batch: a model's inputs (a tensor or named tensors) and its outputs (whatever holds the logits).
+"""bsresearch.model_io: a model's inputs (a tensor or named tensors) and its outputs (whatever holds the logits).
 
 Oracles: named tensors behave as each of their tensors does (indexing, splitting, moving, vmap), and a call
 through `call` gives what calling the model by hand gives (`model(x)`, `model(**x)`, functional_call with the
@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 from torch.func import vmap
 
-from bsresearch import batch
-from bsresearch.batch import Features, OutputError
+from bsresearch import model_io
 from bsresearch.config import ConfigError
+from bsresearch.model_io import Features, OutputError
 
 
 def features(n: int = 6) -> Features:
@@ -63,17 +63,17 @@ def test_features_need_a_tensor():
 
 
 def test_describe():
-    assert batch.describe(torch.zeros(2, 5)) == "(2, 5) float32"
-    assert batch.describe(Features({"input_ids": torch.zeros(2, 8, dtype=torch.int64)})) == "input_ids (2, 8) int64"
-    assert batch.describe(3) == "a int"
+    assert model_io.describe(torch.zeros(2, 5)) == "(2, 5) float32"
+    assert model_io.describe(Features({"input_ids": torch.zeros(2, 8, dtype=torch.int64)})) == "input_ids (2, 8) int64"
+    assert model_io.describe(3) == "a int"
 
 
 def test_split_batch_pairs_and_mappings():
     x, y = torch.zeros(4, 2), torch.arange(4)
-    got = batch.split_batch((x, y), "data")
+    got = model_io.split_batch((x, y), "data")
     assert got[0] is x and got[1] is y
     for key in ("labels", "label"):
-        inputs, targets = batch.split_batch({"input_ids": x, key: y}, "data")
+        inputs, targets = model_io.split_batch({"input_ids": x, key: y}, "data")
         assert isinstance(inputs, Features) and list(inputs) == ["input_ids"] and targets is y
 
 
@@ -85,7 +85,7 @@ def test_split_batch_pairs_and_mappings():
 ])
 def test_split_batch_refuses_in_one_line(item, message):
     with pytest.raises(ConfigError, match=message) as info:
-        batch.split_batch(item, "my data")
+        model_io.split_batch(item, "my data")
     assert str(info.value).startswith("my data: ") and "\n" not in str(info.value)
 
 
@@ -109,26 +109,26 @@ def test_call_feeds_a_tensor_positionally_and_named_tensors_as_keywords():
     torch.manual_seed(0)
     linear = nn.Linear(3, 2)
     x = torch.randn(5, 3)
-    assert torch.equal(batch.call(linear, x), linear(x))
+    assert torch.equal(model_io.call(linear, x), linear(x))
     model, f = Named(), features(5)
-    assert torch.equal(batch.call(model, f)["logits"], model(**f.tensors)["logits"])
+    assert torch.equal(model_io.call(model, f)["logits"], model(**f.tensors)["logits"])
     y = torch.tensor([0, 1, 0, 1, 1])
-    assert torch.equal(batch.call(model, f, labels=y)["loss"], model(**f.tensors, labels=y)["loss"])
+    assert torch.equal(model_io.call(model, f, labels=y)["loss"], model(**f.tensors, labels=y)["loss"])
 
 
 def test_call_with_params_is_the_model_with_those_weights():
     torch.manual_seed(0)
     linear, other = nn.Linear(3, 2), nn.Linear(3, 2)
     x = torch.randn(5, 3)
-    assert torch.equal(batch.call(linear, x, params=dict(other.named_parameters())), other(x))
-    assert torch.equal(batch.call(linear, x, params=dict(linear.named_parameters())), linear(x))
+    assert torch.equal(model_io.call(linear, x, params=dict(other.named_parameters())), other(x))
+    assert torch.equal(model_io.call(linear, x, params=dict(linear.named_parameters())), linear(x))
 
 
 def test_logits_of_every_output_shape():
     t = torch.zeros(2, 3)
-    assert batch.logits_of(t) is t
-    assert batch.logits_of((t, "cache")) is t and batch.logits_of([t]) is t
-    assert batch.logits_of(OrderedDict(loss=torch.tensor(1.0), logits=t)) is t
+    assert model_io.logits_of(t) is t
+    assert model_io.logits_of((t, "cache")) is t and model_io.logits_of([t]) is t
+    assert model_io.logits_of(OrderedDict(loss=torch.tensor(1.0), logits=t)) is t
 
 
 @pytest.mark.parametrize("output, message", [
@@ -139,17 +139,17 @@ def test_logits_of_every_output_shape():
 ])
 def test_logits_of_refuses_naming_what_it_got(output, message):
     with pytest.raises(OutputError, match=message):
-        batch.logits_of(output)
+        model_io.logits_of(output)
 
 
 def test_model_loss_of_a_mapping_or_an_attribute():
     loss = torch.tensor(0.5)
-    assert batch.model_loss_of({"loss": loss}) is loss
+    assert model_io.model_loss_of({"loss": loss}) is loss
 
     class Out:
         pass
     out = Out()
     out.loss = loss   # type: ignore[attr-defined]
-    assert batch.model_loss_of(out) is loss
+    assert model_io.model_loss_of(out) is loss
     with pytest.raises(OutputError, match="returned a dict with no loss; `loss: model` needs"):
-        batch.model_loss_of({"logits": loss})
+        model_io.model_loss_of({"logits": loss})
