@@ -117,7 +117,8 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 
 def _add_datasets(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("datasets", help="list the datasets and whether each is available here")
-    p.add_argument("--data-dir", help="where dataset files live [$BSRESEARCH_DATA_DIR or data/]")
+    p.add_argument("--data-dir", help="where dataset files live [$BSRESEARCH_DATA_DIR, else data/ of the bsresearch "
+                                      "checkout, else ~/.cache/bsresearch (bsresearch installed as a package)]")
     p.set_defaults(handler=_cmd_datasets)
 
 

@@ -8,6 +8,8 @@
       experiments/example.yaml   a commented sweep spec over the model below (no notebook:, no analysis:: the
                              packaged run template and generic report run)
       models/my_model.py     an example model and dataset factory, written as a user writes theirs
+      notebooks/own_training.ipynb, experiments/own_training.yaml   a training loop of one's own over that model
+                             (bsresearch.runwriter) and its sweep (own_training.py)
       notebooks/             copies of the packaged notebooks (templates.PACKAGED), for the user to edit, with
                              their defaults pointed at models/my_model.py where the repository's point at examples/
 
@@ -18,15 +20,18 @@ Existing files are never overwritten: init on a project restores what is missing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from . import templates
+from . import own_training, templates
 from .errors import ConfigError
+from .paths import project_of
 
 KERNEL = "bsresearch"   # the kernel name every notebook's metadata carries
 EXAMPLE_SPEC = "example"
@@ -128,6 +133,8 @@ bsresearch lab                                                       # JupyterLa
 
 - `models/my_model.py`: an example model and dataset factory; write yours the same way.
 - `experiments/example.yaml`: a sweep spec, commented; copy it for a new experiment.
+- `notebooks/own_training.ipynb` and `experiments/own_training.yaml`: a training loop of your own, swept by
+  bsresearch (`bsresearch sweep experiments/own_training.yaml`): how to sweep your own Trainer or loop.
 - `notebooks/`: the run template (`01_train`), measurements and tools (`02`-`06`), the generic sweep report
   (`10_sweep_report`) and the fused-group template (`11_train_group`), copied from bsresearch for you to edit.
   A spec runs the packaged templates unless it names a notebook (`notebook:`, `analysis:`).
@@ -181,7 +188,8 @@ def project_files(name: str) -> dict[str, str]:
     from . import __version__
     files = {"pyproject.toml": PYPROJECT, "jupytext.toml": JUPYTEXT,
              "README.md": README.format(name=name, version=__version__),
-             f"experiments/{EXAMPLE_SPEC}.yaml": SPEC_FILE, "models/my_model.py": MODEL_FILE}
+             f"experiments/{EXAMPLE_SPEC}.yaml": SPEC_FILE, "models/my_model.py": MODEL_FILE,
+             **own_training.files()}
     for stem in templates.PACKAGED:
         values = PROJECT_PARAMETERS.get(stem, {})
         files[f"notebooks/{stem}.ipynb"] = _notebook_copy(templates.notebook(stem), values)
@@ -255,18 +263,49 @@ def lab_command(folder: Path, no_browser: bool = False, port: int | None = None)
     return command
 
 
+def lab_root(folder: str | Path = ".") -> Path:
+    """The project `lab` opens for `folder`: the project that holds it (its notebooks/ or any folder inside it,
+    as every other command finds its project: paths.project_of), or `folder` itself when it has notebooks/.
+    ConfigError when neither."""
+    start = Path(folder).expanduser().resolve()
+    root = project_of(start) if start.exists() else None
+    if root is not None and (root / "notebooks").is_dir():
+        return root
+    if (start / "notebooks").is_dir():
+        return start
+    raise ConfigError(f"lab: {folder} is not in a project (no notebooks/ in it, and no folder above it with "
+                      f"pyproject.toml and experiments/); lay one out with `bsresearch init {folder}`")
+
+
+def run_forwarding(command: list[str], cwd: Path | None = None) -> int:
+    """Run `command` in its own process group and wait for it; SIGTERM or SIGINT sent to this process is passed
+    to that whole group and this waits for the command to end, so `kill PID` of `bsresearch lab` stops the
+    JupyterLab server, which stops its kernels, instead of leaving them running without a parent. Returns the
+    command's exit status (negative: the signal that ended it)."""
+    proc = subprocess.Popen(command, cwd=cwd, start_new_session=True)
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def lab(folder: str | Path = ".", no_browser: bool = False, port: int | None = None) -> int:
-    """Open the project in JupyterLab (the kernel registered first, if it is not); returns its exit status."""
+    """Open the project that holds `folder` in JupyterLab (the kernel registered first, if it is not); returns
+    its exit status. `kill PID` or Ctrl-C stops the server and its kernels (run_forwarding)."""
     import importlib.util
-    root = Path(folder).expanduser().resolve()
-    if not (root / "notebooks").is_dir():
-        raise ConfigError(f"lab: {folder} is not a project (no notebooks/ in it); lay one out with "
-                          f"`bsresearch init {folder}`")
+    root = lab_root(folder)
     if importlib.util.find_spec("jupyterlab") is None:
         raise ConfigError("lab: JupyterLab is not installed here; pip install 'bsresearch[lab]'")
     if not kernel_registered():
         register_kernel()
-    return subprocess.call(lab_command(root, no_browser, port), cwd=root)
+    return run_forwarding(lab_command(root, no_browser, port), cwd=root)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -280,8 +319,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kernel-only", action="store_true", help="only register the Jupyter kernel; write no file")
     p.set_defaults(handler=_cmd_init)
     q = sub.add_parser("lab", help="open a project in JupyterLab (needs bsresearch[lab])",
-                       description="Open the project DIR in JupyterLab, on notebooks/, with the kernel 'bsresearch'.")
-    q.add_argument("dir", nargs="?", default=".", help="the project folder [.]")
+                       description="Open the project that holds DIR in JupyterLab, on notebooks/, with the kernel "
+                                   "'bsresearch'. Ctrl-C or `kill PID` stops the server and its kernels.")
+    q.add_argument("dir", nargs="?", default=".", help="the project folder, or any folder inside it [.]")
     q.add_argument("--no-browser", action="store_true", help="do not open a browser (print the address)")
     q.add_argument("--port", type=int, help="the server's port [JupyterLab's choice]")
     q.set_defaults(handler=_cmd_lab)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,8 +15,10 @@ import pytest
 
 from bsresearch import __version__, project, results, templates
 from bsresearch.cli import main
+from bsresearch.rundir import RunDir
 from bsresearch.sweep.runner import run_template
 from bsresearch.sweep.spec import expand, load_spec, notebook_parameters
+from bsresearch.sweep.task import pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,6 +82,29 @@ def test_init_lays_out_a_project_that_names_nothing_of_the_install(tmp_path, cap
     assert "kept as they were" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_init_writes_a_training_notebook_of_ones_own_that_trains_and_sweeps(tmp_path):
+    """The example of item 7: a plain loop over the project's model writing its run with RunWriter; its spec is
+    a sweep of a notebook of one's own; executed (as the sweep's worker would, from the project root) it writes a
+    finished run; the .py is the .ipynb's jupytext pair."""
+    import papermill as pm
+    root = tmp_path / "mine"
+    project.init(root, kernel=False, quiet=True)
+    spec = load_spec(root / "experiments" / "own_training.yaml")
+    assert spec.own is not None and set(spec.own.settable) == {"batch_size", "learning_rate", "epochs"}
+    points = expand(spec)
+    assert len(points) == 12 and all(p.config is None for p in points)
+    nb = json.loads((root / "notebooks" / "own_training.ipynb").read_text())
+    script = (root / "notebooks" / "own_training.py").read_text()
+    assert all("".join(c["source"]) in script for c in nb["cells"] if c["cell_type"] == "code")
+    pm.execute_notebook(str(root / "notebooks" / "own_training.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters={**points[-1].parameters, "epochs": 2, "run_dir": str(tmp_path / "run")},
+                        kernel_name="python3", cwd=str(root), progress_bar=False)
+    run = RunDir(tmp_path / "run")
+    assert run.state() == "ok" and len(run.history_rows()) == 2 and run.damage() == []
+    assert run.config()["batch_size"] == 256 and 0 < run.metrics()["test_acc"] <= 1
+
+
 def test_init_registers_the_kernel_for_this_python_in_its_environment(tmp_path, monkeypatch):
     import ipykernel.kernelspec
     calls = []
@@ -96,7 +124,8 @@ def test_set_parameters_keeps_annotations_and_comments():
 
 @pytest.mark.parametrize("argv, message", [
     (["init", "{file}"], "init: {file} is a file; name a folder"),
-    (["lab", "{dir}"], "lab: {dir} is not a project (no notebooks/ in it); lay one out with `bsresearch init"),
+    (["lab", "{dir}"], "lab: {dir} is not in a project (no notebooks/ in it, and no folder above it with "
+                       "pyproject.toml and experiments/); lay one out with `bsresearch init {dir}`"),
     (["init", "{dir}", "--kernel-only", "--no-kernel"], "--kernel-only and --no-kernel contradict each other"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
@@ -111,6 +140,37 @@ def test_lab_opens_the_project_on_its_notebooks(tmp_path, monkeypatch):
     command = project.lab_command(tmp_path, no_browser=True, port=8899)
     assert command[:3] == [sys.executable, "-m", "jupyterlab"] and f"--ServerApp.root_dir={tmp_path}" in command
     assert "--FileContentsManager.preferred_dir=notebooks" in command and "--port=8899" in command
+
+
+def test_lab_inside_the_project_opens_the_project(tmp_path):
+    project.init(tmp_path / "proj", kernel=False, quiet=True)
+    root = (tmp_path / "proj").resolve()
+    assert project.lab_root(tmp_path / "proj") == root
+    assert project.lab_root(tmp_path / "proj" / "notebooks") == root   # where JupyterLab users stand
+    assert project.lab_root(tmp_path / "proj" / "experiments") == root
+
+
+# A stand-in for JupyterLab: a server that starts a "kernel" in its process group, says both pids on stdout (which
+# both keep open) and waits to be stopped; SIGTERM ends both (as a server stops its kernels).
+STAND_IN_SERVER = """
+import os, signal, subprocess, sys
+kernel = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+print(os.getpid(), kernel.pid, flush=True)
+signal.pause()
+"""
+FORWARDING = "import sys; from bsresearch.project import run_forwarding; sys.exit(run_forwarding(sys.argv[1:]))"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_kill_of_bsresearch_lab_stops_the_server_and_its_kernels(signum):
+    lab = subprocess.Popen([sys.executable, "-c", FORWARDING, sys.executable, "-c", STAND_IN_SERVER],
+                           stdout=subprocess.PIPE, text=True)
+    server, kernel = map(int, lab.stdout.readline().split())   # the handlers are in place before the server starts
+    assert pid_alive(server) and pid_alive(kernel)
+    os.kill(lab.pid, signum)
+    assert lab.wait(timeout=60) != 0
+    assert lab.stdout.read() == ""   # end of file: every process that held the pipe (server, kernel) has ended
+    assert not pid_alive(server) and not pid_alive(kernel)
 
 
 def test_a_caption_of_runs_from_an_installed_package_names_its_version():

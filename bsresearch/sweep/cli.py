@@ -70,8 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=("papermill", "library"),
                    help="papermill: execute the spec's notebook per run; library: call train.run "
                         "[papermill, library for inline]")
-    p.add_argument("--runs", type=project_folder("runs"), default=project_folder("runs")(""),
-                   help="root folder of run directories (relative: to the working directory) [the project's runs/]")
+    p.add_argument("--runs", type=project_folder("runs"),
+                   help="root folder of run directories (relative: to the working directory) [runs/ of the project "
+                        "that holds the spec, whatever the working directory]")
     p.add_argument("--timeout", type=float, help="seconds per run before it is killed [the spec's timeout]")
     p.add_argument("--dry-run", action="store_true",
                    help="validate, list the runs and what would be done; run nothing")

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .. import templates
 from ..config import ConfigError, RunConfig
 from ..devices.launcher import allocation_tasks, check_launcher, device_launcher, launcher_environment
+from ..paths import working_directory
 from ..rundir import (
     FINISHED_STATES,
     MANIFEST,
@@ -51,7 +52,7 @@ from ..schedule import check_data_size
 from . import supervise
 from .cost import longest_first, task_seconds
 from .executors import check_dask, default_workers, make_executor, visible_gpus
-from .spec import Point, SweepSpec, expand, load_spec
+from .spec import Point, SweepSpec, expand, load_spec, runs_folder
 from .task import BUSY, GroupTask, RunOutcome, RunTask, is_complete, is_locked
 from .worker import execute
 
@@ -141,7 +142,7 @@ class SweepReport:
         local executor with GPUs, '2 devices per run (one Slurm job step of 2 tasks per run)' with the srun
         launcher, else the processes each run starts (one per device; a Dask or Slurm worker must hold that
         many devices)."""
-        devices = max(p.point.config.devices for p in self.planned)
+        devices = max(p.point.devices for p in self.planned)
         if self.launcher == "srun":
             return f"{devices} devices per run (one Slurm job step of {devices} tasks per run)"
         gpus = visible_gpus() if self.executor == "local" else ()
@@ -158,7 +159,7 @@ class SweepReport:
         others = len(self.waited) + sum(o.elsewhere for o in self.outcomes)
         how = [f"{ran} executed with {self.executor}/{self.engine}", f"{self.workers} worker(s)"]
         how += [f"{len(self.groups)} fused group(s)"] * bool(self.groups)
-        how += [self.allocation()] * any(p.point.config.devices > 1 for p in self.planned)
+        how += [self.allocation()] * any(p.point.devices > 1 for p in self.planned)
         how += [f"{others} run by another process"] * bool(others)
         lines = [f"sweep {self.spec.name}: {len(self.planned)} runs in {self.sweep_dir} "
                  f"({', '.join(how)}, {self.seconds:.1f} s)",
@@ -178,7 +179,8 @@ class SweepReport:
 
 # ----------------------------------------------------------------------------- planning
 def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -> list[PlannedRun]:
-    """Decide, for each point, from its run directory on disk, whether to run it."""
+    """Decide, for each point, from its run directory on disk, whether to run it. A finished run of a notebook of
+    one's own is done whatever became of its notebook's later cells (executed again, it would train again)."""
     out = []
     for point in points:
         run_dir = sweep_dir / point.run_id
@@ -189,7 +191,7 @@ def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -
         elif status_problem:  # its state is unknown: neither redone over nor counted, until the user looks
             out.append(PlannedRun(point, run_dir, "damaged", "skip", status_problem))
             continue
-        elif is_complete(run_dir):
+        elif is_complete(run_dir) or (point.config is None and state in FINISHED_STATES):
             damage = RunDir(run_dir).damage()
             if damage:
                 out.append(PlannedRun(point, run_dir, "damaged", "skip", "; ".join(damage)))
@@ -205,10 +207,12 @@ def plan(points: Iterable[Point], sweep_dir: Path, retry_failed: bool = False) -
     return out
 
 
-def sweep_state(spec: SweepSpec, runs_root: str | Path = "runs") -> list[PlannedRun]:
+def sweep_state(spec: SweepSpec, runs_root: str | Path | None = None) -> list[PlannedRun]:
     """What is on disk for each run of the spec (nothing is run or written): `found` is new, interrupted,
-    unfinished, damaged (with `problem`), or the recorded state; `action` busy while a live process holds it."""
-    return plan(expand(spec), Path(runs_root).resolve() / spec.name)
+    unfinished, damaged (with `problem`), or the recorded state; `action` busy while a live process holds it.
+    runs_root: the spec's project's runs/ by default (SweepSpec.project)."""
+    return plan(expand(spec), runs_folder(spec, runs_root) / spec.name)
+
 
 
 def unfinished_summary(planned: list[PlannedRun]) -> str | None:
@@ -290,6 +294,8 @@ def check_data(points: list[Point]) -> dict[str, int]:
     streamed: dict[str, int] = {}
     for point in points:
         cfg = point.config
+        if cfg is None:  # a notebook of one's own: its code is checked where it runs
+            continue
         data_key = (cfg.dataset, cfg.dataset_kwargs, cfg.test_size, cfg.data_dir, cfg.train_size)
         model_key = (*data_key, cfg.model, cfg.model_kwargs, cfg.width, cfg.depth, cfg.batchnorm,
                      cfg.ghost_batch_size, cfg.loss, cfg.precision)
@@ -317,6 +323,7 @@ def write_manifest(spec: SweepSpec, sweep_dir: Path, points: list[Point]) -> Non
     from ..source import git_commit
     atomic_write_json(sweep_dir / MANIFEST, {
         "name": spec.name, "description": spec.description, "spec_file": str(spec.path) if spec.path else None,
+        "own_notebook": str(spec.own.path) if spec.own else None,
         "spec": spec.raw, "updated": now(), "git_commit": git_commit(),
         "axes": list(points[0].coords) if points else [],  # in the spec's order (the JSON keys get sorted)
         "points": [{"run_id": p.run_id, "label": p.label, "coords": p.coords} for p in points],
@@ -324,7 +331,7 @@ def write_manifest(spec: SweepSpec, sweep_dir: Path, points: list[Point]) -> Non
 
 
 # ----------------------------------------------------------------------------- execution
-def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", executor: str = "local",
+def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path | None = None, executor: str = "local",
               workers: int | None = None, scheduler: str | None = None, cluster: str | None = None,
               cluster_options: dict[str, Any] | None = None, engine: str | None = None,
               retry_failed: bool = False, dry_run: bool = False, timeout: float | None = None,
@@ -337,6 +344,9 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     (not enforced by the inline executor, which runs in this process).
     fuse: "auto" trains pending runs that can fuse in groups of at most fuse_max (default: 32 on a CPU, and
     on CUDA what the memory model says fits); "off" runs each alone, as before fused runs existed.
+    runs_root: where the run directories go (relative: to the working directory); by default runs/ of the project
+    that holds the spec (runs_folder), whatever the working directory. Every run's code (a model or dataset
+    factory, a notebook of one's own), and the check before the sweep, runs from that project's root.
     launcher: how each run on several devices starts its processes ("processes" or "srun", bsresearch.devices.launcher;
     default: $BSRESEARCH_DEVICE_LAUNCHER, else processes); the tasks carry it to their workers. srun is
     checked here (a Slurm allocation, srun on the PATH) unless the runs go to a remote Dask cluster, whose
@@ -348,6 +358,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
                           f"use `bsresearch report {spec.path or spec.name}`")
     engine = engine or ("library" if executor == "inline" else "papermill")
     _check_options(spec, executor, engine, workers, timeout)
+    if spec.own is not None:
+        fuse = "off"   # a notebook of one's own trains one run per kernel
     _check_fuse(fuse, fuse_max, engine)
     if cluster and workers is None:
         raise ConfigError(f"--cluster {cluster} needs --workers N: the number of batch jobs to submit")
@@ -356,12 +368,14 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
     remote = executor == "dask" and (scheduler or cluster)
     launcher = check_launcher(launcher or device_launcher(), here=not remote)
     points = expand(spec)
-    streamed = None if remote else check_data(points)  # a remote cluster may see data this machine does not
-    sweep_dir = Path(runs_root).resolve() / spec.name
+    home = spec.project
+    with working_directory(home):   # where the workers run the same code (RunTask.cwd)
+        streamed = None if remote else check_data(points)  # a remote cluster may see data this machine does not
+    sweep_dir = runs_folder(spec, runs_root) / spec.name
     planned = plan(points, sweep_dir, retry_failed)
     todo = [p for p in planned if p.action == "run"]
     gpus = () if remote else visible_gpus()
-    devices = max((p.point.config.devices for p in todo), default=1)
+    devices = max((p.point.devices for p in todo), default=1)
     slurm_tasks = allocation_tasks() if launcher == "srun" and not remote else None
     workers = workers or (max(1, min(len(todo), slurm_tasks // devices)) if slurm_tasks
                           else default_workers(len(todo), gpus, devices))
@@ -370,7 +384,8 @@ def run_sweep(spec: SweepSpec | str | Path, runs_root: str | Path = "runs", exec
         planned = assign_groups(planned, workers, fuse_max, engine, notebook, gpus, streamed=streamed)
         todo = [p for p in planned if p.action == "run"]
     per_run = float(timeout or spec.timeout)
-    tasks = make_tasks(todo, sweep_dir, engine, str(notebook) if notebook else None, per_run, gpus, launcher)
+    tasks = make_tasks(todo, sweep_dir, engine, str(notebook) if notebook else None, per_run, gpus, launcher,
+                       cwd=str(home))
     if executor != "dask" and len(tasks) < len(todo):  # fused: fewer tasks than runs, no idle slots
         workers = max(1, min(workers, len(tasks)))
     start = time.monotonic()
@@ -437,7 +452,7 @@ def wait_for_others(runs: list[PlannedRun], progress: bool | None = None,
 
 
 def make_tasks(todo: list[PlannedRun], sweep_dir: Path, engine: str, notebook: str | None, timeout: float,
-               gpus: tuple[str, ...], launcher: str | None = None) -> list[RunTask | GroupTask]:
+               gpus: tuple[str, ...], launcher: str | None = None, cwd: str | None = None) -> list[RunTask | GroupTask]:
     """One RunTask per run left alone, one GroupTask per fused group, in the order they are dispatched: the
     longest estimated first (cost.task_seconds from the configs; equal estimates keep the spec's order, a
     group at its first member's place), so that the last tasks to start are short and no worker waits long
@@ -445,14 +460,16 @@ def make_tasks(todo: list[PlannedRun], sweep_dir: Path, engine: str, notebook: s
 
     A group's timeout is the per-run timeout times its members: together they may take as long as they
     would have one after another, never less than one of them alone. `launcher` travels with each run's task
-    (a fused group trains on one device and needs none)."""
+    (a fused group trains on one device and needs none). `cwd`: the folder every run's code runs from (the
+    spec's project). The runs of a notebook of one's own carry its parameters, and cost alike (no estimate)."""
     def run_task(p: PlannedRun) -> RunTask:
-        return RunTask(run_dir=str(p.run_dir), config=p.point.config.to_dict(), label=p.point.label, engine=engine,
-                       notebook=notebook, timeout=timeout, gpus=gpus, launcher=launcher)
+        return RunTask(run_dir=str(p.run_dir), config=p.point.task_config, label=p.point.label, engine=engine,
+                       notebook=notebook, timeout=timeout, gpus=gpus, launcher=launcher,
+                       own_notebook=p.point.config is None, cwd=cwd)
 
     tasks: list[RunTask | GroupTask] = []
     members: dict[str, list[RunTask]] = {}
-    configs: list[list[RunConfig]] = []   # per task, its runs' configs (for the estimate)
+    configs: list[list[RunConfig | None]] = []   # per task, its runs' configs (for the estimate)
     place: dict[str, int] = {}            # group id -> its task's index
     for p in todo:
         if p.group is None:
@@ -467,9 +484,10 @@ def make_tasks(todo: list[PlannedRun], sweep_dir: Path, engine: str, notebook: s
             configs[place[p.group]].append(p.point.config)
     tasks = [GroupTask(group_id=t.group_id, group_dir=str(sweep_dir / GROUPS_DIR / t.group_id),
                        members=tuple(members[t.group_id]), engine=engine, notebook=str(GROUP_TEMPLATE),
-                       timeout=timeout * len(members[t.group_id]), gpus=gpus)
+                       timeout=timeout * len(members[t.group_id]), gpus=gpus, cwd=cwd)
              if isinstance(t, GroupTask) else t for t in tasks]
-    return longest_first(tasks, [task_seconds(c) for c in configs])
+    return longest_first(tasks, [task_seconds([c for c in cs if c is not None]) if None not in cs else 0.0
+                                 for cs in configs])
 
 
 def _check_fuse(fuse: str, fuse_max: int | None, engine: str) -> None:
@@ -503,6 +521,10 @@ def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | N
         raise ConfigError("the papermill engine needs papermill (pip install papermill), or use --engine library")
     if engine == "papermill":
         run_template(spec)   # a wheel installed without its notebooks: say so before any work
+    if spec.own is not None and engine != "papermill":
+        raise ConfigError(f"--engine library calls train.run on a RunConfig; {spec.own.path.name} is a training "
+                          f"notebook of your own, which runs through papermill: use --executor local or dask "
+                          f"without --engine library")
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be a positive integer; got {workers}")
     if timeout is not None and not timeout > 0:

@@ -533,6 +533,9 @@ def _parse_override(index: int, raw: Any, variants: tuple[str, ...] = (), base_d
                                   f"the spec's variants: {', '.join(variants)}")
             where[name] = tuple(values)
             continue
+        if own is not None and name == "seed":   # matched on, not set: the seeds are the sweep's
+            where[name] = tuple(values)
+            continue
         _check_field(f"{key}.where.{name}", name, own)
         where[name] = tuple(_coerce_at(f"{key}.where.{name}", name, v, base_dir, own) for v in values)
     new_values = {}
