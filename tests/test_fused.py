@@ -25,12 +25,14 @@ LONG = dict(budget_amount=200, eval_every=50)
 def assert_same_run(fused: train.RunResult, separate: train.RunResult) -> None:
     assert (fused.state, fused.error) == (separate.state, separate.error)
     assert [r["step"] for r in fused.history] == [r["step"] for r in separate.history]
+    assert len(fused.history) == len(separate.history) > 0
     for rf, rs in zip(fused.history, separate.history):
         assert list(rf) == list(rs)
         for key in rf:
             if key not in TIMES:
                 assert rf[key] == pytest.approx(rs[key], rel=RTOL, abs=ATOL), (rf["step"], key)
     assert fused.model is not None and separate.model is not None
+    assert list(fused.model.state_dict()) == list(separate.model.state_dict())
     for (name, a), b in zip(fused.model.state_dict().items(), separate.model.state_dict().values()):
         scale = b.float().abs().max().clamp_min(1.0)
         assert (a.float() - b.float()).abs().max() <= RTOL * scale + ATOL, name
@@ -40,6 +42,7 @@ def assert_same_run(fused: train.RunResult, separate: train.RunResult) -> None:
 
 def check_group(cfgs, **kwargs) -> list[train.RunResult]:
     fused = train_group(cfgs, progress=False, **kwargs)
+    assert len(fused) == len(cfgs)
     for f, cfg in zip(fused, cfgs):
         assert_same_run(f, train.run(cfg, progress=False))
     return fused
@@ -87,7 +90,7 @@ def test_lifecycle_members_stop_on_their_own(tmp_path):
             tiny_config(seed=3, lr=50.0, budget_amount=60)]
     dirs = [tmp_path / f"m{i}" for i in range(len(cfgs))]
     fused = check_group(cfgs, run_dirs=dirs, group_id="g1")
-    assert [r.state for r in fused] == ["ok", "ok", "ok", "diverged"]
+    assert [r.state for r in fused] == ["ok", "ok", "ok", "diverged"] and len(dirs) == 4
     assert fused[2].metrics["reached_target"] and fused[2].metrics["steps"] < 300
     for r, d in zip(fused, dirs):
         status = RunDir(d).status()
@@ -110,6 +113,7 @@ def test_run_directory_matches_train_run(tmp_path):
     assert set(fused_status) - set(separate_status) == {"group"}
     model, _ = train.load_trained_model(tmp_path / "fused")
     assert separate.model is not None
+    assert list(model.state_dict()) == list(separate.model.state_dict())
     for a, b in zip(model.state_dict().values(), separate.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
     ckpt = load_checkpoint(RunDir(tmp_path / "fused").checkpoint_path)
@@ -301,6 +305,7 @@ def test_cuda_group_matches_separate_runs():
     cfgs = [tiny_config(seed=s, model="cnn1d", width=6, depth=2, device="cuda", lr=0.05 * (s + 1), **LONG)
             for s in range(3)]
     fused = train_group(cfgs, progress=False)
+    assert len(fused) == len(cfgs)
     for f, cfg in zip(fused, cfgs):
         s = train.run(cfg, progress=False)
         assert f.state == s.state

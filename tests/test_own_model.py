@@ -326,16 +326,26 @@ def test_measurements_take_the_runs_loss_and_say_which_noise_estimator_ran(user_
     assert "measurement_errors" not in regression.metrics and regression.metrics["hessian_trace"] > 0
 
 
-def test_a_measurement_along_training_is_off_the_clock(user_file):
+def test_a_measurement_along_training_is_off_the_clock(user_file, monkeypatch):
+    """A measurement that takes 100 s (on the loop's clock, moved forward by the measurement: no sleep) counts in
+    the run's wall time and not in its training time."""
+    import time
+    import types
+
+    import bsresearch.loop as loop_module
     from bsresearch.callbacks import AtSteps
     seen = []
+    offset = 0.0
+    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset))
 
     def slow(member, loop):
-        import time
+        nonlocal offset
         seen.append(member.state.step)
-        time.sleep(0.2)
+        offset += 100.0
     result = run(cfg_for(user_file), progress=False, callbacks=[AtSteps([0, 5, 12, 99], slow)])
-    assert seen == [0, 5, 12] and result.metrics["train_seconds"] < 0.5
+    assert seen == [0, 5, 12]
+    # the wall time does count them (those before the last evaluation): the clock was the loop's
+    assert result.metrics["train_seconds"] < 100 <= result.history[-1]["wall_seconds"]
 
 
 def test_the_systems_benchmark_takes_the_users_model_and_data(tmp_path, capsys):
@@ -422,6 +432,7 @@ def test_a_fused_group_of_the_users_model_gives_each_member_its_separate_run(use
     cfgs = [cfg_for(user_file, seed=s, lr=lr, momentum=m, micro_batch_size=8, budget_amount=16)
             for s, lr, m in [(0, 0.05, 0.9), (1, 0.2, 0.0), (2, 0.1, 0.5)]]
     fused = train_group(cfgs, [tmp_path / str(i) for i in range(3)], progress=False, group_id="g1")
+    assert len(fused) == len(cfgs)
     for f, cfg in zip(fused, cfgs):
         alone = run(cfg, progress=False)
         assert f.state == alone.state == "ok" and len(f.history) == len(alone.history)
