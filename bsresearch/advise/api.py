@@ -64,7 +64,7 @@ from ..noise.microbatch import MicroBatchNoise
 from ..runsetup import RunSetup, dry_run
 from ..runtime import make_generator, resolve_device
 from ..schedule import adam_beta2_at, scale_lr
-from ..sizes import parse_bytes
+from ..sizes import format_bytes, parse_bytes
 from ..state import new_state
 from ..step import optimizer_for
 from ..systems.fit import MemoryFit, fit_memory
@@ -89,14 +89,6 @@ def optimizer_factory(name: str = "sgd", lr: float = 0.01, momentum: float = 0.9
     if not (isinstance(lr, (int, float)) and 0 < lr < math.inf):
         raise ConfigError(f"lr must be a positive number; got {lr!r}")
     return lambda params: optimizer_for(name, params, lr, momentum, weight_decay=weight_decay)
-
-
-def format_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} bytes"
 
 
 @dataclass(frozen=True)

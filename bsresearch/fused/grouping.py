@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import RunConfig
+from ..sizes import format_bytes
 
 Blocker = Callable[[RunConfig, RunConfig], "str | None"]
 
@@ -162,15 +163,6 @@ def default_fuse_max(device: str) -> int:
     return CPU_FUSE_MAX if device == "cpu" else GPU_FUSE_MAX
 
 
-def show_bytes(n: float) -> str:
-    """'12.3 MiB': a size for a message."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def resident_bytes(data: Any) -> int:
     """The bytes a run's data takes as tensors (training and test split): exact for resident data, estimated
     from the first training example for a streamed Dataset (its items are tensors, named tensors or numbers of
@@ -185,9 +177,9 @@ def residency(streamed_bytes: int, budget: int | None = None) -> tuple[bool, str
     `streamed_bytes` as tensors: (whether a fused group holds it resident, the one-line reason). `budget`:
     RESIDENT_MAX_BYTES unless given."""
     budget = RESIDENT_MAX_BYTES if budget is None else budget
-    size = f"a map-style Dataset, {show_bytes(streamed_bytes)} as tensors"
+    size = f"a map-style Dataset, {format_bytes(streamed_bytes)} as tensors"
     if streamed_bytes <= budget:
-        return True, (f"data_loading resident: its data is {size}, within the {show_bytes(budget)} a fused group "
+        return True, (f"data_loading resident: its data is {size}, within the {format_bytes(budget)} a fused group "
                       f"holds resident (grouping.RESIDENT_MAX_BYTES)")
-    return False, (f"its data is {size}, over the {show_bytes(budget)} a fused group holds resident "
+    return False, (f"its data is {size}, over the {format_bytes(budget)} a fused group holds resident "
                    f"(grouping.RESIDENT_MAX_BYTES): streamed, alone")

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from ..sizes import byte_unit
 from . import log2_batch_axis
 
 PARTS = [("param_bytes", "parameters"), ("grad_bytes", "gradients"), ("optimizer_bytes", "optimizer state"),
@@ -71,14 +72,6 @@ def _plain_log_y(ax: plt.Axes) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def bytes_unit(largest: float) -> tuple[float, str]:
-    """(divisor, name) that shows `largest` bytes as a number between 1 and 1024."""
-    for divisor, name in ((2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
-        if largest >= divisor:
-            return float(divisor), name
-    return 1.0, "bytes"
-
-
 def throughput_plot(ax: plt.Axes, table: pd.DataFrame, hue: str = "precision", mode: str = "train",
                     summary: pd.DataFrame | None = None) -> None:
     """Examples per second (median over repeats, bars: quartiles) vs batch size, one line per `hue` value;
@@ -115,7 +108,7 @@ def memory_plot(ax: plt.Axes, table: pd.DataFrame, hue: str = "precision", memor
     if _ok(rows, "memory_status" if "memory_status" in rows else "status").empty:
         _nothing_ran(ax)
         return
-    divisor, unit = bytes_unit(max(rows["peak_bytes"].max(skipna=True) if "peak_bytes" in rows else 0,
+    divisor, unit = byte_unit(max(rows["peak_bytes"].max(skipna=True) if "peak_bytes" in rows else 0,
                                    memory_budget or 0))
     for value, group in _ok(rows, "memory_status" if "memory_status" in rows else "status").groupby(hue, sort=False):
         group = group.sort_values("batch_size").drop_duplicates("batch_size")
