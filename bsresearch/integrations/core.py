@@ -378,7 +378,8 @@ class Meter:
 
     def fail(self, error: BaseException) -> None:
         """Training raised: the history so far, and the run directory's status failed."""
-        self.write()
+        if self.rows:
+            self.write()
         if self.writer is not None:
             self.writer.fail(error)
 
