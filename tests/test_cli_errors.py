@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 
 import nbformat
@@ -505,18 +504,25 @@ def test_report_on_an_unfinished_sweep_says_so_unless_partial(tmp_path, capsys, 
 
 
 # ----------------------------------------------------------------------------- 8. two sweeps of one spec
-def test_a_sweep_counts_the_runs_another_sweep_finished(tmp_path, capsys):
+def test_a_sweep_counts_the_runs_another_sweep_finished(tmp_path, capsys, monkeypatch):
+    from bsresearch.sweep import runner
     from bsresearch.train import run
     spec = tiny_spec(tmp_path)
     first, _ = run_dirs(tmp_path)
     cfg = RunConfig(**{**TINY, "lr": 0.05})
     assert first.name == expand(load_spec(spec))[0].run_id and cfg == expand(load_spec(spec))[0].config
-    holding = threading.Event()
+    holding, waiting = threading.Event(), threading.Event()
+    wait_for_others = runner.wait_for_others
+
+    def waits(*args, **kwargs):   # this sweep has planned, run the other point, and now waits for the busy one
+        waiting.set()
+        return wait_for_others(*args, **kwargs)
+    monkeypatch.setattr(runner, "wait_for_others", waits)
 
     def other_sweep():
         with run_lock(first):
             holding.set()
-            time.sleep(1.0)          # still busy while this sweep plans and runs the other point
+            assert waiting.wait(timeout=120)   # still busy while this sweep plans and runs the other point
             run(cfg, first, progress=False)
     thread = threading.Thread(target=other_sweep)
     thread.start()

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -166,8 +167,13 @@ def test_worker_env_pins_threads_and_one_gpu_per_slot(tiny):
     assert env["BSRESEARCH_SUPERVISOR_PID"] == str(os.getpid())
     pinned = RunTask(run_dir="/tmp/x", config=tiny(device="cpu").to_dict(), label="x", gpus=("0", "1"))
     assert supervise.worker_env(pinned, slot=1).get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    together = threading.Barrier(3)   # each task waits for the other two: three threads of the pool at once
+
+    def slot(_: int) -> int:
+        together.wait(timeout=60)
+        return supervise.current_slot()
     with local_executor(3) as pool:
-        slots = sorted(pool.map(lambda _: (time.sleep(0.2), supervise.current_slot())[1], range(3)))
+        slots = sorted(pool.map(slot, range(3)))
     assert slots == [0, 1, 2]
 
 
