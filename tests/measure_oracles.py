@@ -81,11 +81,11 @@ class Snapshot:
             assert torch.equal(now[name].detach(), before), f"{name} changed"
             assert now[name].dtype == before.dtype
         assert [m.training for m in self.model.modules()] == self.modes, "train/eval mode changed"
-        for p, g in zip(self.model.parameters(), self.grads):
+        for p, g in zip(self.model.parameters(), self.grads, strict=True):
             assert (p.grad is None) == (g is None) and (g is None or torch.equal(p.grad, g)), ".grad changed"
         assert torch.equal(torch.random.get_rng_state(), self.rng), "the global CPU RNG was used"
         if self.cuda_rng is not None:
-            assert all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), self.cuda_rng)), \
+            assert all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), self.cuda_rng, strict=True)), \
                 "the global CUDA RNG was used"
 
 

@@ -66,7 +66,7 @@ def test_every_convolution_form_gives_conv1d_values_and_gradients():
     expected = gradients(forms["conv1d"])
     for name, forward in forms.items():
         torch.testing.assert_close(forward(x), forms["conv1d"](x), rtol=1e-5, atol=1e-5, msg=name)
-        for got, want in zip(gradients(forward), expected):
+        for got, want in zip(gradients(forward), expected, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
 
 

@@ -98,7 +98,7 @@ def test_same_seed_same_order_and_epochs_are_permutations():
         s = BatchSampler(100, 10, make_generator(seed, "data"))
         return [s.next() for _ in range(20)]
     a, b, c = first_batches(0), first_batches(0), first_batches(1)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
     assert sorted(torch.cat(a[:10]).tolist()) == list(range(100))   # one epoch covers each example once
     assert sorted(torch.cat(a[10:]).tolist()) == list(range(100))
@@ -125,7 +125,7 @@ def test_sampler_state_round_trip():
     expected = [s.next() for _ in range(6)]
     t = BatchSampler(30, 7, make_generator(99, "data"))
     t.load_state_dict(saved)
-    assert all(torch.equal(x, y) for x, y in zip(expected, [t.next() for _ in range(6)]))
+    assert all(torch.equal(x, y) for x, y in zip(expected, [t.next() for _ in range(6)], strict=True))
 
 
 def test_mnist1d_large_is_the_same_generator_with_more_signals(tmp_path, monkeypatch):

@@ -38,7 +38,7 @@ def test_the_batched_operator_is_the_loop_bit_for_bit(options):
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **options)  # noqa: E731
     loop, batched = (_through(fn, 0, q, k, v, b) for b in (False, True))
     assert torch.equal(loop[0], batched[0])
-    assert all(torch.equal(a, b) for a, b in zip(loop[1], batched[1]))
+    assert all(torch.equal(a, b) for a, b in zip(loop[1], batched[1], strict=True))
 
 
 def test_an_input_shared_by_all_members_and_a_member_dimension_elsewhere():
@@ -49,7 +49,7 @@ def test_an_input_shared_by_all_members_and_a_member_dimension_elsewhere():
     loop, batched = (_through(fn, (-1, None, 0), q_last, k, v, b) for b in (False, True))
     # strided slices in the loop and a gradient summed over the members in another order: float32 rounding
     torch.testing.assert_close(batched[0], loop[0], rtol=1e-6, atol=1e-6)
-    for a, b in zip(batched[1], loop[1]):
+    for a, b in zip(batched[1], loop[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -116,7 +116,7 @@ def test_a_users_attention_model_fused_ends_as_its_separate_runs(tmp_path, monke
     fused = train_group(cfgs, [tmp_path / str(i) for i in range(3)], progress=False, group_id="g")
     assert (3 * 4, 2, 6, 4) in calls   # the three members' batches of 4 in one call of the batched operator
     assert RunDir(tmp_path / "0").status()["group"] == "g" and "fusion" not in RunDir(tmp_path / "0").status()
-    for f, cfg in zip(fused, cfgs):
+    for f, cfg in zip(fused, cfgs, strict=True):
         alone = run(cfg, progress=False)
         assert f.state == alone.state == "ok"
         for a, b in zip(f.history, alone.history, strict=True):

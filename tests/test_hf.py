@@ -478,10 +478,10 @@ def test_gpt2_in_a_fused_group_gives_each_member_its_separate_run(hf_file, tmp_p
                    micro_batch_size=4) for s, lr in [(0, 3e-3), (1, 1e-3)]]
     fused = train_group(cfgs, [tmp_path / str(i) for i in range(2)], progress=False, group_id="g")
     assert "fusion" not in RunDir(tmp_path / "0").status()
-    for f, cfg in zip(fused, cfgs):
+    for f, cfg in zip(fused, cfgs, strict=True):
         alone = run(cfg, progress=False)
         assert f.state == alone.state == "ok"
-        for a, b in zip(f.history, alone.history):
+        for a, b in zip(f.history, alone.history, strict=True):
             assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
             assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
 
@@ -522,7 +522,7 @@ def test_vit_on_a_hugging_face_dataset_trains_is_measured_and_fuses(hf_file, tmp
     fused = train_group(cfgs, [tmp_path / f"g{i}" for i in range(2)], progress=False, group_id="v")
     assert "fusion" not in RunDir(tmp_path / "g0").status()
     alone = run(cfgs[1], progress=False)
-    for a, b in zip(fused[1].history, alone.history):
+    for a, b in zip(fused[1].history, alone.history, strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
         assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1e-9)
 

@@ -150,7 +150,7 @@ def test_full_length_reorthogonalised_quadrature_nodes_are_the_eigenvalues(probl
     density = cv.spectral_density(model, batches_of(x, y, 64), n_probes=2, n_iter=dim, generator=gen(),
                                   reorthogonalize=True)
     scale = np.abs(eigenvalues).max()
-    for nodes, weights in zip(density.nodes, density.weights):
+    for nodes, weights in zip(density.nodes, density.weights, strict=True):
         for node in nodes[weights > 1e-6]:
             assert np.min(np.abs(eigenvalues - node)) <= 1e-4 * scale
 

@@ -39,7 +39,7 @@ def test_init_depends_only_on_the_generator_not_the_global_rng():
     state = torch.random.get_rng_state()
     torch.manual_seed(1)
     b = build_model(cfg.replace(batch_size=4000), (40,), 10, make_generator(5, "init"))
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     c = build_model(cfg, (40,), 10, make_generator(6, "init"))
     assert not torch.equal(next(a.parameters()), next(c.parameters()))
     torch.manual_seed(0)
@@ -52,7 +52,7 @@ def test_ghost_batchnorm_equals_batchnorm_per_chunk():
     x = torch.randn(64, 6, 5) * 3 + 1
     ghost = GhostBatchNorm(6, ghost_batch_size=16)
     out = ghost(x)
-    for chunk, got in zip(x.split(16), out.split(16)):
+    for chunk, got in zip(x.split(16), out.split(16), strict=True):
         expected = F.batch_norm(chunk, None, None, training=True)
         assert torch.allclose(got, expected, atol=1e-5)
     # running statistics were updated once per ghost batch
@@ -91,7 +91,7 @@ def test_matmul_conv1d_is_conv1d(channels_in, channels_out, kernel, stride, padd
         hvp = torch.autograd.grad(grads[1:], list(module.parameters()), direction)
         return [out, *grads, *hvp]
 
-    for a, b in zip(derivatives(ours), derivatives(reference)):
+    for a, b in zip(derivatives(ours), derivatives(reference), strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
@@ -141,7 +141,7 @@ def test_batchnorm_by_rows_is_batchnorm1d(layout):
             out.backward(grad)
             outs.append((out, xi.grad, m.weight.grad.clone(), m.bias.grad.clone()))
             m.zero_grad()
-        for a, b in zip(*outs):
+        for a, b in zip(*outs, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ours.running_mean, reference.running_mean)
     torch.testing.assert_close(ours.running_var, reference.running_var)
@@ -179,5 +179,5 @@ def test_ghost_batchnorm_at_once_is_ghost_batchnorm_by_chunks(shape, layout):
         module.eval()
         results.append([*grads, module.running_mean.clone(), module.running_var.clone(), module(x.detach())])
         assert module.num_batches_tracked.item() == 2 * -(-shape[0] // 16)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -37,7 +37,7 @@ def state_equal(parts, snap_before):
     now = snapshot(parts)
     for k, v in snap_before.model_state.items():
         assert torch.equal(now.model_state[k], v), k
-    for a, b in zip(now.grads, snap_before.grads):
+    for a, b in zip(now.grads, snap_before.grads, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
     assert now.modes == snap_before.modes
     _assert_nested_equal(now.optimizer_state, snap_before.optimizer_state)
@@ -301,5 +301,5 @@ def test_the_benchmarked_step_is_the_training_runs_step(optimizer):
         batch = twin.next()
         train_next_batch(state, cfg, data, lr=0.05)
         train_on_batch(parts, data.x_train[batch], data.y_train[batch])
-    for a, b in zip(state.model.parameters(), parts.model.parameters()):
+    for a, b in zip(state.model.parameters(), parts.model.parameters(), strict=True):
         assert torch.equal(a, b)

@@ -102,7 +102,7 @@ def test_live_search_restores_model_and_optimizer_bit_identically_after_a_mid_st
     train_on_batch(twin, *synthetic_batch(w, 8, CPU))
     batch = synthetic_batch(w, 8, CPU)
     assert torch.equal(train_on_batch(parts, *batch), train_on_batch(twin, *batch))
-    for p, q in zip(parts.model.parameters(), twin.model.parameters()):
+    for p, q in zip(parts.model.parameters(), twin.model.parameters(), strict=True):
         assert torch.equal(p, q)
 
 
@@ -155,7 +155,7 @@ def test_plan_for_a_budget_respects_it_and_the_trainer_reaches_the_batch_size(tm
     assert plan.apply(cfg) == cfg.replace(micro_batch_size=32)
     whole = run(cfg, tmp_path / "whole")
     assert accumulated.state == "ok"
-    for a, b in zip(accumulated.history, whole.history):
+    for a, b in zip(accumulated.history, whole.history, strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
 
 
