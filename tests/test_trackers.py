@@ -195,3 +195,50 @@ def test_a_tracker_that_cannot_write_is_switched_off_and_the_run_goes_on(tmp_pat
     assert result.state == "ok" and RunDir(run_dir).state() == "ok"
     err = capsys.readouterr().err
     assert err.count("the tensorboard tracker is off for run") == 1 and "No space left" in err
+
+
+def tensorboard_text(run_dir, tag: str) -> list[str]:
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = event_accumulator.EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    return [b"".join(e.tensor_proto.string_val).decode() for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def test_a_run_that_fails_tells_its_trackers_the_exception(tmp_path, monkeypatch):
+    """A step that raises (a simulated failure at step 7): the run ends failed, and each tracker holds the
+    exception (loop.Callback.on_error) beside the state: TensorBoard its traceback, MLflow a tag and FAILED."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    import bsresearch.engine as engine
+    original = engine.train_next_batch
+
+    def failing(state, *args, **kwargs):
+        if state.step == 7:
+            raise ValueError("a simulated failure")
+        return original(state, *args, **kwargs)
+    monkeypatch.setattr(engine, "train_next_batch", failing)
+    run_dir = tmp_path / "sweep" / "a"
+    result = run(tiny_config(trackers=("tensorboard", "mlflow")), run_dir)
+    assert result.state == "failed" and "a simulated failure" in (result.error or "")
+    errors = tensorboard_text(run_dir, "error")
+    assert len(errors) == 1 and "ValueError: a simulated failure" in errors[0] and "Traceback" in errors[0]
+    assert tensorboard_text(run_dir, "state") == ["failed: ValueError: a simulated failure"]
+    scalars = tensorboard_scalars(run_dir)   # the points logged before the failure are history.csv's
+    assert [s for s, _ in scalars["train_loss"]] == [s for s, _ in csv_columns(run_dir)["train_loss"]] == [0, 5]
+    _, _, runs = mlflow_runs(tmp_path / "sweep" / T.MLRUNS_FOLDER)
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert runs[0].data.tags["exception"] == "ValueError: a simulated failure"
+
+
+def test_on_two_devices_the_lead_logs_and_the_followers_do_not(tmp_path):
+    """A run on devices: 2 logs to its trackers as the run on one device does (the lead process holds the run
+    directory; the follower logs nowhere): one TensorBoard folder and one MLflow run, each history.csv's."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    run_dir = tmp_path / "sweep" / "two"
+    result = run(tiny_config(batch_size=64, budget_amount=6, devices=2, trackers=("tensorboard", "mlflow")), run_dir)
+    assert result.state == "ok", result.error
+    assert_tensorboard_matches(run_dir)
+    client, _, runs = mlflow_runs(tmp_path / "sweep" / T.MLRUNS_FOLDER)
+    assert len(runs) == 1 and runs[0].info.run_name == "two" and runs[0].info.status == "FINISHED"
+    assert_mlflow_matches(client, runs[0], run_dir)
