@@ -22,8 +22,8 @@ from common import benchmark_parser, interleaved, median_and_spread, start, writ
 
 from bsresearch.config import RunConfig  # noqa: E402
 from bsresearch.data import dataset_for  # noqa: E402
-from bsresearch.measure.noise import gradient_noise_scale  # noqa: E402
 from bsresearch.models import build_model  # noqa: E402
+from bsresearch.noise.exact import gradient_noise_scale  # noqa: E402
 from bsresearch.runtime import make_generator, synchronize  # noqa: E402
 
 

@@ -22,9 +22,9 @@ _LAZY = {
     "new_state": "state", "load_trained_model": "train",
     "resolve_device": "runtime", "make_generator": "runtime",
     "RunDir": "rundir",
-    # measurements (bsresearch.measure.*)
-    "gradient_noise_scale": "measure.noise", "two_batch_noise_scale": "measure.noise",
-    "hessian_noise_scale": "measure.noise", "fit_critical_batch": "measure.critical",
+    # the gradient noise scale (bsresearch.noise.*) and the other measurements (bsresearch.measure.*)
+    "gradient_noise_scale": "noise.exact", "two_batch_noise_scale": "noise.pairs",
+    "hessian_noise_scale": "noise.hessian", "fit_critical_batch": "measure.critical",
     "top_eigenvalues": "measure.curvature", "hessian_trace": "measure.curvature",
     "spectral_density": "measure.curvature", "keskar_sharpness": "measure.sharpness",
     "worst_case_sharpness": "measure.sharpness", "average_case_sharpness": "measure.sharpness",
@@ -33,13 +33,13 @@ _LAZY = {
     "measure_throughput": "systems", "measure_memory": "systems", "largest_batch_size": "systems",
     "accumulation_plan": "systems", "recommend_batch_size": "systems", "model_workload": "systems",
     # a user's own training loop (`from bsresearch.advise import advise` for the advice: the name is its package's)
-    "NoiseScaleTracker": "noise_tracker",
+    "NoiseScaleTracker": "noise.tracker",
     # sweeps and results
     "run_sweep": "sweep", "load_spec": "sweep", "SweepSpec": "sweep",
 }
 # subpackages and torch-free modules, imported on first access; the reproductions' analyses are
 # bsresearch.findings.<name> (keskar, dinh, hoffer, goyal, steps_to_target, smith_le, nqm)
-_SUBMODULES = ("results", "stats", "plots", "findings", "measure", "systems", "sweep", "noise_tracker")
+_SUBMODULES = ("results", "stats", "plots", "findings", "measure", "systems", "sweep", "noise")
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@
                               its target
     Divergence    DECIDE      check batch losses every few steps; a non-finite or exploding loss ends the member
     Snapshots     SNAPSHOT    the states a trajectory saves for the runs that branch from it
-    Measurements  MEASURE     the measurements a config names (measure.registry), when a member ends ok
+    Measurements  MEASURE     the measurements a config names (bsresearch.measurements), when a member ends ok
     Progress      PROGRESS    a progress bar (a terminal, JupyterLab; not under papermill or in logs)
     Recording     RECORD      the run directory: config.json and status.json at the start, history.csv at
                               each evaluation, metrics.json (with Measurements' numbers), the final checkpoint
@@ -33,7 +33,7 @@ import torch
 from . import schedule
 from .data import Dataset, resident_dataset_for
 from .loop import Callback, Loop, Member, Order, RunResult
-from .measure.registry import take_measurements
+from .measurements import take_measurements
 from .models import count_parameters
 from .rundir import storage_error
 from .runtime import provenance
@@ -236,7 +236,7 @@ def final_metrics(m: Member, loop: Loop) -> dict[str, Any]:
 
 
 class Measurements(Callback):
-    """The measurements a member's config names (cfg.measure, measure.registry), taken when it ends ok, on its
+    """The measurements a member's config names (cfg.measure, bsresearch.measurements), taken when it ends ok, on its
     final weights, into member.measured (Recording adds them to metrics.json)."""
     order = Order.MEASURE
 

@@ -55,8 +55,7 @@ from bsresearch.config import RunConfig
 from bsresearch.data import in_chunks, resident_dataset_for
 from bsresearch.engine import evaluate_batches
 from bsresearch.losses import loss_for
-from bsresearch.measure.noise import gradient_noise_scale, hessian_noise_scale, two_batch_noise_scale
-from bsresearch.noise import MicroBatchNoise
+from bsresearch.noise import MicroBatchNoise, gradient_noise_scale, hessian_noise_scale, two_batch_noise_scale
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.references import short_name

@@ -49,6 +49,7 @@ import matplotlib.pyplot as plt
 from bsresearch import run
 from bsresearch.data import resident_dataset_for
 from bsresearch.losses import loss_for
+from bsresearch.noise import gradient_noise_scale
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.systems import bench_figure, memory_breakdown_plot, precision_plot, recommendation_plots
@@ -57,7 +58,6 @@ from bsresearch.sizes import parse_bytes
 from bsresearch.systems import (
     compare_precisions,
     device_label,
-    measure_b_simple,
     model_workload,
     plan_for_budget,
     recommend_batch_size,
@@ -127,8 +127,8 @@ if b_simple is None:
                                    eval_every=noise_steps, device=str(dev), save_checkpoint=False)
     trained = run(cfg, progress=False)
     data = resident_dataset_for(cfg, dev)
-    b_simple = measure_b_simple(trained.model, data.x_train[:noise_examples], data.y_train[:noise_examples],
-                                loss_fn=loss_for(loss))
+    b_simple = gradient_noise_scale(trained.model, data.x_train[:noise_examples], data.y_train[:noise_examples],
+                                    loss_fn=loss_for(loss)).b_simple
 print("B_simple", b_simple)
 train = bench.table[(bench.table["mode"] == "train") & (bench.table["status"] == "ok")
                     & (bench.table["precision"] == precisions[0])]

@@ -159,9 +159,9 @@ at_weights = pd.DataFrame()
 if measure_at_target:
     import torch
 
+    from bsresearch import noise as noise_measure
     from bsresearch.findings.runs import measure_each_run
-    from bsresearch.measure import noise as noise_measure
-    from bsresearch.measure.noise import gradient_noise_scale
+    from bsresearch.noise import gradient_noise_scale
     torch.set_num_threads(1)
     device = "cuda" if torch.cuda.is_available() else "cpu"   # where the runs were trained does not matter
 
@@ -373,7 +373,7 @@ if len(use_targets) > 1:
 # Runs with the same seed, batch size and constant lr follow one trajectory whatever their step budget, so
 # the noise sweep's fixed-step runs end at checkpoints of one run; each measured exact B_simple over the
 # training set (per-example gradients, `unbiased=False`) and B_noise = tr(H Sigma)/(G^T H G) (Hutchinson, 10
-# probes). At each checkpoint the two-batch estimator (noise_tracker's formula, the one the training loop
+# probes). At each checkpoint the two-batch estimator (noise.two_batch_estimate, the one the training loop
 # uses) is evaluated on `two_batch_pairs` independent (B_small, B_big) batch pairs drawn with replacement;
 # its value is mean tr(Sigma) / mean |G|^2 over the pairs, with a bootstrap interval over the pairs.
 
@@ -410,8 +410,8 @@ if len(noise):
     if two_batch_pairs > 0 and ok_noise["run_dir"].map(lambda d: (project_path(d) / "checkpoint.pt").exists()).all():
         import torch
 
+        from bsresearch import noise as noise_measure
         from bsresearch.findings.runs import measure_each_run
-        from bsresearch.measure import noise as noise_measure
         torch.set_num_threads(1)
         b_small, b_big = (int(v) for v in two_batch_sizes)
 

@@ -88,7 +88,7 @@ def test_measurements_are_their_own_callback_and_recording_writes_what_they_took
     phase); Recording alone measures nothing. Oracle: the same measurement taken by hand on the final weights,
     with the probe generator as it stood when the run ended."""
     from bsresearch.callbacks import Evaluation, Measurements, Recording
-    from bsresearch.measure.registry import take_measurements
+    from bsresearch.measurements import take_measurements
     cfg = tiny_config(budget_amount=6, measure=("hessian",))
     probe = None
 

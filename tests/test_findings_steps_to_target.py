@@ -39,7 +39,7 @@ from bsresearch.findings.steps_to_target import (
 )
 from bsresearch.findings.verdict import Verdict
 from bsresearch.measure.critical import fit_critical_batch
-from bsresearch.measure.noise import two_batch_pairs, two_batch_summary
+from bsresearch.noise.pairs import two_batch_pairs, two_batch_summary
 from bsresearch.plots.findings.steps_to_target import (
     b_crit_vs_target,
     examples_vs_batch,
@@ -295,7 +295,7 @@ def test_two_batch_summary_is_a_ratio_of_means_with_a_bootstrap_interval():
 
 def test_two_batch_pairs_match_the_library_estimator_drawn_the_same_way():
     torch = pytest.importorskip("torch")
-    from bsresearch.measure.noise import two_batch_noise_scale
+    from bsresearch.noise.pairs import two_batch_noise_scale
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 5, generator=g), torch.randint(0, 3, (64,), generator=g)
     model = torch.nn.Linear(5, 3)

@@ -1,5 +1,7 @@
-"""NoiseScaleTracker: the optimizer sees exactly the gradients it would without it; its estimate agrees
-with the exact per-example B_simple; train.py's functions are unchanged."""
+"""noise.tracker: NoiseScaleTracker leaves the optimizer's gradients exactly as they would be without it; its
+estimate agrees with the exact per-example B_simple; it is a face of NoiseMeter, fed the pair a hand-written
+backward pass gives at the same weights."""
+import copy
 import math
 
 import pytest
@@ -7,8 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bsresearch.measure.noise import gradient_noise_scale
-from bsresearch.noise_tracker import NoiseScaleEMA, NoiseScaleTracker, update_noise_ema
+from bsresearch.noise.estimators import NoiseScaleEMA, update_noise_ema
+from bsresearch.noise.exact import gradient_noise_scale
+from bsresearch.noise.meter import NoiseMeter
+from bsresearch.noise.tracker import NoiseScaleTracker
 
 
 def _net(seed: int) -> nn.Module:
@@ -38,7 +42,9 @@ def _train(track: bool, steps: int = 4):
 def test_the_optimizer_sees_the_same_gradients_with_and_without_the_tracker():
     plain, plain_grads, _ = _train(track=False)
     tracked, tracked_grads, tracker = _train(track=True)
+    assert len(plain_grads) == len(tracked_grads) == 4
     for a, b in zip(plain_grads, tracked_grads):
+        assert len(a) == len(b)
         assert all(torch.equal(g, h) for g, h in zip(a, b))
     for (name, t), (_, u) in zip(plain.state_dict().items(), tracked.state_dict().items()):
         assert torch.equal(t, u), name  # parameters, BatchNorm running statistics, num_batches_tracked
@@ -79,7 +85,7 @@ def test_every_skips_calls_and_record_is_the_training_loops_ema():
     ema = NoiseScaleEMA(decay=0.5)
     for row in tracker.history:
         ema = update_noise_ema(ema, row["sq_norm_small"], row["sq_norm_big"], 4, 8)
-    assert ema == tracker.ema
+    assert ema == tracker.meter.ema
 
 
 def test_observe_before_backward_and_bad_sizes_are_errors():
@@ -93,3 +99,38 @@ def test_observe_before_backward_and_bad_sizes_are_errors():
         tracker.observe(lambda xs, ys: F.mse_loss(model(xs), ys), x, y)
     with pytest.raises(ValueError, match="decay"):
         NoiseScaleTracker(model, decay=1.0)
+
+
+def test_the_tracker_gives_what_the_meter_gives_for_the_pair_at_the_same_weights():
+    """Oracle: |G_small|^2 and |G_big|^2 by zero_grad and backward on a copy of the model at the same weights,
+    fed to a NoiseMeter of the same decay: the same B_simple, step after step (SGD moves the weights)."""
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    tracker, meter = NoiseScaleTracker(model, decay=0.8, small_batch_size=6), NoiseMeter(decay=0.8)
+    gen = torch.Generator().manual_seed(3)
+
+    def sq_norm(xs, ys):
+        twin = copy.deepcopy(model)
+        twin.zero_grad()
+        F.cross_entropy(twin(xs), ys).backward()
+        return float(sum((p.grad.float() ** 2).sum() for p in twin.parameters()))
+    for _ in range(5):
+        x, y = torch.randn(16, 5, generator=gen), torch.randint(2, (16,), generator=gen)
+        expected = meter.pair(sq_norm(x[:6], y[:6]), sq_norm(x, y), 6, 16).b_simple_ema
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        assert tracker.observe(lambda xs, ys: F.cross_entropy(model(xs), ys), x, y) == pytest.approx(expected,
+                                                                                                      rel=1e-5)
+        optimizer.step()
+    assert tracker.meter.ema.n_samples == meter.ema.n_samples == 5
+    # fed the tracker's own pairs, the core gives its numbers bit for bit
+    again = NoiseMeter(decay=0.8)
+    assert len(tracker.history) == 5
+    for row in tracker.history:
+        assert again.pair(row["sq_norm_small"], row["sq_norm_big"], 6, 16).b_simple_ema == row["b_simple"]
+    assert again.ema == tracker.meter.ema
+
+
+def test_the_tracker_is_importable_from_the_top_of_the_package():
+    from bsresearch import NoiseScaleTracker as top
+    assert top is NoiseScaleTracker

@@ -19,14 +19,13 @@ from bsresearch.sizes import parse_bytes  # noqa: E402
 from bsresearch.systems import (  # noqa: E402
     compare_precisions,
     largest_batch_size,
-    measure_b_simple,
     measure_memory,
     memory_cap,
     model_workload,
     recommend_batch_size,
     time_to_target,
 )
-from bsresearch.systems.workload import build_parts, snapshot, synthetic_batch  # noqa: E402
+from bsresearch.systems.workload import build_parts, snapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmark scripts, imported by name
@@ -71,17 +70,6 @@ def test_recommendation_ignores_sizes_that_did_not_run_and_rejects_bad_noise_sca
     for bad in (0.0, -3.0, float("inf"), float("nan")):
         with pytest.raises(ConfigError, match="b_simple"):
             recommend_batch_size(table, bad)
-
-
-def test_measure_b_simple_calls_the_noise_module_and_leaves_the_model_alone():
-    import bsresearch.measure.noise as noise
-    w = model_workload("mlp", dataset="synthetic", width=8, depth=1)
-    parts = build_parts(w, CPU)
-    x, y = synthetic_batch(w, 64, CPU)
-    before = snapshot(parts)
-    value = measure_b_simple(parts.model, x, y, chunk_size=16)
-    state_equal(parts, before)
-    assert value == pytest.approx(noise.gradient_noise_scale(parts.model, x, y, chunk_size=16).b_simple)
 
 
 # ----------------------------------------------------------------------------- precision and optimizer table

@@ -219,7 +219,7 @@ def test_a_saved_state_of_another_trajectory_is_refused(tmp_path):
 
 
 def test_measurements_on_the_first_examples_only(tmp_path, monkeypatch):
-    import bsresearch.measure.registry as R
+    import bsresearch.measurements as R
     seen = []
     original = R.MEASUREMENTS["noise_scale"]
 

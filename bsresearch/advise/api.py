@@ -13,8 +13,8 @@ objects are never trained or modified):
   (systems.workload.train_on_batch); a batch beyond the safe size runs as the accumulation plan
   (systems.plan) of micro-batches, which is also how it would be trained;
 - the gradient noise scale B_simple at the given weights: exact from per-example gradients with a
-  bootstrap interval (measure.noise, torch.func.vmap), or where vmap cannot run the model the two-batch
-  estimator with an interval from resampling its draws (measure.noise.two_batch_summary); optionally its
+  bootstrap interval (noise.exact, torch.func.vmap), or where vmap cannot run the model the two-batch
+  estimator with an interval from resampling its draws (noise.pairs.two_batch_summary); optionally its
   EMA along a short training run, trained by the one training loop (loop.py) with the noise-scale callback;
 and recommends the batch that maximises examples/s x statistical efficiency 1 / (1 + B / B_simple)
 (systems.recommend), with its accumulation plan and the learning rate the linear or sqrt rule gives
@@ -58,9 +58,10 @@ from ..engine import ModelEngine
 from ..loading import check_model
 from ..loop import Callback, Loop
 from ..losses import Loss, LossFn, loss_for
-from ..measure.noise import gradient_noise_scale, two_batch_pairs, two_batch_summary
 from ..models import model_for
+from ..noise.exact import gradient_noise_scale
 from ..noise.microbatch import MicroBatchNoise
+from ..noise.pairs import two_batch_pairs, two_batch_summary
 from ..runsetup import RunSetup, dry_run
 from ..runtime import make_generator, resolve_device
 from ..schedule import adam_beta2_at, scale_lr
@@ -350,7 +351,7 @@ def _noise_at_weights(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
                       confidence: float = 0.95) -> tuple[float, tuple[float, float] | None, str, str | None]:
     """(b_simple, interval, method, why the exact method failed). Exact per-example gradients (vmap) on
     all of (x, y), else the two-batch estimator on n_draws pairs drawn with replacement, its interval from
-    resampling the pairs (measure.noise.two_batch_summary: the ratio taken after averaging)."""
+    resampling the pairs (noise.pairs.two_batch_summary: the ratio taken after averaging)."""
     try:
         exact = gradient_noise_scale(model, x, y, chunk_size=64, n_bootstrap=settings.n_bootstrap,
                                      confidence=confidence, generator=generator, loss_fn=loss_fn)

@@ -43,9 +43,16 @@ from typing import Any
 # name -> the module of this package that defines it
 _WHERE = {
     "two_batch_estimate": "estimators", "micro_batch_estimate": "estimators", "NoiseScaleEMA": "estimators",
-    "update_noise_ema": "estimators", "noise_ema_columns": "estimators", "squared_grad_norm": "estimators",
+    "update_noise_ema": "estimators", "add_to_ema": "estimators", "noise_ema_columns": "estimators",
+    "squared_grad_norm": "estimators",
     "NoiseMeter": "meter", "NoiseSample": "meter", "ESTIMATORS": "meter",
+    "NoiseScale": "exact", "gradient_noise_scale": "exact", "per_example_gradients": "exact",
+    "TwoBatchNoiseScale": "pairs", "two_batch_noise_scale": "pairs", "two_batch_pairs": "pairs",
+    "two_batch_summary": "pairs", "small_batch_sq_norm": "pairs",
+    "HessianNoiseScale": "hessian", "hessian_noise_scale": "hessian",
+    "NoiseScaleTracker": "tracker",
     "MicroBatchNoise": "microbatch", "micro_batch_hooks": "microbatch",
+    "GradientNorms": "device", "gradient_norms_hook": "device", "DeviceNoise": "device",
 }
 
 

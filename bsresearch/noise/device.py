@@ -1,17 +1,21 @@
 """The gradient noise scale of a device group, for free: a DDP communication hook (gradient_norms_hook, its state
 GradientNorms) adds up each device's squared gradient norm before the all-reduce and the averaged gradient's
-after it, and DeviceNoiseScale turns them into the two-batch B_simple (B_small: a device's share of the batch,
-B_big: the global batch) at every step."""
+after it, and DeviceNoise, the loop's callback, feeds them to each member's NoiseMeter (meter.devices: B_small a
+device's share of the batch, B_big the global batch) at every step.
+
+The hook needs nothing of bsresearch's loop: any DDP model can register it (`ddp.register_comm_hook(
+GradientNorms(world), gradient_norms_hook)`) and read `local` and `reduced` after each update's backward; they are
+squared norms of the gradients DDP holds (scaled, where a GradScaler scales the loss: divide by its scale^2)."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..loop import Callback, Loop, Member
-from .estimators import NoiseScaleEMA, noise_ema_columns, update_noise_ema
+from ..loop import Callback, Loop, Member, Order
+from .estimators import NoiseScaleEMA, noise_ema_columns
+from .meter import NoiseMeter
 
 
 class GradientNorms:
@@ -79,19 +83,21 @@ gradient_norms_hook.__annotations__.update(bucket=dist.GradBucket, state=Gradien
                                            **{"return": torch.futures.Future[torch.Tensor]})
 
 
-class DeviceNoiseScale(Callback):
+class DeviceNoise(Callback):
     """The gradient noise scale of a device group at every step, from its communication hook (GradientNorms):
     the two-batch estimator with |G_small|^2 the devices' mean squared norm of their own gradients (B_small:
     a device's share, batch_size / devices) and |G_big|^2 the averaged gradient's (B_big: the global batch),
-    into an EMA of decay noise_scale_ema (noise_tracker); no extra forward or backward pass. Owns the EMA of
-    every member (checkpointed) and its history columns (device_noise_b_simple_ema, device_noise_grad_sq_norm_ema,
-    device_noise_trace_cov_ema). Samples are read from the device in batches (one sync per FOLD_EVERY steps).
+    fed to each member's NoiseMeter (decay noise_scale_ema); no extra forward or backward pass. Owns every
+    member's meter (its EMA checkpointed under `key`) and its history columns (device_noise_b_simple_ema,
+    device_noise_grad_sq_norm_ema, device_noise_trace_cov_ema). The engine leaves each step's pair as tensors
+    (DeviceEngine.samples); they are read from the device in batches (one sync per FOLD_EVERY steps).
     A group of one device has no estimate (its share is the global batch): its columns stay NaN."""
     key = "device_noise_scale"
+    order = Order.MEASURE
     FOLD_EVERY = 16
 
     def __init__(self) -> None:
-        self.ema: dict[int, NoiseScaleEMA] = {}
+        self.meters: dict[int, NoiseMeter] = {}   # member index -> its meter (none before its first fold)
         self.pending: dict[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]] = {}
 
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
@@ -103,23 +109,25 @@ class DeviceNoiseScale(Callback):
                     self.fold(m)
 
     def fold(self, member: Member) -> NoiseScaleEMA | None:
+        """Feed `member`'s pending pairs to its meter; its EMA now (None before its first pair)."""
         pending = self.pending.pop(member.index, [])
         if pending:
             values = torch.stack([torch.stack([s, b]) for s, b, _, _ in pending]).tolist()   # one sync
-            ema = self.ema.get(member.index) or NoiseScaleEMA(member.cfg.noise_scale_ema)
+            meter = self.meters.setdefault(member.index, NoiseMeter(member.cfg.noise_scale_ema))
             for (small, big), (_, _, b_small, b_big) in zip(values, pending):
                 if b_small < b_big:   # a group of one device: its batch is the global batch, no estimate
-                    ema = update_noise_ema(ema, small, big, b_small, b_big)
-            self.ema[member.index] = ema
-        return self.ema.get(member.index)
+                    meter.devices(small, big, b_small, b_big)
+        meter = self.meters.get(member.index)
+        return meter.ema if meter else None
 
     def columns(self, loop: Loop, member: Member) -> dict[str, Any]:
         return {f"device_{k}": v for k, v in noise_ema_columns(self.fold(member)).items()}
 
     def state_dict(self, member: Member) -> dict[str, Any] | None:
-        ema = self.fold(member)
-        return dataclasses.asdict(ema) if ema else None
+        self.fold(member)
+        meter = self.meters.get(member.index)
+        return meter.state_dict() if meter else None
 
     def load_state_dict(self, member: Member, state: dict[str, Any]) -> None:
-        self.ema[member.index] = NoiseScaleEMA(**state)
-
+        meter = self.meters.setdefault(member.index, NoiseMeter(float(state["decay"])))
+        meter.load_state_dict(state)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..loop import Callback, Loop, Member, StepHooks
+from ..loop import Callback, Loop, Member, Order, StepHooks
 from ..state import TrainState
 from .estimators import NoiseScaleEMA, noise_ema_columns, squared_grad_norm
 from .meter import NoiseMeter
@@ -41,6 +41,7 @@ class MicroBatchNoise(Callback):
     (micro_batch_hooks) feeds the member's NoiseMeter, of decay cfg.noise_scale_ema. Owns every member's
     meter (its EMA checkpointed under `key`) and its history columns (estimators.noise_ema_columns)."""
     key = "noise_scale"
+    order = Order.MEASURE
 
     def __init__(self) -> None:
         self.meters: dict[int, NoiseMeter] = {}   # member index -> its meter (none before its first sample)

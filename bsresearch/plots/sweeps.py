@@ -82,7 +82,7 @@ LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate
 def axis_label(name: str, unit: str | None = None) -> str:
     """A column's axis label, with its unit: a loss with the runs' (config.json's loss_unit, e.g. 'nats per
     token'); a measurement with its own (LABELS)."""
-    if name.startswith("keskar_phi_eps"):  # measure.registry's names, e.g. keskar_phi_eps1e-3
+    if name.startswith("keskar_phi_eps"):  # bsresearch.measurements' names, e.g. keskar_phi_eps1e-3
         return f"Keskar sharpness phi (%), eps {name.removeprefix('keskar_phi_eps')}"
     if name.startswith("m_sharpness_"):
         return f"m-sharpness, {name.removeprefix('m_sharpness_').replace('_', ' ')} (loss)"

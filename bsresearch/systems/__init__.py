@@ -20,7 +20,7 @@ _API = {
               "step_peak", "tf32_settings"],
     "memory": ["StepMemory", "measure_memory", "memory_cap", "step_memory"],
     "plan": ["AccumulationPlan", "accumulation_plan", "check_shares", "largest_batch_on_devices", "plan_for_budget"],
-    "recommend": ["Recommendation", "measure_b_simple", "recommend_batch_size", "time_to_target"],
+    "recommend": ["Recommendation", "recommend_batch_size", "time_to_target"],
     "search": ["BatchSearch", "largest_batch_size", "search_batch_size"],
     "timing": ["measure_throughput", "time_steps"],
     "workload": ["INPUT_SHAPES", "TrainParts", "Workload", "build_parts", "inference_step", "model_workload",

@@ -13,12 +13,9 @@ batch processes per second stop buying progress.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
-import torch.nn as nn
 
 from ..config import ConfigError
 
@@ -60,7 +57,7 @@ def recommend_batch_size(throughput: pd.DataFrame, b_simple: float, s_min: float
     """The measured batch size that minimises steps_to_target x seconds_per_step (see time_to_target).
 
     `throughput` is one configuration's table from measure_throughput (mode 'train'); b_simple is a
-    measured gradient noise scale B_simple (see measure_b_simple).
+    measured gradient noise scale B_simple (bsresearch.noise.gradient_noise_scale(model, x, y).b_simple).
     """
     table = time_to_target(throughput, b_simple, s_min)
     if table.empty:
@@ -69,14 +66,3 @@ def recommend_batch_size(throughput: pd.DataFrame, b_simple: float, s_min: float
     return Recommendation(batch_size=int(best["batch_size"]), predicted_seconds=float(best["predicted_seconds"]),
                           b_simple=float(b_simple), s_min=float(s_min), table=table)
 
-
-def measure_b_simple(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_size: int = 256,
-                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> float:
-    """B_simple = tr(Sigma) / |G|^2 of `model` on (x, y) with loss_fn (default the cross-entropy), from
-    bsresearch.measure.noise (exact, per example).
-
-    A convenience for recommend_batch_size; the model is left as found (the measurement is pure).
-    """
-    from ..losses import cross_entropy
-    from ..measure.noise import gradient_noise_scale
-    return float(gradient_noise_scale(model, x, y, chunk_size=chunk_size, loss_fn=loss_fn or cross_entropy).b_simple)

@@ -1,4 +1,4 @@
-"""The MEASUREMENTS registry inside a run, and the measurement notebooks under papermill."""
+"""bsresearch.measurements: the MEASUREMENTS registry inside a run, and the measurement notebooks under papermill."""
 import json
 import math
 from pathlib import Path
@@ -8,7 +8,9 @@ import torch
 from conftest import requires_cuda, tiny_config
 
 from bsresearch import config as C
-from bsresearch.measure import MEASUREMENTS, noise, registry
+from bsresearch import measurements as registry
+from bsresearch.measurements import MEASUREMENTS
+from bsresearch.noise import exact as noise
 from bsresearch.train import load_trained_model, run
 
 ROOT = Path(__file__).resolve().parent.parent

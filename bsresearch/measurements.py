@@ -1,4 +1,5 @@
-"""The measurements a run can take after training (`RunConfig.measure`), merged into metrics.json.
+"""The measurements a run can take after training (`RunConfig.measure`), merged into metrics.json: the registry
+MEASUREMENTS (name -> function) over bsresearch.measure and bsresearch.noise, and take_measurements.
 
 Each entry is `(model, data, cfg, generator, loss) -> dict` of JSON-able numbers. All use the whole
 training set, the run's loss (the mean cross-entropy unless the config names another, built in or the
@@ -18,11 +19,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..config import RunConfig
-from ..data import Dataset
-from ..losses import Loss, loss_for
-from . import curvature, noise, sharpness
-from .functional import batches_of
+from .config import RunConfig
+from .data import Dataset
+from .losses import Loss, loss_for
+from .measure import curvature, sharpness
+from .measure.functional import batches_of
+from .noise.exact import gradient_noise_scale
+from .noise.hessian import hessian_noise_scale
+from .noise.pairs import two_batch_noise_scale
 
 NOISE_HESSIAN_PROBES = 10          # Hutchinson probes for tr(H Sigma) in B_noise
 HESSIAN_TOL = 1e-3                 # relative residual of the top eigenvalue (Lanczos)
@@ -49,12 +53,12 @@ def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generat
     torch's math kernel (noise_b_noise_attention_kernel), which has a double backward."""
     x, y = data.x_train, data.y_train
     try:
-        exact = noise.gradient_noise_scale(model, x, y, unbiased=False, loss_fn=loss)
+        exact = gradient_noise_scale(model, x, y, unbiased=False, loss_fn=loss)
     except VMAP_FAILURES as exc:
         b_small, b_big = TWO_BATCH_SIZES
         b_big = min(b_big, len(x))
-        two = noise.two_batch_noise_scale(model, x, y, min(b_small, b_big // 2), b_big, TWO_BATCH_DRAWS,
-                                          generator=generator, loss_fn=loss)
+        two = two_batch_noise_scale(model, x, y, min(b_small, b_big // 2), b_big, TWO_BATCH_DRAWS,
+                                    generator=generator, loss_fn=loss)
         return {"noise_b_simple": two.b_simple, "noise_trace_cov": two.trace_cov,
                 "noise_grad_sq_norm": two.grad_sq_norm, "noise_method": "two_batch",
                 "noise_fallback": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
@@ -62,8 +66,8 @@ def measure_noise_scale(model: nn.Module, data: Dataset, cfg: RunConfig, generat
            "noise_grad_sq_norm": exact.grad_sq_norm, "noise_method": "exact_per_example",
            "noise_n_examples": exact.n_examples}
     try:   # Hessian-vector products need double backward, which some operations lack (CPU flash attention)
-        with_hessian = noise.hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator,
-                                                 loss_fn=loss)
+        with_hessian = hessian_noise_scale(model, x, y, n_probes=NOISE_HESSIAN_PROBES, generator=generator,
+                                           loss_fn=loss)
     except (RuntimeError, NotImplementedError, ValueError) as exc:
         return {**out, "noise_b_noise_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     return {**out, "noise_b_noise": with_hessian.b_noise, "noise_b_noise_std_error": with_hessian.b_noise_std_error,
