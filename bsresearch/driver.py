@@ -37,6 +37,7 @@ import torch
 from .callbacks import Checkpointing, Divergence, Evaluation, Measurements, Progress, Recording, Snapshots
 from .config import RunConfig
 from .loop import Callback, Engine, Member, RunResult
+from .noise.device import DeviceNoise
 from .noise.microbatch import MicroBatchNoise
 from .rundir import RunDir, check_writable
 from .runsetup import RunSetup, finished_result, out_of_memory_result, run_setup
@@ -95,11 +96,7 @@ def callbacks_for(place: Place, cfgs: Sequence[RunConfig], progress: bool | None
     that record run only where the place records (module docstring)."""
     if place.kind == PROBE:
         return [MicroBatchNoise(), *callbacks]
-    if place.in_device_group:
-        from .noise.device import DeviceNoise
-        noise: Callback = DeviceNoise()
-    else:
-        noise = MicroBatchNoise()
+    noise: Callback = DeviceNoise() if place.in_device_group else MicroBatchNoise()
     own: list[Callback] = [Evaluation(), Divergence(), noise, Checkpointing()]
     if trajectory is not None:
         own.append(Snapshots(trajectory))
