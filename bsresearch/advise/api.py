@@ -54,6 +54,7 @@ import torch.nn as nn
 
 from ..config import LR_SCALINGS, OPTIMIZERS, ConfigError, RunConfig, did_you_mean
 from ..data import Dataset, dataset_for
+from ..driver import Place, callbacks_for
 from ..engine import ModelEngine
 from ..loading import check_model
 from ..loop import Callback, Loop
@@ -370,13 +371,12 @@ def _noise_at_weights(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
 class _EMAHistory(Callback):
     """advise's record of a short training run: the batch loss and B_simple's EMA after every step."""
 
-    def __init__(self, noise: MicroBatchNoise) -> None:
-        self.noise = noise
+    def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
         member = loop.members[0]
-        state, ema = member.state, self.noise.of(member)
+        state, ema = member.state, loop.callback(MicroBatchNoise).of(member)
         self.rows.append({"step": state.step, "examples_seen": state.examples_seen, "loss": float(losses[0]),
                           "b_simple_ema": ema.b_simple if ema else math.nan})
 
@@ -396,9 +396,9 @@ def _noise_along_training(models: _Models, x: torch.Tensor, y: torch.Tensor, los
     parts = models.parts()
     setup = RunSetup.checked(parts.model, data, loss)
     member = setup.member(0, cfg, state=new_state(cfg, data, device, model=parts.model, optimizer=parts.optimizer))
-    noise = MicroBatchNoise()
-    history = _EMAHistory(noise)
-    setup.loop([member], ModelEngine(data, loss, setup.task), [noise, history]).run()
+    history = _EMAHistory()
+    callbacks = callbacks_for(Place.probe(), [cfg], callbacks=[history])   # the noise scale and the history
+    setup.loop([member], ModelEngine(data, loss, setup.task), callbacks).run()
     if member.outcome != "ok":
         raise RuntimeError(f"the short training run failed: {member.error}")
     return pd.DataFrame(history.rows)
