@@ -43,7 +43,7 @@ REFERENCE_FIELDS = ("model", "dataset", "loss")
 DATA_LOADINGS = ("auto", "resident", "stream")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALINGS = ("none", "linear", "sqrt")
-SCHEDULES = ("constant", "cosine", "step")
+SCHEDULES = ("constant", "cosine", "step", "wsd")
 BATCH_SCHEDULES = ("constant", "step", "tokens")
 BETA2_SCALINGS = ("none", "half_life")
 BUDGETS = ("epochs", "steps", "examples", "tokens", "target")
@@ -69,7 +69,8 @@ DEVICE_FIELDS = ("devices", "sync_batchnorm")
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs": {}, "dataset_kwargs": {},
                                         "test_size": 0.2, "eval_test_size": None, "adam_beta2": 0.999,
                                         "beta2_scaling": "none", "batch_at_tokens": [], "batch_sizes": [],
-                                        "snapshot_at_tokens": [], "measure_train_size": None}
+                                        "snapshot_at_tokens": [], "measure_train_size": None,
+                                        "lr_decay_fraction": 0.2}
 # Fields a run's trajectory does not depend on before its batch first changes (or before its budget ends):
 # runs that agree on everything else pass through the same states, which they may share (trajectory_key).
 TRAJECTORY_FREE_FIELDS = ("budget_amount", "batch_schedule", "batch_at_tokens", "batch_sizes", "measure",
@@ -164,10 +165,11 @@ class RunConfig:
     batch_size: int = 32                # examples per optimizer update: the quantity being studied
     base_batch_size: int = 32           # the batch size at which `lr` was chosen
     lr_scaling: str = "none"            # the lr used is lr * rule(batch_size / base_batch_size); none | linear | sqrt
-    schedule: str = "constant"          # constant | cosine | step, applied after warmup
+    schedule: str = "constant"          # constant | cosine | step | wsd (warmup-stable-decay), applied after warmup
     warmup_epochs: float = 0.0          # linear warmup to the scaled lr (Goyal et al. use 5 epochs)
     lr_decay_factor: float = 0.1        # step schedule: multiply the lr by this at each milestone
     lr_decay_at: tuple[float, ...] = (0.5, 0.75)  # step schedule: milestones as fractions of total steps
+    lr_decay_fraction: float = 0.2      # wsd schedule: the last fraction of the steps after warmup, lr linear to 0
     batch_schedule: str = "constant"    # constant | step: the batch grows at the lr_decay_at milestones instead
     batch_growth: float = 1.0           # batch_schedule step: batch_size multiplies by this at each milestone
     batch_at_tokens: tuple[float, ...] = ()  # batch_schedule tokens: tokens trained at which the batch changes
@@ -569,6 +571,9 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(f"lr_decay_factor must be in (0, 1]; got {cfg.lr_decay_factor!r}")
     if list(cfg.lr_decay_at) != sorted(set(cfg.lr_decay_at)) or any(not 0 < m < 1 for m in cfg.lr_decay_at):
         raise ConfigError(f"lr_decay_at must be increasing fractions of the run in (0, 1); got {list(cfg.lr_decay_at)}")
+    if not 0 < cfg.lr_decay_fraction <= 1:
+        raise ConfigError(f"lr_decay_fraction must be a fraction of the run in (0, 1] (wsd: the decay's share); got "
+                          f"{cfg.lr_decay_fraction!r}")
     _validate_batch_schedule(cfg)
     _choice(cfg, "beta2_scaling", BETA2_SCALINGS)
     if not 0.0 <= cfg.adam_beta2 < 1.0:

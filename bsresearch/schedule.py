@@ -158,7 +158,9 @@ def warmup_steps(cfg: RunConfig, n_train: int) -> int:
 def lr_at(cfg: RunConfig, step: int, n_train: int, tokens_per_example: int = 1) -> float:
     """Learning rate for the update that follows `step` completed updates (step counts from 0).
 
-    Linear warmup from peak/W to the peak over W steps, then the schedule over the remaining steps.
+    Linear warmup from peak/W to the peak over W steps, then the schedule over the remaining steps: constant;
+    cosine to 0; step (x lr_decay_factor at each lr_decay_at fraction); wsd (the peak, then linear to 0 over the
+    last lr_decay_fraction of the remaining steps: the update after the last step would have lr 0).
     """
     peak = scaled_lr(cfg) if cfg.batch_schedule != "tokens" else \
         scale_lr(cfg.lr, cfg.base_batch_size, batch_size_at(cfg, step, n_train, tokens_per_example), cfg.lr_scaling)
@@ -171,6 +173,8 @@ def lr_at(cfg: RunConfig, step: int, n_train: int, tokens_per_example: int = 1) 
         return peak * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
     if cfg.schedule == "step":
         return peak * cfg.lr_decay_factor ** sum(progress >= m for m in cfg.lr_decay_at)
+    if cfg.schedule == "wsd":   # warmup-stable-decay: the peak, then linear to 0 over the last lr_decay_fraction
+        return peak * min(1.0, max(0.0, (1.0 - progress) / cfg.lr_decay_fraction))
     return peak
 
 
