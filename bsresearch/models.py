@@ -163,7 +163,11 @@ def conv1d_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     positions = (h.shape[1] - kernel) // stride + 1
     gather = window_rows_by_slices if torch.is_grad_enabled() else window_rows_by_unfold
     rows = gather(h, kernel, stride, positions)
-    matrix = weight.permute(0, 2, 1).reshape(channels_out, -1).t()            # (k C, C'), (tap, channel)
+    # (C', C, k) -> (k C, C'), rows in (tap, channel) order. With one input channel that order is the weight's
+    # own and a view keeps the weight's gradient in its strides, size-1 dimension included: DDP compares those
+    # strides with its bucket's and, where they differ, warns and copies at every backward.
+    flat = weight.flatten(1) if weight.shape[1] == 1 else weight.permute(0, 2, 1).reshape(channels_out, -1)
+    matrix = flat.t()
     out = torch.addmm(bias, rows, matrix) if bias is not None else rows @ matrix
     return out.view(len(x), positions, channels_out).transpose(1, 2)
 

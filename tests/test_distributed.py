@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -270,6 +271,36 @@ def test_all_reduce_batchnorm_outside_a_group_is_batchnorm():
     x = torch.randn(16, 3, 5)
     plain, ours = torch.nn.BatchNorm1d(3), AllReduceBatchNorm(3)
     assert torch.allclose(plain(x), ours(x)) and torch.allclose(plain.running_var, ours.running_var)
+
+
+@pytest.fixture
+def torch_warns_every_time():
+    """torch warns once per process (TORCH_WARN_ONCE): made to warn every time for the test, so that an earlier
+    test's warning does not hide this one's."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    yield
+    torch.set_warn_always(before)
+
+
+def test_cnn1d_gradients_come_in_their_parameters_strides_so_ddp_copies_none(tmp_path, torch_warns_every_time):
+    """DDP compares each gradient's strides with its bucket view's, size-1 dimensions included, and where they
+    differ it warns ("Grad strides do not match bucket view strides") and copies at every backward. cnn1d's
+    first convolution (one input channel, a weight of shape (C', 1, k)) used to make its weight's gradient in
+    other strides. Oracles: after a backward every gradient has its parameter's strides; and a cnn1d run in a
+    group (world size 1: the same reducer as on N devices) raises no such warning."""
+    from bsresearch.models import cnn1d
+    model = cnn1d((40,), 10, width=8, depth=2)
+    torch.nn.functional.cross_entropy(model(torch.randn(4, 40)), torch.arange(4)).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.stride() == p.stride(), (name, p.stride(), p.grad.stride())
+    cfg = tiny_config(model="cnn1d", width=8, depth=2, budget_amount=4, batch_size=64, micro_batch_size=32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_rank(cfg, tmp_path / "run", GroupPlace(0, 1, 0, f"file://{tmp_path}/rendezvous"), progress=False)
+    assert result.state == "ok", result.error
+    strides = [str(w.message) for w in caught if "strides" in str(w.message)]
+    assert not strides, strides[0]
 
 
 # ----------------------------------------------------------------------------- the noise scale from the hook
