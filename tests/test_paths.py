@@ -258,7 +258,7 @@ def test_data_over_the_budget_keeps_its_runs_apart_and_the_dry_run_says_why(tmp_
     monkeypatch.setattr(grouping, "RESIDENT_MAX_BYTES", 1000)
     spec = items_spec(tmp_path)
     dry = sweep(spec, tmp_path / "runs", dry_run=True, engine="library", workers=1)
-    assert not dry.groups and "over the 1000 B a fused group holds resident (grouping.RESIDENT_MAX_BYTES): " \
+    assert not dry.groups and "over the 1000 bytes a fused group holds resident (grouping.RESIDENT_MAX_BYTES): " \
                               "streamed, alone" in dry.plan_table()
     report = sweep(spec, tmp_path / "runs", executor="inline", engine="library")
     assert_all_ok(report, 4)
@@ -278,7 +278,7 @@ def test_a_group_the_planner_did_not_see_decides_the_same_at_run_time(tmp_path, 
     assert "map-style" not in str(RunDir(tmp_path / "a0").status().get("fusion"))
     monkeypatch.setattr(grouping, "RESIDENT_MAX_BYTES", 1000)
     assert [r.state for r in train_group(cfgs, [tmp_path / "b0", tmp_path / "b1"], progress=False)] == ["ok", "ok"]
-    assert "over the 1000 B a fused group holds resident" in RunDir(tmp_path / "b1").status()["fusion"]
+    assert "over the 1000 bytes a fused group holds resident" in RunDir(tmp_path / "b1").status()["fusion"]
 
 
 def test_an_installed_package_stores_every_reference_absolute(tmp_path, monkeypatch):

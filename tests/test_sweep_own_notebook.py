@@ -162,10 +162,11 @@ def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_repor
     assert redone.state() == "ok" and len(redone.history_rows()) == 30 and redone.damage() == []
     assert redone.config()["batch_size"] == 32 and redone.config()["seed"] == 1
 
-    report = subprocess.run([sys.executable, "-m", "bsresearch", "report", "experiments/own.yaml", "--no-html"],
+    report = subprocess.run([sys.executable, "-m", "bsresearch", "report", "../experiments/own.yaml", "--no-html"],
                             cwd=tmp_path / "proj" / "notebooks", env=env, capture_output=True, text=True)
     assert report.returncode == 0, report.stdout + report.stderr
-    out_dir = tmp_path / "proj" / "reports" / "own"
+    out_dir = tmp_path / "proj" / "reports" / "own"   # the project's, not notebooks/reports
+    assert not (tmp_path / "proj" / "notebooks" / "reports").exists()
     assert {"metrics_vs_batch.png", "learning_curves.png", "summary.md"} <= {f.name for f in out_dir.iterdir()}
     summary = (out_dir / "summary.md").read_text()
     assert "| batch_size | n | test_loss_mean | train_loss_mean |" in summary and "| 32 | 2 |" in summary

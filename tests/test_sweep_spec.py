@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from bsresearch.cli import main
-from bsresearch.config import ConfigError, RunConfig, run_id
+from bsresearch.config import FIELD_NAMES, ConfigError, RunConfig, run_id
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import expand, load_spec, parse_spec, plan, run_lock
 from bsresearch.sweep.runner import check_data
@@ -326,7 +326,9 @@ def test_a_child_s_base_is_merged_field_by_field_and_every_other_key_replaces_th
 
 def test_paths_in_the_parent_resolve_from_the_parent_s_folder_and_the_child_s_from_its_own(tmp_path):
     parent_dir, child_dir = tmp_path / "a", tmp_path / "b" / "c"
-    run_nb, report_nb = _notebook(parent_dir / "nb" / "run.ipynb"), _notebook(parent_dir / "nb" / "report.ipynb")
+    template = "".join(f"{name} = None\n" for name in FIELD_NAMES)   # a run template: it names RunConfig's fields
+    run_nb = _notebook(parent_dir / "nb" / "run.ipynb", template)
+    report_nb = _notebook(parent_dir / "nb" / "report.ipynb")
     _write(parent_dir / "parent.yaml", {
         "name": "p", "notebook": "nb/run.ipynb", "analysis": "nb/report.ipynb",
         "base": {**BASE, "data_dir": "data"}, "variants": {"here": {}, "there": {"data_dir": "../elsewhere"}},

@@ -237,8 +237,8 @@ def assign_groups(planned: list[PlannedRun], workers: int, fuse_max: int | None 
     it runs alone, streamed, and says why. Without it (a remote cluster, whose data this machine may not see),
     the fused trainer makes the same decision at run time."""
     from ..fused.grouping import cpu_batch_too_large, default_fuse_max, group_configs, group_id, residency
-    todo = [k for k, p in enumerate(planned) if p.action == "run"]
-    cfgs = [planned[k].point.config for k in todo]
+    todo = [k for k, p in enumerate(planned) if p.action == "run" and p.point.config is not None]
+    cfgs = [cfg for k in todo if (cfg := planned[k].point.config) is not None]   # a notebook of one's own: alone
     device = cfgs[0].device if cfgs else "cpu"
     on_gpu = device.startswith("cuda") or (device == "auto" and bool(gpus))
     excluded = {}
