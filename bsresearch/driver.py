@@ -3,6 +3,7 @@ can stand. A caller chooses an engine and a place; the driver does the rest:
 
     drive(cfg, run_dir, Place.single(), single_engine)                  train.run: one device
     drive(cfg, run_dir, Place.lead(devices) or Place.follower(...), ..)  devices.rank: one process of a group
+    before_any_work(cfg, run_dir) for each member, then
     setup.loop(members, engine, callbacks_for(Place.member(group), cfgs))   fused.trainer: a fused group
     setup.loop([member], engine, callbacks_for(Place.probe(), [cfg], ...))  advise: a short run that measures
 
@@ -20,6 +21,11 @@ The path of one run (drive), the same on one device, on N devices and in a fused
     5. the model's randomness (dropout) from the run's seed, continued across a resume; a follower draws
        its own stream;
     6. the loop (loop.Loop), which ends with the member's result.
+
+A fused group (fused.trainer) takes the same steps for K members at once: 1 for each member
+(before_any_work), 2 once for the group (an out-of-memory there is every unfinished member's "oom"), 3 a
+fused engine, 4 at each member's place (Place.member), no 5 (a fused model draws no random numbers:
+fused.generic.probe refuses dropout), 6 for all members together.
 
 Where the attempt ran goes into status.json (`Place.status`): `devices` says the devices of the attempt
 that wrote it, and callbacks.Recording keeps `attempts`, one entry per start with its device count.
@@ -123,6 +129,20 @@ def result_of(member: Member) -> RunResult:
                                       member.state.model)
 
 
+def before_any_work(cfg: RunConfig, run_dir: str | Path | None, overwrite: bool = False,
+                    writes: bool = True) -> RunResult | None:
+    """The checks before any work: the result a finished run directory holds (unless overwrite: it is
+    returned as it is, read-only storage is fine for it), else None once the run directory is writable (where
+    this process `writes` it) and every tracker the config names has its package (ConfigError otherwise)."""
+    finished = None if overwrite else finished_result(run_dir)
+    if finished is not None:
+        return finished
+    if run_dir is not None and writes:
+        check_writable(RunDir(run_dir).path, "--runs or --run-dir")
+    check_available(list(cfg.trackers))
+    return None
+
+
 def drive(cfg: RunConfig, run_dir: str | Path | None, place: Place,
           engine: Callable[[RunSetup, Member], Engine], progress: bool | None = None, overwrite: bool = False,
           callbacks: Sequence[Callback] = (), device: torch.device | None = None) -> RunResult:
@@ -131,13 +151,10 @@ def drive(cfg: RunConfig, run_dir: str | Path | None, place: Place,
 
     Bad configuration raises ConfigError before any work; failures during work end the run with state
     diverged/oom/failed, recorded, returned, not raised."""
-    finished = None if overwrite else finished_result(run_dir)
-    if finished is not None:   # read-only storage is fine for these
+    finished = before_any_work(cfg, run_dir, overwrite, place.records)
+    if finished is not None:
         return finished
     rd = RunDir(run_dir) if run_dir is not None else None
-    if rd and place.records:
-        check_writable(rd.path, "--runs or --run-dir")
-    check_available(list(cfg.trackers))   # a tracker's package missing: ConfigError before any work
     try:  # moving the data and the model to the device can run out of memory: a result ("oom"), not a bug
         setup = run_setup(cfg, device=device)
         trajectory = setup.trajectory(cfg, rd) if place.records else None

@@ -31,14 +31,13 @@ import torch
 from .. import schedule
 from ..config import ConfigError, RunConfig
 from ..data import Dataset
-from ..driver import Place, callbacks_for
+from ..driver import Place, before_any_work, callbacks_for
 from ..engine import ModelEngine
 from ..loop import Member, RunResult, StepHooks
 from ..models import model_for
 from ..rundir import RunDir
-from ..runsetup import RunSetup, finished_result, out_of_memory_result, run_setup
+from ..runsetup import RunSetup, out_of_memory_result, run_setup
 from ..runtime import is_out_of_memory, oom_message, resolve_device
-from ..trackers import trackers_for
 from ..train import run
 from . import generic
 from .compat import STACKED_MODELS, fusion_blocker
@@ -68,9 +67,7 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
         reason = fusion_blocker(cfgs[0], cfg)
         if reason:
             raise ConfigError(f"train_group: config {i} cannot join config 0's group: {reason}")
-    trackers_for(cfgs)   # a tracker's package missing: ConfigError before any work
-
-    results: list[RunResult | None] = [finished_result(d) for d in dirs]
+    results: list[RunResult | None] = [before_any_work(cfg, d) for cfg, d in zip(cfgs, dirs)]
     todo = [i for i, r in enumerate(results) if r is None]
     if not todo:
         return [r for r in results if r is not None]
