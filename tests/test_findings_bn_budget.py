@@ -117,3 +117,62 @@ def test_bcrit_by_n_fits_each_n_and_the_shift_is_their_ratio():
     shift = bn_budget.bcrit_shift(bcrit)
     assert shift.ratio == pytest.approx(1.0, rel=0.05) and bn_budget.separable(shift)
     assert fit_critical_batch([8, 80], [900, 1200]).n_points == 2
+
+
+# ----------------------------------------------------------------------------- version 6: Hoffer's gap, two contrasts
+def v6_runs(lb_epochs, lb_steps, lb_examples, sb_long=0.0, noise=0.001, seeds=range(50, 58)):
+    """bn_budget_hoffer_v6's variants: sb at 0.97 (10 epochs; sb_long more for the ladder's longer runs), and the
+    large batch's gap (fraction) per N in each arm, given as functions of N (lb_examples at 10k and 20k only)."""
+    rng = np.random.default_rng(0)
+    means = {}
+    for n, k in bn_budget.N_NAMES.items():
+        means[f"sb_{k}"] = 0.97
+        means[f"lbe_{k}"] = 0.97 + lb_epochs(n)
+        means[f"lbs_{k}"] = 0.97 + lb_steps(n)
+    means.update({"sb2_n10k": 0.97 + sb_long / 2, "sb4_n10k": 0.97 + sb_long, "sb2_n20k": 0.97 + sb_long / 2})
+    means.update({"lbx_n10k": means["sb4_n10k"] + lb_examples(10000),
+                  "lbx_n20k": means["sb2_n20k"] + lb_examples(20000)})
+    # at 40k, 10 epochs are 400 000 examples: lbe_n40k is both arms' run, lb_examples(40000) is lb_epochs(40000)
+    rows = [{"variant": v, "train_size": {"n10k": 10000, "n20k": 20000, "n40k": 40000}[v.split("_")[-1]],
+             "seed": s, "state": "ok", "test_acc": m + rng.normal(0, noise)} for v, m in means.items() for s in seeds]
+    return pd.DataFrame(rows)
+
+
+def test_welch_contrast_of_two_groups_is_welchs_interval():
+    from bsresearch.stats import welch_interval
+    rng = np.random.default_rng(1)
+    a, b = pd.Series(rng.normal(1, 0.3, 6)), pd.Series(rng.normal(0.5, 0.1, 9))
+    d = welch_interval(a, b)
+    assert bn_budget.welch_contrast([(a, 1.0), (b, -1.0)]) == pytest.approx((d.diff, d.low, d.high))
+
+
+def test_each_predictor_of_hoffers_gap_in_version_6():
+    flat_c = ratio(0.0)
+    steps = bn_budget.predictor_gap_test(v6_runs(lambda n: -0.05, lambda n: 0.0, lambda n: -0.05), flat_c)
+    assert steps.predictor == "steps" and steps.verdict == Verdict.REPRODUCED
+    assert steps.table["delta_s"].tolist() == pytest.approx([0.05] * 3, abs=0.002)
+    both = bn_budget.predictor_gap_test(v6_runs(lambda n: -0.05, lambda n: 0.0, lambda n: -0.08), flat_c)
+    assert both.predictor == "steps and B/N" and both.verdict == Verdict.PARTLY
+    assert both.delta_n[0] == pytest.approx(0.03, abs=0.002)
+    b_over_n = bn_budget.predictor_gap_test(
+        v6_runs(lambda n: -0.01 if n == 40000 else -0.03, lambda n: -0.01 if n == 40000 else -0.03,
+                lambda n: -0.04), flat_c)
+    assert b_over_n.predictor == "B/N" and b_over_n.verdict == Verdict.NOT_REPRODUCED
+    b_crit = bn_budget.predictor_gap_test(v6_runs(lambda n: -0.03, lambda n: -0.03, lambda n: -0.03), flat_c)
+    assert b_crit.predictor == "B/B_crit"
+    assert bn_budget.predictor_gap_test(v6_runs(lambda n: -0.03, lambda n: -0.03, lambda n: -0.03),
+                                        None).predictor == "cannot be told apart"
+    wide = bn_budget.predictor_gap_test(v6_runs(lambda n: -0.05, lambda n: 0.0, lambda n: -0.05, noise=0.02), flat_c)
+    assert wide.predictor == "cannot be told apart" and wide.verdict == Verdict.INCONCLUSIVE
+    nothing = bn_budget.predictor_gap_test(v6_runs(lambda n: 0.0, lambda n: 0.0, lambda n: 0.0), flat_c)
+    assert nothing.verdict == Verdict.NOT_TESTABLE and "nothing to explain" in nothing.why
+
+
+def test_the_ladder_says_whether_the_small_batch_is_under_trained():
+    runs = v6_runs(lambda n: -0.05, lambda n: 0.01, lambda n: -0.05, sb_long=0.012)
+    ladder = bn_budget.predictor_gap_test(runs, None).ladder.set_index(["n", "k"])
+    assert ladder.loc[(10000, 4), "under_trained"] and ladder.loc[(10000, 4), "u"] == pytest.approx(0.012, abs=0.002)
+    # against the longest small batch the large batch's +1 point at equal steps turns into about -0.2
+    assert ladder.loc[(10000, 4), "gap_steps_longest"] == pytest.approx(-0.002, abs=0.002)
+    missing = bn_budget.predictor_gap_test(runs[runs["variant"] != "sb4_n10k"], None)
+    assert missing.verdict == Verdict.NOT_TESTABLE and "sb4_n10k: fewer than 2 finished seeds" in missing.why

@@ -1,5 +1,8 @@
 """lr/B at a common train loss (protocol v5): each verdict can occur, on made-up runs."""
+import math
+
 import pandas as pd
+import pytest
 
 from bsresearch.findings import lr_over_b
 from bsresearch.findings.verdict import Verdict
@@ -61,3 +64,67 @@ def test_the_secondary_tables_accuracy_with_t_intervals_steps_and_other_margins(
     assert set(steps["mean_steps"]) == {1000 / lr for lr in (0.01, 0.02, 0.04, 0.08)}
     margins = lr_over_b.margin_table(made_up, (0.005, 0.01))
     assert sorted(set(margins["margin"])) == [0.005, 0.01] and len(margins) == 4
+
+
+# ----------------------------------------------------------------------------- version 6: rho, with its interval
+def noisy_runs(acc, noise=0.002, seeds=range(50, 55), ratios=(1 / 1600, 1 / 3200, 1 / 6400), reached=None):
+    import numpy as np
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in seeds:
+        for r in ratios:
+            for lr in LRS:
+                rows.append({"lr": lr, "batch_size": int(round(lr / r)), "seed": seed, "state": "ok",
+                             "reached": True if reached is None else reached(r, lr),
+                             "test_acc": acc(r, lr) + rng.normal(0, noise)})
+    return pd.DataFrame(rows)
+
+
+def test_per_seed_slopes_are_each_seeds_own_least_squares_fit():
+    import numpy as np
+    data = noisy_runs(lambda r, lr: 0.9 + 0.02 * np.log2(r * 6400) + 0.003 * np.log2(lr / 0.01), noise=0.0)
+    slopes = lr_over_b.per_seed_slopes(data)
+    assert len(slopes) == 5 and (slopes["n_cells"] == 15).all()
+    assert np.allclose(slopes["b_r"], 0.02) and np.allclose(slopes["b_lr"], 0.003)
+    # with noise: each seed's slopes are numpy's own fit of that seed's 15 runs
+    noisy = noisy_runs(lambda r, lr: 0.9 + 0.02 * np.log2(r * 6400), noise=0.01)
+    one = noisy[noisy["seed"] == 52]
+    x = np.column_stack([np.ones(15), np.log2(one["lr"]), np.log2(one["lr"] / one["batch_size"])])
+    coef = np.linalg.lstsq(x, one["test_acc"].to_numpy(), rcond=None)[0]
+    got = lr_over_b.per_seed_slopes(noisy).set_index("seed").loc[52]
+    assert got["b_lr"] == pytest.approx(coef[1]) and got["b_r"] == pytest.approx(coef[2])
+
+
+def test_fieller_interval_is_the_set_of_ratios_whose_difference_interval_holds_zero():
+    """Oracle: scan rho and keep each one for which the t interval of a - rho b (stats.t_interval) contains 0."""
+    import numpy as np
+
+    from bsresearch.stats import t_interval
+    rng = np.random.default_rng(3)
+    b = 0.02 + rng.normal(0, 0.004, 6)
+    a = 0.002 + rng.normal(0, 0.002, 6)
+    rho, low, high = lr_over_b.fieller_interval(a, b)
+    assert rho == pytest.approx(a.mean() / b.mean())
+    grid = np.linspace(-1, 1, 20001)
+    kept = [g for g in grid if (lambda t: t[2] <= 0 <= t[3])(t_interval(a - g * b))]
+    assert low == pytest.approx(min(kept), abs=2e-4) and high == pytest.approx(max(kept), abs=2e-4)
+    # a denominator not shown to differ from 0: the set is unbounded
+    assert lr_over_b.fieller_interval(a, rng.normal(0, 0.01, 6))[1:] == (-math.inf, math.inf)
+
+
+def test_each_verdict_of_the_ratio_test_can_occur():
+    import numpy as np
+    lr_b = lambda r: 0.02 * np.log2(r * 6400)   # noqa: E731  2 points per doubling of lr/B
+    small = lr_over_b.ratio_test(noisy_runs(lambda r, lr: 0.9 + lr_b(r) + 0.001 * np.log2(lr / 0.01)))
+    assert small.precondition and small.verdict == Verdict.REPRODUCED and abs(small.rho - 0.05) < 0.05
+    large = lr_over_b.ratio_test(noisy_runs(lambda r, lr: 0.9 + lr_b(r) + 0.02 * np.log2(lr / 0.01)))
+    assert large.verdict == Verdict.NOT_REPRODUCED and large.rho_low > 0.25
+    straddle = lr_over_b.ratio_test(noisy_runs(lambda r, lr: 0.9 + lr_b(r) + 0.005 * np.log2(lr / 0.01),
+                                               noise=0.02))
+    assert straddle.verdict == Verdict.PARTLY and straddle.extend_seeds and straddle.rho_low < 0.25 < straddle.rho_high
+    flat = lr_over_b.ratio_test(noisy_runs(lambda r, lr: 0.86 + 0.001 * np.log2(lr / 0.01)))
+    assert flat.verdict == Verdict.NOT_TESTABLE and not flat.precondition and "precondition fails" in flat.why
+    few = lr_over_b.ratio_test(noisy_runs(lambda r, lr: 0.9 + lr_b(r), reached=lambda r, lr: r > 5e-4))
+    assert few.verdict == Verdict.NOT_TESTABLE and "1 diagonals" in few.why
+    table = lr_over_b.ratio_table(small)
+    assert table["verdict"].tolist() == ["reproduced"] and table["seeds"].tolist() == [5]

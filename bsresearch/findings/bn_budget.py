@@ -6,6 +6,7 @@
     table = goyal_breaks(goyal_runs)                        # per (N, arm): the break at the held-out best lr
     test = break_test(table, ratio)                         # which predicts Goyal's break, and the verdict
     gaps = hoffer_gaps(hoffer_runs); gap = gap_test(gaps, ratio)   # which predicts Hoffer's gap
+    v6 = predictor_gap_test(hoffer_v6_runs, ratio)         # version 6: steps at one N, B/N at fixed steps
 
 Three explanations of where large batches start to lose, and what each predicts when N grows 4x (10 000 to
 40 000) with the batch grid fixed: B/N: the break moves up 4x (2 octaves), and the gap at one B shrinks;
@@ -30,7 +31,7 @@ from ..stats import welch_interval
 from . import goyal
 from .adam_vs_sgd import CriticalBatchRatio, critical_batch_ratio
 from .steps_to_target import at_best_lr, fit_points, tuned_table
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 ARMS = ("epochs", "steps")
 MARGIN = 0.01              # 1 point, the margin of versions 1-4 for Goyal and Hoffer
@@ -125,7 +126,7 @@ def goyal_breaks(rows: pd.DataFrame, arm: str = "arm", metric: str = "test_acc",
 
 
 @dataclass(frozen=True)
-class PredictorTest:
+class PredictorTest(PreregisteredTest):
     """Which of B/N, B/B_crit or the step budget predicts a large-batch effect (protocol v5)."""
     effect: str                  # "break" (Goyal) or "gap" (Hoffer)
     predictor: str               # "B/N" | "B/B_crit" | "steps" | "none" | "undecided"
@@ -292,3 +293,127 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
     else:
         verdict = Verdict.NOT_REPRODUCED
     return PredictorTest("gap", predictor, t, t_low, t_high, c, c_low, c_high, sep, gaps, verdict, why, extend)
+
+
+
+# ----------------------------------------------------------------------------- version 6: Hoffer's gap, two contrasts
+N_NAMES = {10000: "n10k", 20000: "n20k", 40000: "n40k"}
+V6_CELLS: dict[str, dict[int, str]] = {   # experiments/bn_budget_hoffer_v6.yaml's variants, per N
+    "lb_epochs": {n: f"lbe_{k}" for n, k in N_NAMES.items()},
+    "lb_steps": {n: f"lbs_{k}" for n, k in N_NAMES.items()},
+    "lb_examples": {10000: "lbx_n10k", 20000: "lbx_n20k", 40000: "lbe_n40k"},   # 400 000 examples: 400 steps
+    "sb": {n: f"sb_{k}" for n, k in N_NAMES.items()},
+    "sb_examples": {10000: "sb4_n10k", 20000: "sb2_n20k", 40000: "sb_n40k"},    # 400 000 examples: 12 500 steps
+}
+LADDER = ((10000, 2, "sb2_n10k"), (10000, 4, "sb4_n10k"), (20000, 2, "sb2_n20k"))
+
+
+def welch_contrast(groups: list[tuple[pd.Series, float]], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(sum_g w_g mean_g, low, high): independent groups of seeds, a Welch-Satterthwaite t interval; NaN bounds
+    when a group has fewer than 2 values."""
+    values = [(pd.to_numeric(v, errors="coerce").dropna(), w) for v, w in groups]
+    estimate = float(sum(w * v.mean() for v, w in values))
+    if any(len(v) < 2 for v, _ in values):
+        return estimate, math.nan, math.nan
+    terms = [w ** 2 * float(v.var(ddof=1)) / len(v) for v, w in values]
+    var = sum(terms)
+    if var == 0:
+        return estimate, estimate, estimate
+    dof = var ** 2 / sum(x ** 2 / (len(v) - 1) for x, (v, _) in zip(terms, values))
+    half = float(scipy_stats.t.ppf((1 + confidence) / 2, dof)) * math.sqrt(var)
+    return estimate, estimate - half, estimate + half
+
+
+@dataclass(frozen=True)
+class GapPredictorTest(PreregisteredTest):
+    """docs/protocols.md#v6-predictors, Hoffer's gap: Delta_S per N (steps at one N) and Delta_N (B/N at fixed
+    steps and examples), the predictor they name and the verdict; the ladder beside it."""
+    predictor: str               # steps | steps and B/N | B/N | B/B_crit | none | cannot be told apart
+    table: pd.DataFrame          # per N: gap_epochs, delta_s, gap_examples (each with low, high)
+    delta_n: tuple[float, float, float]
+    c: tuple[float, float, float]
+    ladder: pd.DataFrame         # n, k, u (sb at k x 10 epochs - sb at 10), low, high, under_trained, and
+    #                              gap_steps_longest (lb_steps - the longest sb) with its interval
+    verdict: Verdict
+    why: str
+    extend_seeds: bool
+    problems: tuple[str, ...] = ()
+
+
+def _inside(low: float, high: float, margin: float) -> bool:
+    return -margin <= low and high <= margin
+
+
+def predictor_gap_test(rows: pd.DataFrame, ratio: CriticalBatchRatio | None, margin: float = MARGIN,
+                       metric: str = "test_acc", variant: str = "variant",
+                       confidence: float = 0.95) -> GapPredictorTest:
+    """Version 6's test of Hoffer's gap on bn_budget_hoffer_v6's runs (module docstring; the rules are the
+    protocol's, word for word in the spec's header). `ratio`: B_crit's shift 10k -> 40k (the designs' own
+    setting when measured, else version 5's, labelled by the report); None: B/B_crit cannot be named."""
+    def group(name: str, ok_only: bool = True) -> pd.Series:
+        g = rows[rows[variant] == name]
+        return pd.to_numeric((g[g["state"] == "ok"] if ok_only else g)[metric], errors="coerce").dropna()
+
+    problems = []
+    names = sorted({name for cells in V6_CELLS.values() for name in cells.values()} | {n for *_, n in LADDER})
+    for name in names:
+        mine = rows[rows[variant] == name]
+        unfinished = int((~mine["state"].isin(goyal.FINISHED)).sum())
+        if unfinished:
+            problems.append(f"{name}: {unfinished} runs not finished")
+        if len(group(name)) < 2:
+            problems.append(f"{name}: fewer than 2 finished seeds")
+    table_rows = []
+    for n in sorted(N_NAMES):
+        cell = {arm: V6_CELLS[arm][n] for arm in V6_CELLS}
+        gap_e = welch_interval(group(cell["lb_epochs"]), group(cell["sb"]), confidence)
+        d_s = welch_interval(group(cell["lb_steps"]), group(cell["lb_epochs"]), confidence)
+        gap_x = welch_interval(group(cell["lb_examples"]), group(cell["sb_examples"]), confidence)
+        table_rows.append({"n": n, "gap_epochs": gap_e.diff, "gap_epochs_low": gap_e.low,
+                           "gap_epochs_high": gap_e.high, "delta_s": d_s.diff, "delta_s_low": d_s.low,
+                           "delta_s_high": d_s.high, "gap_examples": gap_x.diff, "gap_examples_low": gap_x.low,
+                           "gap_examples_high": gap_x.high})
+    table = pd.DataFrame(table_rows)
+    ladder = []
+    for n, k, name in LADDER:
+        u = welch_interval(group(name), group(V6_CELLS["sb"][n]), confidence)
+        longest = max((kk for nn, kk, _ in LADDER if nn == n))
+        long_name = next(nm for nn, kk, nm in LADDER if nn == n and kk == longest)
+        g = welch_interval(group(V6_CELLS["lb_steps"][n]), group(long_name), confidence)
+        ladder.append({"n": n, "k": k, "u": u.diff, "low": u.low, "high": u.high, "under_trained": bool(u.low > 0),
+                       "longest_sb": long_name, "gap_steps_longest": g.diff, "gap_steps_longest_low": g.low,
+                       "gap_steps_longest_high": g.high})
+    c = _octaves(ratio) if ratio is not None else (math.nan, math.nan, math.nan)
+    nan3 = (math.nan, math.nan, math.nan)
+    if not problems and not (table["gap_epochs_high"] < -margin).any():
+        problems.append("no gap at equal epochs at any N: nothing to explain")
+    if problems:
+        return GapPredictorTest("cannot be told apart", table, nan3, c, pd.DataFrame(ladder), Verdict.NOT_TESTABLE,
+                                "; ".join(problems), False, tuple(problems))
+    x10, x40 = V6_CELLS["lb_examples"], V6_CELLS["sb_examples"]
+    delta_n = welch_contrast([(group(x10[40000]), 1.0), (group(x40[40000]), -1.0), (group(x10[10000]), -1.0),
+                              (group(x40[10000]), 1.0)], confidence)
+    s_above = bool((table["delta_s_low"] > margin).all())
+    s_inside = all(_inside(r.delta_s_low, r.delta_s_high, margin) for r in table.itertuples())
+    s_below = bool((table["delta_s_high"] < -margin).any())
+    n_above, n_below = delta_n[1] > margin, delta_n[2] < -margin
+    n_inside = _inside(delta_n[1], delta_n[2], margin)
+    c_inside = math.isfinite(c[1]) and -SEPARABLE < c[1] and c[2] < SEPARABLE
+    if n_below or s_below:
+        predictor = "none"
+    elif s_above and n_inside:
+        predictor = "steps"
+    elif s_above and n_above:
+        predictor = "steps and B/N"
+    elif s_inside and n_above:
+        predictor = "B/N"
+    elif s_inside and n_inside and c_inside:
+        predictor = "B/B_crit"
+    else:
+        predictor = "cannot be told apart"
+    shown = ", ".join(f"Delta_S({r.n // 1000}k) {100 * r.delta_s:+.2f} [{100 * r.delta_s_low:+.2f}, "
+                      f"{100 * r.delta_s_high:+.2f}]" for r in table.itertuples())
+    why = f"{shown}; Delta_N {100 * delta_n[0]:+.2f} [{100 * delta_n[1]:+.2f}, {100 * delta_n[2]:+.2f}] points"
+    verdict = {"steps": Verdict.REPRODUCED, "steps and B/N": Verdict.PARTLY,
+               "cannot be told apart": Verdict.INCONCLUSIVE}.get(predictor, Verdict.NOT_REPRODUCED)
+    return GapPredictorTest(predictor, table, delta_n, c, pd.DataFrame(ladder), verdict, f"{predictor}: {why}", False)

@@ -6,12 +6,17 @@ to the same train loss a function of lr/B alone, and where does it stop being on
     table = diagonal_table(runs)               # per (lr/B, lr): seeds, seeds at the target, test accuracy
     test = equivalence_test(runs)              # along each lr/B diagonal: how far in lr it stays a function of lr/B
     steps_table(runs), margin_table(runs)      # secondary: steps to the target per cell; the test at other margins
+    ratio = ratio_test(runs)                   # version 6: lr's effect at fixed lr/B over lr/B's, Fieller interval
 
 A diagonal is a set of cells with one value of lr/B and lr (hence B) growing by factors of 2. Along it, each
 lr is compared with the diagonal's smallest lr (the reference) by Welch's interval on the test accuracy of the
 runs that reached the target: "same" when the interval lies inside [-margin, +margin], "differs" when it lies
 wholly outside, "undecided" otherwise; a cell where fewer than 3 seeds reached the target "stops" (training
 breaks there). The span of a diagonal is (the largest lr up to which every lr is "same") / (the reference lr).
+
+Version 6 (docs/protocols.md#v6-lr-over-b) asks instead how large lr's effect is next to lr/B's: per seed, least
+squares of the accuracy on (1, log2 lr, log2 lr/B) over the cells that count gives b_lr and b_r (per doubling);
+rho = mean b_lr / mean b_r with its Fieller interval, judged against +-1/4 once lr/B is shown to move the accuracy.
 
 Analysis only (no matplotlib): the figures are bsresearch.plots.findings.lr_over_b.
 """
@@ -25,7 +30,7 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..stats import t_interval, welch_interval
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 MARGIN = 0.01          # 1 point: "the same accuracy"
 MIN_REACHED = 3        # seeds of 5 that must reach the target for a cell to count
@@ -100,7 +105,7 @@ def along_diagonals(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr"
 
 
 @dataclass(frozen=True)
-class EquivalenceTest:
+class EquivalenceTest(PreregisteredTest):
     """docs/protocols.md#lr-over-b: per diagonal, the span in lr over which lr/B alone predicts the accuracy."""
     per_diagonal: pd.DataFrame   # lr_over_b, reference_lr, span, stops_at (lr of the first cell that is not
     #                              "same": NaN if none), stops_why (differs / stops / undecided / grid end),
@@ -199,3 +204,123 @@ def margin_table(runs: pd.DataFrame, margins: tuple[float, ...] = (0.005, 0.01, 
         rows += [{"margin": margin, **row, "verdict": str(test.verdict)}
                  for row in test.per_diagonal.to_dict("records")]
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- version 6: the ratio of the effects
+RHO_MARGIN = 0.25      # version 6: lr's effect at fixed lr/B at most a quarter of lr/B's
+
+
+def per_seed_slopes(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", batch: str = "batch_size",
+                    min_reached: int = MIN_REACHED) -> pd.DataFrame:
+    """Per seed: b_lr and b_r, the least-squares slopes of `metric` on log2 lr and log2 (lr/B) (with an intercept)
+    over that seed's runs that reached the target in the cells that count (diagonal_table's `included`), and
+    n_cells; a seed with fewer than 3 such cells, or whose cells do not vary both lr and lr/B, gets NaN slopes."""
+    data = _with_ratio(runs, lr, batch)
+    table = diagonal_table(runs, metric, lr, batch, min_reached)
+    counted = {(float(r.lr_over_b), float(r.lr)) for r in table.itertuples() if r.included}
+    rows = []
+    for seed, g in data.groupby("seed", sort=True):
+        in_counted = np.array([(float(r), float(x)) in counted for r, x in zip(g["lr_over_b"], g["_lr"])], dtype=bool)
+        use = g[g["reached"].astype(bool).to_numpy() & in_counted]
+        y = pd.to_numeric(use[metric], errors="coerce").to_numpy(float)
+        x = np.column_stack([np.ones(len(use)), np.log2(use["_lr"].to_numpy(float)),
+                             np.log2(use["lr_over_b"].to_numpy(float))])
+        slopes = (math.nan, math.nan)
+        if len(use) >= 3 and np.all(np.isfinite(y)) and np.linalg.matrix_rank(x) == 3:
+            coef = np.linalg.lstsq(x, y, rcond=None)[0]
+            slopes = (float(coef[1]), float(coef[2]))
+        rows.append({"seed": seed, "b_lr": slopes[0], "b_r": slopes[1], "n_cells": len(use)})
+    return pd.DataFrame(rows)
+
+
+def fieller_interval(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean a / mean b, low, high) for paired per-seed values: the set of rho for which the t interval of the
+    per-seed a - rho b contains 0 (Fieller). Bounded only when mean b is itself shown to differ from 0; otherwise
+    (-inf, inf) (the set is then unbounded). Requires two or more seeds."""
+    from scipy import stats
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = len(a)
+    if n != len(b) or n < 2:
+        raise ConfigError(f"Fieller interval: needs two paired lists of >= 2 values; got {len(a)} and {len(b)}")
+    ma, mb = float(a.mean()), float(b.mean())
+    cov = np.cov(np.stack([a, b]), ddof=1)
+    q = float(stats.t.ppf((1 + confidence) / 2, n - 1)) ** 2 / n
+    qa, qb, qc = mb ** 2 - q * cov[1, 1], -2 * (ma * mb - q * cov[0, 1]), ma ** 2 - q * cov[0, 0]
+    ratio = ma / mb if mb else math.nan
+    disc = qb ** 2 - 4 * qa * qc
+    if qa <= 0 or disc < 0:
+        return ratio, -math.inf, math.inf
+    root = math.sqrt(disc)
+    return ratio, (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
+
+
+@dataclass(frozen=True)
+class RatioTest:
+    """docs/protocols.md#v6-lr-over-b: rho = (lr's effect at fixed lr/B) / (lr/B's effect), per doubling."""
+    per_seed: pd.DataFrame       # per_seed_slopes
+    b_r: tuple[float, float, float]      # mean lr/B slope (fraction per doubling), its t interval
+    b_lr: tuple[float, float, float]     # mean lr slope at fixed lr/B, its t interval
+    rho: float
+    rho_low: float               # Fieller interval (+-inf when unbounded)
+    rho_high: float
+    precondition: bool           # b_r's interval lies above 0: accuracy moves with lr/B
+    margin: float
+    n_seeds: int
+    verdict: Verdict
+    why: str
+    extend_seeds: bool
+    problems: tuple[str, ...] = ()
+
+
+def ratio_test(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", batch: str = "batch_size",
+               margin: float = RHO_MARGIN, min_reached: int = MIN_REACHED, min_lrs: int = MIN_LRS,
+               max_seeds: int = 8, confidence: float = 0.95) -> RatioTest:
+    """Version 6's lr/B test. Not testable: runs unfinished, fewer than 2 diagonals or `min_lrs` lrs that count,
+    fewer than 2 seeds with slopes, or the precondition failing (the lr/B slope's interval not above 0: no effect
+    to compare against, which the verdict says). Reproduced: rho's Fieller interval inside [-margin, +margin];
+    not reproduced: wholly outside; partly: straddling (extend_seeds with fewer than max_seeds seeds)."""
+    table = diagonal_table(runs, metric, lr, batch, min_reached)
+    slopes = per_seed_slopes(runs, metric, lr, batch, min_reached)
+    fitted = slopes.dropna(subset=["b_lr", "b_r"])
+    problems = []
+    if int(table["unfinished"].sum()):
+        problems.append(f"{int(table['unfinished'].sum())} runs not finished")
+    counted = table[table["included"]]
+    if counted["lr_over_b"].nunique() < 2 or counted["lr"].nunique() < min_lrs:
+        problems.append(f"{counted['lr_over_b'].nunique()} diagonals and {counted['lr'].nunique()} lrs count "
+                        f"(needs 2 and {min_lrs})")
+    if len(fitted) < 2:
+        problems.append(f"{len(fitted)} seeds with slopes (needs 2)")
+    nan3 = (math.nan, math.nan, math.nan)
+    if problems:
+        return RatioTest(slopes, nan3, nan3, math.nan, math.nan, math.nan, False, margin, len(fitted),
+                         Verdict.NOT_TESTABLE, "; ".join(problems), False, tuple(problems))
+    b_r = t_interval(fitted["b_r"], confidence)
+    b_lr = t_interval(fitted["b_lr"], confidence)
+    b_r3, b_lr3 = (b_r[0], b_r[2], b_r[3]), (b_lr[0], b_lr[2], b_lr[3])
+    rho, low, high = fieller_interval(fitted["b_lr"].to_numpy(), fitted["b_r"].to_numpy(), confidence)
+    slope = f"lr/B slope {100 * b_r[0]:+.2f} [{100 * b_r[2]:+.2f}, {100 * b_r[3]:+.2f}] points per doubling"
+    if not b_r[2] > 0:
+        why = f"precondition fails: {slope}; accuracy is not shown to move with lr/B, so lr's effect has nothing " \
+              f"to be compared with"
+        return RatioTest(fitted, b_r3, b_lr3, rho, low, high, False, margin, len(fitted), Verdict.NOT_TESTABLE, why,
+                         False, ("precondition: the lr/B slope's interval is not above 0",))
+    shown = f"rho = {rho:+.3f} [{low:+.3f}, {high:+.3f}] ({slope})"
+    extend = False
+    if -margin <= low and high <= margin:
+        verdict, why = Verdict.REPRODUCED, f"{shown}: inside +-{margin:g}"
+    elif low > margin or high < -margin:
+        verdict, why = Verdict.NOT_REPRODUCED, f"{shown}: wholly outside +-{margin:g}"
+    else:
+        verdict, why = Verdict.PARTLY, f"{shown}: straddles +-{margin:g}"
+        extend = len(fitted) < max_seeds
+    return RatioTest(fitted, b_r3, b_lr3, rho, low, high, True, margin, len(fitted), verdict, why, extend)
+
+
+def ratio_table(test: RatioTest) -> pd.DataFrame:
+    """The version-6 test as one row (test.csv's form: the gallery reads its `verdict` column)."""
+    return pd.DataFrame([{"statistic": "rho = b_lr / b_r", "estimate": test.rho, "low": test.rho_low,
+                          "high": test.rho_high, "b_r": test.b_r[0], "b_r_low": test.b_r[1], "b_r_high": test.b_r[2],
+                          "b_lr": test.b_lr[0], "b_lr_low": test.b_lr[1], "b_lr_high": test.b_lr[2],
+                          "precondition": test.precondition, "margin": test.margin, "seeds": test.n_seeds,
+                          "verdict": str(test.verdict), "why": test.why}])
