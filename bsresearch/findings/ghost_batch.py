@@ -82,7 +82,7 @@ def compare_ghost(rows: pd.DataFrame, ghost: int = 32, metric: str = "test_acc",
     return GhostComparison(ghost, batch, d.diff, d.low, d.high, d.n_a, d.n_b, margin, verdict, tuple(problems))
 
 
-def _with_gap(rows: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:
+def with_gap(rows: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:
     """`rows` with gap_loss = test_loss - train_loss when a metric asks for it and it is absent."""
     if "gap_loss" in metrics and "gap_loss" not in rows:
         return rows.assign(gap_loss=rows["test_loss"] - rows["train_loss"])
@@ -94,7 +94,7 @@ def by_ghost_size(rows: pd.DataFrame, metrics: tuple[str, ...] = ("test_acc", "t
     """Per ghost size (runs that ended ok): n and each metric's mean, std and t interval (gap_loss = test
     minus train loss, computed when absent), then `metric` minus whole-batch BatchNorm with Welch's interval
     (`vs_none`, `vs_none_low`, `vs_none_high`; 0 width at the reference itself)."""
-    data = _with_gap(rows.assign(ghost=ghost_sizes(rows)), metrics)
+    data = with_gap(rows.assign(ghost=ghost_sizes(rows)), metrics)
     data = data[data["state"] == "ok"]
     table = stats.summarize(data, "ghost", list(metrics), confidence)
     batch = float(rows["batch_size"].iloc[0])

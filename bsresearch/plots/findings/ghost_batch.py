@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ...findings.ghost_batch import _with_gap, ghost_sizes
+from ...findings.ghost_batch import ghost_sizes, with_gap
 from .. import log2_batch_axis
 from ..sweeps import axis_label
 
@@ -20,7 +20,7 @@ def accuracy_vs_ghost(ax: plt.Axes, rows: pd.DataFrame, table: pd.DataFrame, met
     """`metric` (a column of by_ghost_size's table: test_acc, train_loss, gap_loss, ...) against the ghost
     size (log2 axis; whole-batch BatchNorm at x = the batch size, marked "none"): each run (grey), the mean
     over seeds with its t interval, and the whole-batch mean as a dashed line."""
-    data = _with_gap(rows.assign(ghost=ghost_sizes(rows)), (metric,))
+    data = with_gap(rows.assign(ghost=ghost_sizes(rows)), (metric,))
     data = data[data["state"] == "ok"]
     ax.scatter(data["ghost"], data[metric], s=10, color="0.4", alpha=0.5, linewidths=0, label="each seed")
     mean = table[f"{metric}_mean"].to_numpy(float)
