@@ -38,7 +38,7 @@ _LAZY = {
     "run_sweep": "sweep", "load_spec": "sweep", "SweepSpec": "sweep",
 }
 # subpackages and torch-free modules, imported on first access; the reproductions' analyses are
-# bsresearch.findings.<name> (keskar, dinh, hoffer, goyal, steps_to_target, smith_le, nqm)
+# bsresearch.findings.<name>, one module per finding (bsresearch/findings/__init__.py lists them)
 _SUBMODULES = ("results", "stats", "plots", "findings", "measure", "systems", "sweep", "noise")
 
 

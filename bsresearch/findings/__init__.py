@@ -18,9 +18,16 @@ experiments/<name>*.yaml (its sweeps) and reports/<name>*/.
     lm_cbs           Merrill et al. 2025: a language model's critical batch size measured by branching
     lm_batch_warmup  Merrill et al. 2025: batch-size warmup following that critical batch size
     lm_small_batch   Marek et al. 2025: small batches, Adam's beta2 at a fixed half-life, plain SGD
+    bn_budget        B/N, B/B_crit or the step budget: which one predicts Goyal's break and Hoffer's gap
+    lr_over_b        Smith & Le 2018 / Jastrzebski et al. 2017: test accuracy at a common train loss against lr/B
 
-`runs` holds what several findings share: a measurement applied to every finished run's weights, and
-`verdict` the one verdict type every pre-registered test returns (reproduced, partly, not reproduced, ...).
+What several findings share:
+
+    runs             a measurement applied to every finished run's weights
+    verdict          the one verdict type every pre-registered test returns (reproduced, partly, not reproduced, ...)
+    protocol         the protocol version each report is judged by (report folder -> docs/protocols.md version)
+    power            how many seeds a pre-registered test needs: the power of its interval at a measured variance
+
 Settings and pre-registered tests: docs/protocols.md. Analysis only: no module here imports matplotlib or
 seaborn (the figures import the analysis, never the other way round). keskar, dinh and runs import torch
 (they load trained weights); the others are torch-free.
