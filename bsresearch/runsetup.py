@@ -1,5 +1,5 @@
-"""One setup for every driver: what a run needs before the training loop, resolved the same way for a single
-run (train.run), a fused group (fused.train_group) and advise's short run.
+"""The one setup: what a run needs before the training loop, resolved the same way at every place a run stands
+(driver.drive: a single run, each process of a device group; a fused group; advise's short run).
 
     setup = run_setup(cfg)                  # device, threads, data, loss, and the task a dry run finds
     member = setup.member(0, cfg, run_dir)  # its state: fresh, or resumed from run_dir's checkpoint
