@@ -15,53 +15,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 transformers = pytest.importorskip("transformers")
 
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from hf_tiny import VOCAB, Documents, collate, llama, pad_together  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from bsresearch.config import ConfigError  # noqa: E402
 from bsresearch.integrations.hf import BatchSizeCallback  # noqa: E402
 from bsresearch.noise.estimators import two_batch_estimate  # noqa: E402
-
-VOCAB, PAD = 32, 0
-
-
-def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32, pad_token_id=PAD,
-                         bos_token_id=1, eos_token_id=2, attention_dropout=0.0)
-    return LlamaForCausalLM(config).double()
-
-
-class Documents(torch.utils.data.Dataset):
-    """Documents of 3 to 12 tokens (a rule a model can learn a little of), as dictionaries of input ids."""
-
-    def __init__(self, n: int = 64) -> None:
-        g = torch.Generator().manual_seed(1)
-        self.docs = []
-        for _ in range(n):
-            length = int(torch.randint(3, 13, (1,), generator=g))
-            start = int(torch.randint(3, VOCAB, (1,), generator=g))
-            self.docs.append([(start + 3 * i) % (VOCAB - 3) + 3 for i in range(length)])
-
-    def __len__(self) -> int:
-        return len(self.docs)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.docs[i]}
-
-
-def collate(features: list[dict]) -> dict[str, torch.Tensor]:
-    """Right padding: input ids with PAD, labels with -100 (ignored by the loss), the attention mask."""
-    width = max(len(f["input_ids"]) for f in features)
-    ids = torch.full((len(features), width), PAD)
-    labels = torch.full((len(features), width), -100)
-    mask = torch.zeros((len(features), width), dtype=torch.long)
-    for i, f in enumerate(features):
-        n = len(f["input_ids"])
-        ids[i, :n] = torch.tensor(f["input_ids"])
-        labels[i, :n] = ids[i, :n]
-        mask[i, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def arguments(tmp_path, accumulation: int, steps: int = 4, batch: int = 4, **extra) -> TrainingArguments:
@@ -81,16 +40,6 @@ def trainer_with(tmp_path, callbacks, accumulation=4, num_items=True, steps=4, b
 
 def flat(grads) -> torch.Tensor:
     return torch.cat([g.reshape(-1) for g in grads])
-
-
-def pad_together(batches: list[dict]) -> dict[str, torch.Tensor]:
-    """One batch of every micro-batch's examples, padded to the widest (labels -100 where padded)."""
-    width = max(b["input_ids"].shape[1] for b in batches)
-    out = {}
-    for key, fill in (("input_ids", PAD), ("attention_mask", 0), ("labels", -100)):
-        out[key] = torch.cat([torch.nn.functional.pad(b[key], (0, width - b[key].shape[1]), value=fill)
-                              for b in batches])
-    return out
 
 
 class Oracle(TrainerCallback):

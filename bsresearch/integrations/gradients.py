@@ -11,7 +11,8 @@ previous micro-batches' sum `A`. So over one optimizer update
 
 which equals `.grad` after minus before the micro-batch's backward, and |.grad|^2 before the trainer clips it
 (the Hugging Face Trainer clips before its callbacks see the gradient). Two dot products per parameter and
-micro-batch, added up in float64 on the parameters' device (no sync until the step's row is read).
+micro-batch, kept on the parameters' device and added up (in float64) when the step's row is read: no sync
+before then.
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ class GradientWatch:
             raise ValueError("the model has no trainable parameters")
         self.device = self.params[0].device
         self.paused = False
-        self.micro: list[torch.Tensor] = []      # |h_i|^2 of each micro-batch of this update
-        self.total = torch.zeros((), device=self.device, dtype=torch.float64)   # |sum of h|^2 so far this update
+        # per micro-batch, the hooks' dot products (0-d tensors, summed only when the update's row is read)
+        self.micro: list[list[torch.Tensor]] = []     # |h|^2 of each parameter
+        self.cross: list[torch.Tensor] = []           # h.A of each parameter and micro-batch
         self.handles: list[RemovableHandle] = [p.register_hook(self._hook(p)) for p in self.params]
 
     def _hook(self, p: torch.Tensor):  # noqa: ANN202 (a closure over p)
@@ -48,25 +50,29 @@ class GradientWatch:
             if not self.micro:   # a backward with no micro-batch begun (a plain loop that forgot): count it as one
                 self.begin_micro_batch()
             flat = _wide(h)
-            sq = torch.dot(flat, flat)
-            self.micro[-1] += sq
+            self.micro[-1].append(torch.dot(flat, flat))
             grad = p.grad
-            self.total += sq if grad is None else sq + 2 * torch.dot(flat, _wide(grad))
+            if grad is not None:
+                self.cross.append(torch.dot(flat, _wide(grad)))
         return hook
 
     def begin_micro_batch(self) -> None:
-        self.micro.append(torch.zeros((), device=self.device, dtype=torch.float64))
+        self.micro.append([])
 
     def take(self) -> tuple[list[float], float]:
-        """(each micro-batch's |h_i|^2, the accumulated |sum h_i|^2) of this update, as the trainer scaled
-        them; then the next update starts empty. One device sync."""
-        values = torch.stack([*self.micro, self.total]).tolist() if self.micro else [float(self.total)]
-        self.micro, self.total = [], torch.zeros((), device=self.device, dtype=torch.float64)
-        return values[:-1], values[-1]
+        """(each micro-batch's |h_i|^2, the accumulated |sum h_i|^2 = sum |h_i|^2 + 2 sum h_i.A_i) of this
+        update, as the trainer scaled them, summed in float64; then the next update starts empty. One sync."""
+        zero = torch.zeros((), device=self.device, dtype=torch.float64)
+        sums = [torch.stack(m).double().sum() if m else zero for m in self.micro]
+        cross = torch.stack(self.cross).double().sum() if self.cross else zero
+        values = torch.stack([*sums, cross]).tolist()
+        self.discard()
+        micro, cross_value = values[:-1], values[-1]
+        return micro, sum(micro) + 2 * cross_value
 
     def discard(self) -> None:
         """Forget the update so far (a step skipped by the trainer)."""
-        self.micro, self.total = [], torch.zeros((), device=self.device, dtype=torch.float64)
+        self.micro, self.cross = [], []
 
     def remove(self) -> None:
         for handle in self.handles:
