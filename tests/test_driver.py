@@ -155,3 +155,14 @@ def test_a_run_that_died_on_two_devices_and_resumed_on_one_says_so(tmp_path):
     status = RunDir(tmp_path / "run").status()
     assert status["devices"] == {"count": 1} and status["resumed_from"] == 8
     assert [(a["resumed_from"], a["devices"]) for a in status["attempts"]] == [(None, 2), (8, 1)]
+
+
+def test_a_fused_member_s_record_says_its_group_and_its_one_device(tmp_path):
+    from bsresearch.fused import train_group
+    dirs = [tmp_path / f"m{i}" for i in range(2)]
+    results = train_group([tiny_config(seed=s, budget_amount=5) for s in range(2)], dirs, group_id="g1")
+    assert [r.state for r in results] == ["ok", "ok"]
+    for d in dirs:
+        status = RunDir(d).status()
+        assert status["group"] == "g1" and status["devices"] == {"count": 1}
+        assert [(a["resumed_from"], a["devices"]) for a in status["attempts"]] == [(None, 1)]
