@@ -110,10 +110,14 @@ else:
 # measurements: at the end of training (the run template's `measurements`: noise scale, Hessian eigenvalue and
 # trace, Keskar's phi, sharpness), or along training (a notebook of one's own: B_simple and the sharpness, their
 # last values), without standard errors and diagnostics
+noise_unit = str(history["unit"].dropna().iloc[0]) if "unit" in history and history["unit"].notna().any() \
+    else None   # B_simple's unit where the runs say it (examples, or tokens for a token-level loss)
 kinds = ("noise_b_simple", "noise_b_noise", "hessian_top_eigenvalue", "hessian_trace", "keskar_phi_", "sharpness_",
          "m_sharpness_")
-if own:
-    measured = [c for c in ("b_simple_ema", "b_simple", "sharpness", "sharpness_limit") if numeric(c)]
+if own:   # B_simple's moving average (else its last estimate); the sharpness with its stability limit
+    measured = [next((c for c in ("b_simple_ema", "b_simple") if numeric(c)), None), "sharpness",
+                "sharpness_limit" if numeric("sharpness") else None]
+    measured = [c for c in measured if c and numeric(c)]
 else:
     measured = [c for c in ok.columns if c.startswith(kinds) and not c.endswith(("_std_error", "_residual",
                                                                                  "_converged")) and numeric(c)]
@@ -125,9 +129,9 @@ if measured:
         log_y = bool((ok[metric].dropna() > 0).all())
         logged += [metric] * log_y
         if k < len(measured):
-            metric_vs_batch(ax, ok, metric, hue=hue, x=x, log_y=log_y)
+            metric_vs_batch(ax, ok, metric, hue=hue, x=x, log_y=log_y, unit=noise_unit)
         else:   # against the learning rate, one line per batch size
-            metric_vs_lr(ax, ok, metric, hue=x, x=lr, log_y=log_y)
+            metric_vs_lr(ax, ok, metric, hue=x, x=lr, log_y=log_y, unit=noise_unit)
     save_figure(fig, out / "measurements_vs_batch",
                 ("Measurements along training, each run's last value (" if own else
                  "Measurements of the final weights (") + ", ".join(measured) + ") against batch size"

@@ -118,13 +118,19 @@ def worker_pid(run_dir: Path) -> int | None:
 
 
 @pytest.mark.slow
-def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_reports(tmp_path):
+@pytest.mark.parametrize("trainer", ["loop", "hf"])
+def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_reports(tmp_path, trainer):
     """2 batch sizes x 2 seeds on two workers, started from another folder; one run is held after its first
     step (its notebook waits for a file) and its worker is killed with SIGKILL: that run is recorded died, the
-    others finish; the rerun redoes it alone, the finished ones untouched byte for byte; the report draws."""
+    others finish; the rerun redoes it alone, the finished ones untouched byte for byte; the report draws. The
+    notebook is a plain loop writing with RunWriter, or a Hugging Face Trainer with bsresearch's callback given
+    run_dir (a tiny Llama from a config, offline)."""
+    if trainer == "hf":
+        pytest.importorskip("transformers")
+    large, steps = (8, 6) if trainer == "hf" else (32, 30)
     gate = tmp_path / "gate"
-    spec_path = write_project(tmp_path / "proj", {"overrides": [{"where": {"batch_size": 32, "seed": 1},
-                                                                 "set": {"gate": str(gate)}}]})
+    spec_path = write_project(tmp_path / "proj", {"overrides": [{"where": {"batch_size": large, "seed": 1},
+                                                                 "set": {"gate": str(gate)}}]}, trainer=trainer)
     (tmp_path / "elsewhere").mkdir()
     sweep_dir = tmp_path / "proj" / "runs" / "own"
     points = expand(load_spec(spec_path))
@@ -150,7 +156,7 @@ def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_repor
 
     dry = subprocess.run([*command, "--dry-run", "--retry-failed"], cwd=tmp_path / "proj", env=env,
                          capture_output=True, text=True, check=True).stdout
-    assert f"{held.run_id}  batch_size=32 seed=1  died" in dry and "4 runs in" in dry and "1 to run" in dry
+    assert f"{held.run_id}  batch_size={large} seed=1  died" in dry and "4 runs in" in dry and "1 to run" in dry
     gate.touch()
     again = subprocess.run([*command, "--retry-failed", "--workers", "2"], cwd=tmp_path / "proj", env=env,
                            capture_output=True, text=True)
@@ -159,8 +165,8 @@ def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_repor
     for run_id, files in finished.items():
         assert {n: (sweep_dir / run_id / n).read_bytes() for n in files} == files
     redone = RunDir(sweep_dir / held.run_id)
-    assert redone.state() == "ok" and len(redone.history_rows()) == 30 and redone.damage() == []
-    assert redone.config()["batch_size"] == 32 and redone.config()["seed"] == 1
+    assert redone.state() == "ok" and len(redone.history_rows()) == steps and redone.damage() == []
+    assert redone.config()["batch_size"] == large and redone.config()["seed"] == 1
 
     report = subprocess.run([sys.executable, "-m", "bsresearch", "report", "../experiments/own.yaml", "--no-html"],
                             cwd=tmp_path / "proj" / "notebooks", env=env, capture_output=True, text=True)
@@ -169,7 +175,11 @@ def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_repor
     assert not (tmp_path / "proj" / "notebooks" / "reports").exists()
     assert {"metrics_vs_batch.png", "learning_curves.png", "summary.md"} <= {f.name for f in out_dir.iterdir()}
     summary = (out_dir / "summary.md").read_text()
-    assert "| batch_size | n | test_loss_mean | train_loss_mean |" in summary and "| 32 | 2 |" in summary
+    assert f"| {large} | 2 |" in summary
+    if trainer == "loop":
+        assert "| batch_size | n | test_loss_mean | train_loss_mean |" in summary
+    else:   # the callback's B_simple, drawn against batch size
+        assert "b_simple_ema_mean" in summary and (out_dir / "measurements_vs_batch.png").exists()
 
 
 @pytest.mark.slow

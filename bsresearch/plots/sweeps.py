@@ -22,6 +22,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 from . import log2_batch_axis
 
@@ -79,6 +80,9 @@ LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate
           "train_seconds": "training time (s)"}
 
 
+NOISE_SCALES = ("noise_b_simple", "noise_b_noise", "b_simple", "b_simple_ema")   # labelled "(examples)" by default
+
+
 def axis_label(name: str, unit: str | None = None) -> str:
     """A column's axis label, with its unit: a loss with the runs' (config.json's loss_unit, e.g. 'nats per
     token'); a measurement with its own (LABELS)."""
@@ -89,6 +93,8 @@ def axis_label(name: str, unit: str | None = None) -> str:
     if name.startswith("sharpness_") and name not in LABELS:
         return f"sharpness, {name.removeprefix('sharpness_').replace('_', ' ')} (loss)"
     label = LABELS.get(name, name.replace("_", " "))
+    if unit and name in NOISE_SCALES:   # a noise scale in the runs' unit (tokens, for a token-level loss)
+        return label.replace("(examples)", f"({unit})")
     return f"{label} ({unit})" if unit and name.endswith("loss") else label
 
 
@@ -151,7 +157,8 @@ def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: 
 
 
 def metric_vs_lr(ax: plt.Axes, runs: pd.DataFrame, y: str, hue: str | None = "batch_size",
-                 errorbar: Any = CI, x: str = "lr", log_y: bool = False, **kwargs: Any) -> plt.Axes:
+                 errorbar: Any = CI, x: str = "lr", log_y: bool = False, unit: str | None = None,
+                 **kwargs: Any) -> plt.Axes:
     """Mean of `y` over seeds against the learning rate (`x`, log axis), one line per `hue` (batch size); log_y
     as metric_vs_batch's."""
     import seaborn as sns
@@ -164,7 +171,7 @@ def metric_vs_lr(ax: plt.Axes, runs: pd.DataFrame, y: str, hue: str | None = "ba
     ax.set_xscale("log")
     if log_y:
         ax.set_yscale("log")
-    ax.set(xlabel=axis_label(x), ylabel=axis_label(y))
+    ax.set(xlabel=axis_label(x), ylabel=axis_label(y, unit))
     label_legend(ax, hue)
     return ax
 
@@ -187,6 +194,7 @@ def learning_curves(ax: plt.Axes, history: pd.DataFrame, y: str = "train_loss", 
     label_legend(ax, hue)
     if log_x:
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())   # over less than a decade the minor labels run together
     if log_y:
         ax.set_yscale("log")
     ax.set(xlabel=axis_label(x), ylabel=axis_label(y, unit))
