@@ -147,7 +147,7 @@ def test_welch_contrast_of_two_groups_is_welchs_interval():
 
 
 def test_each_predictor_of_hoffers_gap_in_version_6():
-    flat_c = ratio(0.0)
+    flat_c = bn_budget.octaves(ratio(0.0))
     steps = bn_budget.predictor_gap_test(v6_runs(lambda n: -0.05, lambda n: 0.0, lambda n: -0.05), flat_c)
     assert steps.predictor == "steps" and steps.verdict == Verdict.REPRODUCED
     assert steps.table["delta_s"].tolist() == pytest.approx([0.05] * 3, abs=0.002)

@@ -79,14 +79,15 @@ def bcrit_shift(bcrit: pd.DataFrame) -> CriticalBatchRatio:
     return critical_batch_ratio(large, small)
 
 
-def _octaves(ratio: CriticalBatchRatio) -> tuple[float, float, float]:
+def octaves(ratio: CriticalBatchRatio) -> tuple[float, float, float]:
+    """c = log2 of B_crit's ratio, with its interval (octaves)."""
     return math.log2(ratio.ratio), math.log2(ratio.low), math.log2(ratio.high)
 
 
 def separable(ratio: CriticalBatchRatio, limit: float = SEPARABLE) -> bool:
     """B/N and B/B_crit make different predictions: B_crit's shift c (octaves) has its interval inside
     (-limit, +limit) while B/N shifts by 2 octaves."""
-    _, low, high = _octaves(ratio)
+    _, low, high = octaves(ratio)
     return math.isfinite(low) and -limit < low and high < limit
 
 
@@ -151,7 +152,7 @@ def break_test(breaks: pd.DataFrame, ratio: CriticalBatchRatio) -> PredictorTest
     at N_large: s >= log2(2 B_max / b(N_small))): B/N when s = 2, B/B_crit when |s - c| < 1, none otherwise.
     Verdict (Goyal's rule read as a limit in B/N, as in v4): B/N reproduced, B/B_crit partly, steps or none
     not reproduced; undecided (B/N and B/B_crit not separable, or both fit) inconclusive."""
-    c, c_low, c_high = _octaves(ratio)
+    c, c_low, c_high = octaves(ratio)
     sep = separable(ratio)
     problems = [f"N = {r.n} {r.arm}: {p}" for r in breaks.itertuples() for p in r.problems]
     if set(breaks["arm"]) != set(ARMS):
@@ -251,7 +252,7 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
     straddles (seeds are added once, then inconclusive), none when it lies below 0. Verdict (Hoffer's claim:
     the number of updates): steps reproduced; B/N partly if the gap closes at equal steps at the largest N,
     else not reproduced; B/B_crit and none not reproduced; undecided inconclusive."""
-    c, c_low, c_high = _octaves(ratio)
+    c, c_low, c_high = octaves(ratio)
     sep = separable(ratio)
     problems = [f"N = {r.n}: {r.unfinished} runs not finished" for r in gaps.itertuples() if r.unfinished]
     problems += [f"N = {r.n}: fewer than 2 seeds in a group" for r in gaps.itertuples()
@@ -344,12 +345,13 @@ def _inside(low: float, high: float, margin: float) -> bool:
     return -margin <= low and high <= margin
 
 
-def predictor_gap_test(rows: pd.DataFrame, ratio: CriticalBatchRatio | None, margin: float = MARGIN,
+def predictor_gap_test(rows: pd.DataFrame, c: tuple[float, float, float] | None, margin: float = MARGIN,
                        metric: str = "test_acc", variant: str = "variant",
                        confidence: float = 0.95) -> GapPredictorTest:
     """Version 6's test of Hoffer's gap on bn_budget_hoffer_v6's runs (module docstring; the rules are the
-    protocol's, word for word in the spec's header). `ratio`: B_crit's shift 10k -> 40k (the designs' own
-    setting when measured, else version 5's, labelled by the report); None: B/B_crit cannot be named."""
+    protocol's, word for word in the spec's header). `c`: B_crit's shift 10k -> 40k in octaves with its interval
+    (the designs' own setting when measured, else version 5's, which the report labels: `octaves(bcrit_shift(...))`
+    or the committed reports/bn_budget_goyal/test.csv's c, c_low, c_high); None: B/B_crit cannot be named."""
     def group(name: str, ok_only: bool = True) -> pd.Series:
         g = rows[rows[variant] == name]
         return pd.to_numeric((g[g["state"] == "ok"] if ok_only else g)[metric], errors="coerce").dropna()
@@ -383,8 +385,8 @@ def predictor_gap_test(rows: pd.DataFrame, ratio: CriticalBatchRatio | None, mar
         ladder.append({"n": n, "k": k, "u": u.diff, "low": u.low, "high": u.high, "under_trained": bool(u.low > 0),
                        "longest_sb": long_name, "gap_steps_longest": g.diff, "gap_steps_longest_low": g.low,
                        "gap_steps_longest_high": g.high})
-    c = _octaves(ratio) if ratio is not None else (math.nan, math.nan, math.nan)
     nan3 = (math.nan, math.nan, math.nan)
+    c = c if c is not None else nan3
     if not problems and not (table["gap_epochs_high"] < -margin).any():
         problems.append("no gap at equal epochs at any N: nothing to explain")
     if problems:
