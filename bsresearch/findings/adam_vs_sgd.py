@@ -26,7 +26,7 @@ from .. import results
 from ..config import ConfigError
 from ..measure.critical import CriticalBatchFit
 from .steps_to_target import at_best_lr, tuned_table
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 OPTIMIZER = "optimizer"
 STEPS = "steps_to_target"
@@ -94,7 +94,7 @@ def optimizer_fit(points: pd.DataFrame, name: str, optimizer: str = OPTIMIZER,
 
 
 @dataclass(frozen=True)
-class CriticalBatchRatio:
+class CriticalBatchRatio(PreregisteredTest):
     """rho = B_crit(a) / B_crit(b) with its interval on the log scale, and the pre-registered verdict."""
     ratio: float
     low: float

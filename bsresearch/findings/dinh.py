@@ -33,7 +33,7 @@ from ..engine import evaluate
 from ..measure import curvature, sharpness
 from ..runtime import make_generator
 from .runs import measure_each_run
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
@@ -124,7 +124,7 @@ def per_model_ratios(table: pd.DataFrame, measure: str = "top_eigenvalue", alpha
 
 
 @dataclass(frozen=True)
-class RescalingTest:
+class RescalingTest(PreregisteredTest):
     """docs/protocols.md#dinh: Lambda = the smallest, over models, of measure(alpha) / measure(1)."""
     smallest_ratio: float         # Lambda (the primary statistic)
     smallest_model: tuple         # (batch size, seed) of the model that gives it

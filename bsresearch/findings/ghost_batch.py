@@ -23,7 +23,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 GHOST = "ghost_batch_size"
 
@@ -42,7 +42,7 @@ def ghost_sizes(rows: pd.DataFrame) -> pd.Series:
 
 
 @dataclass(frozen=True)
-class GhostComparison:
+class GhostComparison(PreregisteredTest):
     """mean test accuracy at one ghost size minus that with whole-batch statistics, Welch over seeds."""
     ghost: int
     batch_size: int

@@ -25,7 +25,7 @@ import pandas as pd
 from .. import stats
 from ..config import ConfigError
 from ..stats import versus_within, welch_interval
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
 
@@ -70,7 +70,7 @@ def holding_batches(rows: pd.DataFrame, rule_value: str, metric: str = "test_acc
 
 
 @dataclass(frozen=True)
-class ScalingTest:
+class ScalingTest(PreregisteredTest):
     """docs/protocols.md#goyal: B*, the largest batch size up to which a rule holds (holding_batches)."""
     rule: str
     baseline_batch: int
@@ -175,7 +175,7 @@ PAPER_FRACTION = 8192 / 1_281_167   # Goyal's largest batch that held, as a frac
 
 
 @dataclass(frozen=True)
-class CeilingTest:
+class CeilingTest(PreregisteredTest):
     """docs/protocols.md, Goyal's mechanism test (protocol v4): is the batch size at which the linear rule
     breaks a limit on the batch (no lr of the grid keeps the accuracy there) or an lr ceiling (a smaller lr
     does)? Batch sizes also as fractions B/N of the n_train training examples."""

@@ -26,14 +26,14 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..stats import welch_interval
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 # ----------------------------------------------------------------------------- the pre-registered test
 FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
 
 
 @dataclass(frozen=True)
-class RecipeTest:
+class RecipeTest(PreregisteredTest):
     """docs/protocols.md#hoffer: the recipe (LB with sqrt lr, ghost BN and regime adaptation) against SB.
 
     Every difference is mean(first) - mean(second) of the final metric over the seeds that ended ok, with
@@ -205,7 +205,7 @@ def matched_control(rows: pd.DataFrame, reference: str = "lb_sqrt_gbn_ra", candi
 
 
 @dataclass(frozen=True)
-class MatchedLossRecipeTest:
+class MatchedLossRecipeTest(PreregisteredTest):
     """Hoffer's mechanism test (docs/protocols.md, protocol v4): the recipe against a small batch that had the
     same chance to fit the training set. Differences are mean(first) - mean(second) of the final metric over
     the seeds that ended ok, Welch's 95% interval, in the metric's units (0.01 = 1 point)."""

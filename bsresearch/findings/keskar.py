@@ -27,7 +27,7 @@ from ..data import resident_dataset_for
 from ..measure.landscape import DEFAULT_ALPHAS, interpolate
 from ..stats import t_interval
 from ..train import load_trained_model
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 PRIMARY_PHI = "keskar_phi_eps1e-3"    # Keskar's phi, eps 1e-3, full space (docs/protocols.md#keskar)
 
@@ -43,7 +43,7 @@ def tenth_of_data(runs: pd.DataFrame) -> int:
 
 
 @dataclass(frozen=True)
-class KeskarTest:
+class KeskarTest(PreregisteredTest):
     """Large batch (LB) against small batch (SB), paired by seed (the same initial weights).
 
     ratio: geometric-mean ratio of phi, LB over SB, exp(mean of per-seed log ratios), with the 95% t

@@ -24,7 +24,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 MARGIN = 0.01   # warmup may be this fraction worse than the small batch and count as "no worse"
 
@@ -62,7 +62,7 @@ def schedules(runs: pd.DataFrame) -> pd.Series:
 
 
 @dataclass(frozen=True)
-class WarmupTest:
+class WarmupTest(PreregisteredTest):
     """The pre-registered test (docs/protocols.md#lm-batch-warmup)."""
     d_small: float            # mean over seeds of L(warmup) - L(small)
     d_small_low: float

@@ -25,7 +25,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 EPS = 0.01          # a branch keeps up when its loss is at most (1 + EPS) x that of the original batch size
 FINISHED = ("ok", "diverged")
@@ -84,7 +84,7 @@ def critical_batch_sizes(branches: pd.DataFrame, eps: float = EPS) -> pd.DataFra
 
 
 @dataclass(frozen=True)
-class CBSTest:
+class CBSTest(PreregisteredTest):
     """The pre-registered test (docs/protocols.md#lm-cbs): growth of log2 CBS over seeds."""
     first: float              # checkpoints compared (tokens)
     before_last: float
@@ -232,7 +232,7 @@ def test_table(test: CBSTest, verdict: Verdict | None = None, problems: Sequence
 
 
 @dataclass(frozen=True)
-class LongCBSTest:
+class LongCBSTest(PreregisteredTest):
     """Protocol v5 (docs/protocols.md#lm-cbs-long): cbs_test on the checkpoints up to the last one at which
     the reference has not stalled."""
     test: CBSTest | None       # None when fewer than 3 checkpoints remain

@@ -25,7 +25,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 SETTINGS = ("adam_fixed", "adam_half_life", "sgd")
 MARGIN = 0.01        # batch 1 may be this fraction worse than batch 256 and count as "no worse"
@@ -110,7 +110,7 @@ def paired(data: pd.DataFrame, a: tuple[str, int], b: tuple[str, int], metric: s
 
 
 @dataclass(frozen=True)
-class SmallBatchTest:
+class SmallBatchTest(PreregisteredTest):
     """The pre-registered test (docs/protocols.md#lm-small-batch)."""
     small: int                # the smallest and largest batch sizes compared
     large: int
@@ -260,7 +260,7 @@ def held_out(cell: pd.DataFrame) -> tuple[pd.DataFrame, tuple[float, ...]]:
 
 
 @dataclass(frozen=True)
-class Beta2ByBatchTest:
+class Beta2ByBatchTest(PreregisteredTest):
     """docs/protocols.md#lm-small-batch-v5: d_beta2(B) = L(adam_fixed, B) - L(adam_half_life, B) at every B."""
     per_batch: pd.DataFrame   # batch_size, diff, low, high, n, updates (optimizer steps), lr_fixed, lr_half_life
     per_seed: pd.DataFrame    # batch_size, seed, a (fixed), b (half-life), diff: the numbers each interval is from
@@ -331,7 +331,7 @@ def beta2_by_batch_test(runs: pd.DataFrame, metric: str = "test_loss", min_updat
 
 
 @dataclass(frozen=True)
-class SgdTest:
+class SgdTest(PreregisteredTest):
     """docs/protocols.md#lm-small-batch-v5: plain SGD at its held-out best lr against Adam (half-life) at one B."""
     batch_size: int
     best_lr: float            # on all seeds (the edge check)

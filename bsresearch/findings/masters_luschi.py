@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 LEARNS = 0.5   # protocol v4: a run learns when its final test accuracy is at least this (chance on 10 classes: 0.1)
 
@@ -191,7 +191,7 @@ def below_zero(trend: Trend) -> bool:
 
 
 @dataclass(frozen=True)
-class RangeTest:
+class RangeTest(PreregisteredTest):
     """The pre-registered test (docs/protocols.md#masters-luschi): both slopes' intervals below 0."""
     max_stable_lr: Trend       # slope of log2(largest stable lr) against log2(B)
     window_octaves: Trend      # slope of the good window's width (octaves) against log2(B)

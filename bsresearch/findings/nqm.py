@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..measure.critical import fit_critical_batch
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def steps_vs_batch_size(nqm: NQM, batch_sizes: Iterable[float], target: float,
 
 # ----------------------------------------------------------------------------- the pre-registered test
 @dataclass(frozen=True)
-class NQMTest:
+class NQMTest(PreregisteredTest):
     """B_crit of momentum and of preconditioning against SGD's (docs/protocols.md#nqm).
 
     Each B_crit comes from `fit_critical_batch` on that optimizer's tuned steps over every batch size, with

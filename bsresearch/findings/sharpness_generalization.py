@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 # The measures the toolkit records per run (metrics.json keys of the after-training registry, and the
 # final history's distance from initialisation), with the sign predicted for their relation to the gap.
@@ -142,7 +142,7 @@ def _verdict(low: float, high: float, predicted: int) -> str:
 
 
 @dataclass(frozen=True)
-class FindingTest:
+class FindingTest(PreregisteredTest):
     """The pre-registered verdict over a rank_correlations table (with axes batch_size and lr)."""
     verdict: Verdict
     reason: str           # which measures and scopes decided it

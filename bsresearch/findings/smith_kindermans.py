@@ -20,11 +20,11 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..stats import welch_interval
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 
 @dataclass(frozen=True)
-class ScheduleComparison:
+class ScheduleComparison(PreregisteredTest):
     """ramp minus decay: the mean final metric over seeds with Welch's interval, and the updates used."""
     diff: float             # mean(ramp) - mean(decay), in the metric's units
     low: float

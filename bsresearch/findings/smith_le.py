@@ -39,7 +39,7 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..stats import lower_is_better, welch_interval
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 
 def sgd_noise_scale(lr: float | np.ndarray, train_size: float | np.ndarray, batch_size: float | np.ndarray,
@@ -474,7 +474,7 @@ def matched_loss_peaks(runs: pd.DataFrame, metric: str = "test_acc", x: str = "b
 
 
 @dataclass(frozen=True)
-class MatchedLossSlopeTest:
+class MatchedLossSlopeTest(PreregisteredTest):
     """Smith & Le's mechanism test (docs/protocols.md, protocol v4): B_opt at a common train loss."""
     slopes: SeedSlopes       # power_law_by_seed on the runs that reached the target, in included cells
     peaks: pd.DataFrame      # matched_loss_peaks

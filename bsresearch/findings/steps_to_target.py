@@ -29,7 +29,7 @@ import pandas as pd
 from .. import results, stats
 from ..config import ConfigError
 from ..measure.critical import CriticalBatchFit, fit_critical_batch
-from .verdict import Verdict
+from .verdict import PreregisteredTest, Verdict
 
 REGIMES = ("perfect scaling", "diminishing returns", "maximal data parallelism")
 # The fitted S = S_min (1 + B_crit/B) has local scaling exponent -dlog S/dlog B = B_crit/(B + B_crit):
@@ -240,7 +240,7 @@ def fit_points(per_seed: pd.DataFrame, steps: str = "steps_to_target", by: str =
 
 
 @dataclass(frozen=True)
-class CriticalBatchTest:
+class CriticalBatchTest(PreregisteredTest):
     """The pre-registered steps-to-target test (docs/protocols.md#steps-to-target): B_crit's interval against
     [4 B_min, B_max/4], B_min and B_max the smallest and largest batch sizes in the fit."""
     b_crit: float
@@ -281,7 +281,7 @@ def critical_batch_test(fit: CriticalBatchFit, batch_sizes: Sequence[float], all
 
 
 @dataclass(frozen=True)
-class NoiseRatioTest:
+class NoiseRatioTest(PreregisteredTest):
     """The pre-registered noise-scale test (docs/protocols.md#steps-to-target-noise): r = B_simple,target /
     B_crit, B_simple,target = mean tr(Sigma) / mean |G|^2 over the fit's runs at their target weights."""
     b_simple: float
@@ -484,7 +484,7 @@ def noise_ratio_summaries(at_weights: pd.DataFrame, points: pd.DataFrame, steps:
 
 
 @dataclass(frozen=True)
-class NoiseSummaryTest:
+class NoiseSummaryTest(PreregisteredTest):
     """The noise-scale mechanism test (docs/protocols.md, protocol v4): r under every summary."""
     table: pd.DataFrame      # noise_ratio_summaries, with `inside` (r and its bootstrap interval within bounds)
     lower: float
