@@ -106,3 +106,19 @@ def test_the_table_beside_b_simple_and_the_figures():
     ratio_vs_k(axes[1], ratios)
     assert len(axes[0].get_legend().get_texts()) == 3
     plt.close(fig)
+
+
+def test_a_stalled_reference_still_writes_its_verdict_and_the_committed_report_states_it():
+    """The committed lm_cbs_long tables (cbs_per_seed.csv, stall.csv) give long_cbs_test's not-testable verdict,
+    and long_test_table writes it as a test.csv row even though D and G were never computed."""
+    from pathlib import Path
+
+    from bsresearch.findings import lm_cbs
+    folder = Path(__file__).resolve().parents[1] / "reports" / "lm_cbs_long"
+    test = lm_cbs.long_cbs_test(pd.read_csv(folder / "cbs_per_seed.csv"), pd.read_csv(folder / "stall.csv"))
+    assert test.verdict == Verdict.NOT_TESTABLE and test.test is None and "524,288" in test.why
+    row = lm_cbs.long_test_table(test)
+    assert len(row) == 1 and row["verdict"].tolist() == [Verdict.NOT_TESTABLE] and math.isnan(row["estimate"][0])
+    assert row["seeds"].tolist() == [5] and row["problems"][0] == test.why
+    committed = pd.read_csv(folder / "test.csv")
+    assert committed["verdict"].tolist() == ["not testable"] and committed["problems"][0] == test.why

@@ -128,3 +128,17 @@ def test_each_verdict_of_the_ratio_test_can_occur():
     assert few.verdict == Verdict.NOT_TESTABLE and "1 diagonals" in few.why
     table = lr_over_b.ratio_table(small)
     assert table["verdict"].tolist() == ["reproduced"] and table["seeds"].tolist() == [5]
+
+
+def test_the_verdict_is_written_beside_the_spans_and_the_committed_reports_state_theirs():
+    test = lr_over_b.equivalence_test(runs(lambda r, lr: 0.9 + 100 * r))
+    table = lr_over_b.test_table(test)
+    assert table["verdict"].tolist() == ["reproduced"] * 2 and (table["span"] == 16).all()
+    # the committed reports: their test.csv's verdict is the one its spans give (version 5, as reported)
+    from pathlib import Path
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    for name, expected in (("lr_over_b_mnist1d", "not reproduced"), ("lr_over_b_fashion", "reproduced")):
+        committed = pd.read_csv(reports / name / "test.csv")
+        assert str(lr_over_b.span_verdict(committed.drop(columns=["verdict", "why"], errors="ignore"), [])[0]) \
+            == expected
+        assert committed["verdict"].unique().tolist() == [expected]

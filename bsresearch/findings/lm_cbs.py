@@ -244,6 +244,22 @@ class LongCBSTest(PreregisteredTest):
     problems: tuple[str, ...] = ()
 
 
+def long_test_table(test: LongCBSTest) -> pd.DataFrame:
+    """long_cbs_test as test.csv holds it, whatever its verdict: test_table's row when D and G exist, else one row
+    naming the statistic with empty estimates, the verdict and why (a not-testable stall still states its verdict
+    where the gallery reads it)."""
+    if test.test is not None:
+        return test_table(test.test, test.verdict, test.problems).assign(last_used=test.last_used,
+                                                                         last_planned=test.last_planned)
+    return pd.DataFrame([{"statistic": "D = log2 CBS(last) - log2 CBS(first)", "estimate": math.nan, "low": math.nan,
+                          "high": math.nan, "second statistic": "G = log2 CBS(last) - log2 CBS(the one before)",
+                          "G": math.nan, "G low": math.nan, "G high": math.nan,
+                          "seeds": int(test.stalls["n"].max()) if "n" in test.stalls and len(test.stalls) else 0,
+                          "threshold": "D's interval above 0 and G's upper end below 1 (partly: D only)",
+                          "verdict": test.verdict, "problems": test.why, "last_used": test.last_used,
+                          "last_planned": test.last_planned}])
+
+
 def long_cbs_test(cbs: pd.DataFrame, stalls: pd.DataFrame) -> LongCBSTest:
     """The reference at the last checkpoint must not have stalled (stall_table). If it has, the test is made on
     the checkpoints up to the latest one where it has not, provided 3 or more remain (the first, the one before

@@ -159,20 +159,31 @@ def equivalence_test(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr
                      "span": span, "stops_at": stops_at, "stops_why": why, "n_included": n_included,
                      "undecided_before_span": undecided})
     per = pd.DataFrame(rows)
-    if len(per) < 2:
-        problems.append(f"{len(per)} diagonal(s): needs 2")
-    holding = int((per["span"] >= min_span).sum()) if len(per) else 0
-    if problems:
-        verdict, why_all = Verdict.NOT_TESTABLE, "; ".join(problems)
-    elif holding == len(per):
-        verdict = Verdict.REPRODUCED
-        why_all = f"every diagonal ({holding}) is a function of lr/B over >= {min_span:g}x in lr"
-    elif holding:
-        verdict, why_all = Verdict.PARTLY, f"{holding} of {len(per)} diagonals hold over >= {min_span:g}x in lr"
-    else:
-        verdict, why_all = Verdict.NOT_REPRODUCED, f"no diagonal holds over {min_span:g}x in lr"
+    verdict, why_all, holding = span_verdict(per, problems, min_span)
     return EquivalenceTest(per, cells, holding, len(per), min_span, verdict, why_all,
                            extend and verdict != Verdict.NOT_TESTABLE, tuple(problems))
+
+
+def span_verdict(per_diagonal: pd.DataFrame, problems: list[str],
+                 min_span: float = MIN_SPAN) -> tuple[Verdict, str, int]:
+    """(verdict, why, diagonals holding) from the per-diagonal spans (EquivalenceTest.per_diagonal, or a report's
+    committed test.csv) and the validity problems found so far (fewer than 2 diagonals is added here)."""
+    problems = list(problems) + ([f"{len(per_diagonal)} diagonal(s): needs 2"] if len(per_diagonal) < 2 else [])
+    holding = int((per_diagonal["span"] >= min_span).sum()) if len(per_diagonal) else 0
+    if problems:
+        return Verdict.NOT_TESTABLE, "; ".join(problems), holding
+    if holding == len(per_diagonal):
+        return Verdict.REPRODUCED, f"every diagonal ({holding}) is a function of lr/B over >= {min_span:g}x in lr", \
+            holding
+    if holding:
+        return Verdict.PARTLY, f"{holding} of {len(per_diagonal)} diagonals hold over >= {min_span:g}x in lr", holding
+    return Verdict.NOT_REPRODUCED, f"no diagonal holds over {min_span:g}x in lr", holding
+
+
+def test_table(test: EquivalenceTest) -> pd.DataFrame:
+    """test.csv: the per-diagonal spans with the test's verdict and why on every row (the gallery reads the
+    verdict column)."""
+    return test.per_diagonal.assign(verdict=str(test.verdict), why=test.why)
 
 
 def accuracy_table(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr",
