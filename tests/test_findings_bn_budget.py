@@ -176,3 +176,28 @@ def test_the_ladder_says_whether_the_small_batch_is_under_trained():
     assert ladder.loc[(10000, 4), "gap_steps_longest"] == pytest.approx(-0.002, abs=0.002)
     missing = bn_budget.predictor_gap_test(runs[runs["variant"] != "sb4_n10k"], None)
     assert missing.verdict == Verdict.NOT_TESTABLE and "sb4_n10k: fewer than 2 finished seeds" in missing.why
+
+
+def test_the_break_figure_draws_both_predictions_when_only_the_epochs_arm_breaks():
+    """reports/bn_budget_goyal's caption promises the B/N and B/B_crit lines; with no steps-arm break they go
+    through the epochs arm's smallest-N break (its committed breaks.csv: 500 at 10k)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots.findings.bn_budget import break_vs_n
+    table = pd.DataFrame([{"n": n, "arm": arm, "b_break": b, "largest": 4000.0}
+                          for n, arm, b in ((10000, "epochs", 500.0), (20000, "epochs", 1000.0),
+                                            (40000, "epochs", 2000.0), (10000, "steps", math.inf),
+                                            (20000, "steps", math.inf), (40000, "steps", math.inf))])
+    test = bn_budget.PredictorTest("break", "undecided", math.nan, math.nan, math.nan, 0.0, -0.4, 0.3, True, table,
+                                   Verdict.NOT_TESTABLE, "edge", False)
+    bcrit = pd.DataFrame({"n": [10000, 20000, 40000], "b_crit": [42.0, 40.0, 40.0]})
+    fig, ax = plt.subplots()
+    break_vs_n(ax, test, bcrit)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    b_over_n = lines["B/N fixed, through the epochs arm's break at N = 10000"]
+    assert list(b_over_n.get_ydata()) == pytest.approx([500, 1000, 2000])
+    b_crit = lines["B/B_crit fixed, through the epochs arm's break at N = 10000"]
+    assert list(b_crit.get_ydata()) == pytest.approx([500, 500 * 40 / 42, 500 * 40 / 42])
+    plt.close(fig)

@@ -11,7 +11,9 @@ from ...findings.bn_budget import PredictorTest
 
 def break_vs_n(ax: Axes, test: PredictorTest, bcrit: pd.DataFrame | None = None) -> None:
     """b(N, arm) (a break beyond the grid drawn at 2x the largest batch, open marker), the B/N line through the
-    smallest N's steps-arm break and, if given, B_crit(N) scaled to it: the deciding statistic is the slope."""
+    smallest N's steps-arm break and, if given, B_crit(N) scaled to it: the deciding statistic is the slope. When
+    the steps arm breaks at no N, the two lines go through the epochs arm's smallest-N break instead (the label
+    says which), so the predictions are drawn whenever some arm breaks."""
     table = test.table
     for arm, marker in (("epochs", "o"), ("steps", "s")):
         mine = table[table["arm"] == arm].sort_values("n")
@@ -22,14 +24,18 @@ def break_vs_n(ax: Axes, test: PredictorTest, bcrit: pd.DataFrame | None = None)
         if beyond.any():
             ax.plot(mine["n"][beyond], [top] * int(beyond.sum()), marker, color=line.get_color(), mfc="none",
                     label=f"{arm} arm: no break up to {mine['largest'].max():g} (drawn at 2x)")
-    steps = table[(table["arm"] == "steps") & np.isfinite(table["b_break"])].sort_values("n")
-    if len(steps):
-        n0, b0 = steps["n"].iloc[0], steps["b_break"].iloc[0]
+    anchor = next(((arm, broke) for arm in ("steps", "epochs")
+                   if len(broke := table[(table["arm"] == arm) & np.isfinite(table["b_break"])].sort_values("n"))),
+                  None)
+    if anchor is not None:
+        arm, broke = anchor
+        n0, b0 = broke["n"].iloc[0], broke["b_break"].iloc[0]
+        through = "" if arm == "steps" else f", through the {arm} arm's break at N = {n0:g}"
         ns = np.array(sorted(table["n"].unique()), dtype=float)
-        ax.plot(ns, b0 * ns / n0, "k--", lw=1, label="B/N fixed")
+        ax.plot(ns, b0 * ns / n0, "k--", lw=1, label=f"B/N fixed{through}")
         if bcrit is not None and len(bcrit):
             ref = float(bcrit.sort_values("n")["b_crit"].iloc[0])
-            ax.plot(bcrit["n"], b0 * bcrit["b_crit"] / ref, "k:", lw=1, label="B/B_crit fixed")
+            ax.plot(bcrit["n"], b0 * bcrit["b_crit"] / ref, "k:", lw=1, label=f"B/B_crit fixed{through}")
     ax.set(xscale="log", yscale="log", xlabel="N (training examples)", ylabel="smallest batch that fails",
            title=f"break: {test.predictor} ({test.verdict})")
     ax.legend(fontsize=7)
