@@ -1,5 +1,6 @@
 """Sweep results as tidy pandas tables. No torch import: analysis runs anywhere.
 
+    runs_dir, out, runs = start_report("demo", runs_dir, out_dir)   # an analysis notebook's first lines
     runs = load("demo")                 # one row per run: config columns, final metrics, state, provenance
     history = load_history(runs)        # long form: one row per (run, evaluation)
     ok = finished(runs)                 # state ok (or also diverged)
@@ -21,7 +22,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -308,3 +309,29 @@ def provenance_caption(runs: pd.DataFrame) -> str:
     seed_text = f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if seeds else ""
     return (f"Sweep {sweeps} ({len(runs)} runs{seed_text}); commit {', '.join(commits)}; "
             f"budget: {budget_description(runs)}.")
+
+
+# ----------------------------------------------------------------------------- an analysis notebook's opening
+class ReportStart(NamedTuple):
+    """What an analysis notebook starts from: `runs_dir, out, runs = start_report(...)`."""
+    runs_dir: Path        # the root of the run directories, resolved against the project
+    out: Path             # the report's folder (made): figures, tables and summaries are written here
+    runs: pd.DataFrame    # one row per run of the sweeps read (load), in their order
+
+
+def start_report(sweeps: str | Path | Sequence[str | Path], runs_dir: str | Path, out_dir: str | Path,
+                 also: str = "") -> ReportStart:
+    """The preamble every analysis notebook shares, from its parameters: runs_dir and out_dir resolved
+    against the project (paths.project_path, whatever the kernel's working directory), the output folder
+    made, the runs of `sweeps` loaded (a sweep with no runs: SweepMissing, one line naming the command
+    that makes them) and of `also`'s comma-separated sweeps that have run (sweeps_run: one not run yet is
+    printed and skipped). Prints one line: where the runs come from (provenance_caption: sweeps, runs,
+    seeds, commit, budget) and how many ended in each state."""
+    root, out = project_path(runs_dir), project_path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [sweeps] if isinstance(sweeps, (str, Path)) else list(sweeps)
+    runs = load([*names, *sweeps_run(also, root)], runs_root=root)
+    counts = runs["state"].value_counts() if "state" in runs else pd.Series(dtype=int)
+    states = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))   # most first, then by name
+    print(provenance_caption(runs), "States:", ", ".join(f"{k} {v}" for k, v in states) or "no runs")
+    return ReportStart(root, out, runs)

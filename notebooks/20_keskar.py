@@ -45,15 +45,12 @@ from bsresearch import results, stats
 from bsresearch.findings.keskar import interpolate_runs, keskar_test, paired_differences, tenth_of_data, verdict_table
 from bsresearch.findings.runs import measure_runs
 from bsresearch.measure.sharpness import keskar_sharpness
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.keskar import interpolation_plot, paired_test_plot
 from bsresearch.plots.sweeps import figure_grid, metric_vs_batch
 from bsresearch.runtime import make_generator
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-runs = results.load(results.sweep_dir(sweep, runs_dir))
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 ok = results.finished(runs)
 small_batch = small_batch or int(runs["batch_size"].min())
 large_batch = large_batch or tenth_of_data(runs)

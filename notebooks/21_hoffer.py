@@ -57,13 +57,10 @@ from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 spec = load_spec(project_path(spec_path))
 order = variants.variant_order(spec)
 colors = variant_colors(order)                     # one colour per variant in every figure
-runs = results.load(sweep, runs_root=runs_dir)
 rows = results.generalization_gap(variants.runs_per_variant(runs, spec))
 ok = rows[rows["state"] == "ok"]
 print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", results.budget_description(rows))

@@ -58,12 +58,9 @@ from bsresearch.plots.sweeps import variant_colors
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 spec = load_spec(project_path(spec_path))
 order = variants.variant_order(spec)
-runs = results.load(sweep, runs_root=runs_dir)
 rows = results.generalization_gap(variants.runs_per_variant(runs, spec))
 unique = rows.drop_duplicates("run_id")            # for captions: each run counted once
 print(f"{runs['run_id'].nunique()} runs ({len(rows)} rule x batch x seed rows; the batch-{baseline_batch} runs "

@@ -82,11 +82,7 @@ from bsresearch.plots.findings.steps_to_target import (
     two_batch_vs_exact,
 )
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)
-print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 tried = results.finished(runs, include_diverged=True)   # a diverged run is a data point (no steps)
 missing = runs[~runs["state"].isin(["ok", "diverged"])]
 if len(missing):

@@ -63,7 +63,6 @@ from IPython.display import display
 
 from bsresearch import results, stats
 from bsresearch.findings.smith_le import diagonals, optimum_by_group, power_law, power_law_by_seed, sgd_noise_scale
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.smith_le import (
     agreement_plot,
@@ -73,15 +72,12 @@ from bsresearch.plots.findings.smith_le import (
 )
 from bsresearch.plots.sweeps import figure_grid, learning_curves, metric_vs_batch
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 CHANCE_LOSS = 0.99 * math.log(10)   # a final train loss this high: the network collapsed to chance
 
 
-def load(name):
+def prepare(runs):
     """Finished runs (ok and diverged) of a sweep, with the noise scale and a 'collapsed' flag."""
-    runs = results.load(results.sweep_dir(name, runs_dir))
-    print(f"{name}: {len(runs)} runs:", ", ".join(f"{s} {n}" for s, n in runs["state"].value_counts().items()))
     done = results.finished(runs, include_diverged=True)
     return done.assign(collapsed=pd.to_numeric(done["train_loss"], errors="coerce") >= CHANCE_LOSS,
                        noise_scale=sgd_noise_scale(done["effective_lr"], done["n_train"], done["batch_size"],
@@ -89,11 +85,16 @@ def load(name):
                        epochs_budget=done["budget_amount"] / done["n_train"])
 
 
+def load(name):
+    """Another sweep's runs, prepared (where they come from printed, as for the first)."""
+    return prepare(results.start_report(name, runs_dir, out_dir).runs)
+
+
 def interval(value, low, high, fmt=".3g"):
     return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
 
 
-lr_runs = load(sweep)
+lr_runs = prepare(runs)
 first = lr_runs.iloc[0]
 N_TRAIN = int(lr_runs["n_train"].max())   # part 1's training-set size
 SETTING = (f"{first['dataset']} ({int(first['n_train'])} training examples), {first['model']}, SGD momentum "

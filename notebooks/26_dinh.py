@@ -46,13 +46,11 @@ import pandas as pd
 
 from bsresearch import results, stats
 from bsresearch.findings import dinh
-from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.plots.findings.dinh import measure_vs_alpha
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-source = results.finished(results.load(results.sweep_dir(source_sweep, runs_dir)))
+runs_dir, out, source = results.start_report(source_sweep, runs_dir, out_dir)
+source = results.finished(source)
 chosen = source[source.batch_size.isin(batch_sizes) & source.seed.isin(seeds)]
 n_train = int(chosen["n_train"].max())
 print(f"{len(chosen)} trained models of {source_sweep} (batch sizes {sorted(set(chosen.batch_size))}, seeds "

@@ -52,10 +52,7 @@ from bsresearch.plots.findings import sharpness_generalization as sg_plots
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 rows = variants.runs_per_variant(runs, load_spec(project_path(spec_path))) if spec_path else runs
 # the protocol's population: runs that ended ok and reached the target train loss (equally fit)
 ok = rows[(rows["state"] == "ok") & rows["reached_target"].eq(True)].reset_index(drop=True)

@@ -48,17 +48,12 @@ from bsresearch.findings.adam_vs_sgd import (
     tuned_by_optimizer,
 )
 from bsresearch.findings.steps_to_target import critical_batch_fits, local_exponents
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.adam_vs_sgd import steps_by_optimizer
 from bsresearch.plots.findings.steps_to_target import steps_vs_lr
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-sweeps = [sweep] + ([seeds_sweep] if seeds_sweep and (runs_dir / seeds_sweep).is_dir() else [])   # before stage 2: none
-runs = results.load(sweeps, runs_root=runs_dir)
-print(f"sweeps {sweeps}: {len(runs)} runs:", dict(runs["state"].value_counts()), "|", results.budget_description(runs))
+# the seeds sweep only once it has run (before stage 2: none)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir, also=seeds_sweep or "")
 selection = runs[runs["seed"].isin(selection_seeds)]
 best = tuned_by_optimizer(selection, confidence=confidence)
 points = points_by_optimizer(runs, best)

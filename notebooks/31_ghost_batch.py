@@ -42,11 +42,8 @@ from bsresearch.plots.findings.ghost_batch import accuracy_vs_ghost
 from bsresearch.sweep import variants
 from bsresearch.sweep.spec import load_spec
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 spec = load_spec(project_path(spec_path))
-runs = results.load(sweep, runs_root=runs_dir)
 rows = variants.runs_per_variant(runs, spec)
 print(f"{len(rows)} runs:", dict(rows["state"].value_counts()), "| budget:", results.budget_description(rows))
 

@@ -39,15 +39,11 @@ from IPython.display import display
 from bsresearch import results
 from bsresearch.findings import lm_cbs
 from bsresearch.findings.lm_cbs import branch_losses, cbs_by_checkpoint, cbs_test, critical_batch_sizes, loss_ratios
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.lm_cbs import cbs_vs_tokens, ratio_vs_k
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)
-print(f"{len(runs)} runs:", dict(runs["state"].value_counts()), "| loss unit:", results.loss_unit(runs))
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
+print("loss unit:", results.loss_unit(runs))
 
 # %% [markdown]
 # ## The pre-registered test

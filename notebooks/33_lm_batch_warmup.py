@@ -36,15 +36,11 @@ from IPython.display import display
 
 from bsresearch import results
 from bsresearch.findings.lm_batch_warmup import loss_curves, per_seed, schedules, steps_to_reach, warmup_test
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.lm_batch_warmup import loss_vs
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)
-print(f"{len(runs)} runs:", dict(runs["state"].value_counts()), "| loss unit:", results.loss_unit(runs))
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
+print("loss unit:", results.loss_unit(runs))
 
 # %% [markdown]
 # ## The pre-registered test

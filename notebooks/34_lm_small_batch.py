@@ -49,18 +49,14 @@ from bsresearch.findings.lm_small_batch import (
     select_lr,
     small_batch_test,
 )
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings.lm_small_batch import loss_vs_batch, spread_vs_batch
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
+runs_dir, out, selection_runs = results.start_report([s for s in (sweep, sgd_sweep) if s], runs_dir, out_dir,
+                                                     also=extension_sweeps)
 seeds_sweeps = results.sweeps_run(seeds_sweep, runs_dir)
 if not seeds_sweeps:
     print("no seeds sweep has run: the lr selection only")
-extensions = results.sweeps_run(extension_sweeps, runs_dir)
-selection_runs = results.load([s for s in (sweep, sgd_sweep, *extensions) if s], runs_root=runs_dir)
-print(f"selection: {len(selection_runs)} runs:", dict(selection_runs["state"].value_counts()))
 
 # %% [markdown]
 # ## The lr selection (seeds 1-2) and the seeds spec's overrides

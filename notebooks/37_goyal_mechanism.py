@@ -45,12 +45,9 @@ from bsresearch.paths import project_path
 from bsresearch.plots import figure_grid, save_figure
 from bsresearch.plots.findings import goyal as goyal_plots
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_dir)
-runs = results.load(sweep, runs_root=runs_dir)       # one row per run: the baseline's run is shared by the variants
+# one row per run: the baseline's run is shared by the variants
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 n_train, largest_b = int(runs["n_train"].max()), int(runs["batch_size"].max())
-print(f"{len(runs)} runs:", dict(runs["state"].value_counts()), "| budget:", results.budget_description(runs))
 print(f"largest batch {largest_b} of N = {n_train}: largest B/N = {largest_b / n_train:.3g}")
 
 # %% [markdown]

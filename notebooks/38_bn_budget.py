@@ -33,13 +33,10 @@ import pandas as pd
 
 from bsresearch import results
 from bsresearch.findings import bn_budget
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings import bn_budget as figures
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)
-out.mkdir(parents=True, exist_ok=True)
-goyal_runs = results.load([sweep, *results.sweeps_run(extension_sweeps, runs_dir)], runs_root=runs_dir)
+runs_dir, out, goyal_runs = results.start_report(sweep, runs_dir, out_dir, also=extension_sweeps)
 goyal_runs = goyal_runs.assign(arm=goyal_runs["variant"].str[0].map({"e": "epochs", "s": "steps"}))
 stt_runs = results.load(bcrit_sweep, runs_root=runs_dir)
 hoffer_runs = results.load(hoffer_sweep, runs_root=runs_dir)

@@ -26,15 +26,12 @@ import matplotlib.pyplot as plt
 
 from bsresearch import results
 from bsresearch.findings import lr_over_b
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings import lr_over_b as figures
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)
-out.mkdir(parents=True, exist_ok=True)
-runs = results.load(sweep, runs_root=runs_dir)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 runs = runs.assign(reached=runs["reached_target"].fillna(False).astype(bool) & runs["state"].eq("ok"))
-print(f"{len(runs)} runs:", dict(runs["state"].value_counts()), "| reached:", int(runs["reached"].sum()))
+print(f"{int(runs['reached'].sum())} of {len(runs)} runs ended ok at the target train loss")
 
 # %%
 test = lr_over_b.equivalence_test(runs)

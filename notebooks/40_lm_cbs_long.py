@@ -26,14 +26,10 @@ import matplotlib.pyplot as plt
 
 from bsresearch import results
 from bsresearch.findings import lm_cbs
-from bsresearch.paths import project_path
 from bsresearch.plots import deciding, save_figure
 from bsresearch.plots.findings import lm_cbs as figures
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)
-out.mkdir(parents=True, exist_ok=True)
-runs = results.load(sweep, runs_root=runs_dir)
-print(f"{len(runs)} runs:", dict(runs["state"].value_counts()))
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 
 # %%
 branches = lm_cbs.branch_losses(runs)

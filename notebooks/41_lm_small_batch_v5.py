@@ -33,15 +33,10 @@ import pandas as pd
 
 from bsresearch import results
 from bsresearch.findings import lm_small_batch
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 
-runs_dir, out = project_path(runs_dir), project_path(out_dir)
-out.mkdir(parents=True, exist_ok=True)
-runs = results.load(sweep, runs_root=runs_dir)
-extra = results.sweeps_run(extension_sweeps, runs_dir)
-runs = pd.concat([runs, results.load([sgd_sweep, *extra], runs_root=runs_dir)], ignore_index=True)
-print(f"{len(runs)} runs:", dict(runs["state"].value_counts()))
+runs_dir, out, runs = results.start_report([sweep, sgd_sweep], runs_dir, out_dir, also=extension_sweeps)
+extra = [s for s in dict.fromkeys(runs["sweep"]) if s not in (sweep, sgd_sweep)]   # the extensions run
 print("sweeps read:", ", ".join([sweep, sgd_sweep, *extra]))
 if "gpu_lm_small_batch_v5" not in extra:
     print("batch 64 (256 updates at 2^21 tokens) is left to experiments/gpu_lm_small_batch_v5.yaml (1024 updates on a"

@@ -187,8 +187,8 @@ def test_progress_bar_shows_in_jupyterlab_and_not_under_papermill(monkeypatch):
     assert _progress_bar(10, False).disable
 
 
-NEEDS_A_SWEEP = [s for s in STEMS if any(call in (NOTEBOOK_DIR / f"{s}.py").read_text()
-                                       for call in ("results.sweep_dir(", "variants.sweep_rows("))]
+NEEDS_A_SWEEP = [s for s in STEMS if any(call in (NOTEBOOK_DIR / f"{s}.py").read_text() for call in
+                                       ("results.start_report(", "results.sweep_dir(", "variants.sweep_rows("))]
 
 
 @pytest.mark.slow

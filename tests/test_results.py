@@ -215,3 +215,23 @@ def test_sweeps_run_keeps_the_listed_sweeps_that_have_run_in_order(tmp_path, cap
     assert results.sweeps_run(" a, missing ,b,,", tmp_path) == ["a", "b"]
     assert "sweep missing has not run yet" in capsys.readouterr().out
     assert results.sweeps_run("", tmp_path) == []
+
+
+def test_start_report_is_the_preamble_of_an_analysis_notebook(sweep, tmp_path, capsys, monkeypatch):
+    """Folders resolved and made, the sweeps loaded as `load` loads them (the ones in `also` only if they ran),
+    one line saying where the runs come from and how they ended; a sweep with no runs is SweepMissing."""
+    monkeypatch.chdir(tmp_path / "runs")   # a kernel's working directory is not the project's
+    fake_run(tmp_path / "runs" / "toy2", state="failed", batch_size=16, lr=0.1, seed=7)
+    out_dir = tmp_path / "reports" / "toy"
+    start = results.start_report("toy", tmp_path / "runs", out_dir, also="toy2, not_yet")
+    runs_dir, out, runs = start
+    assert (runs_dir, out) == (tmp_path / "runs", out_dir) and out.is_dir() and start.runs is runs
+    expected = results.load(["toy", "toy2"], runs_root=tmp_path / "runs")
+    assert len(runs) == len(expected) == 14
+    pd.testing.assert_frame_equal(runs, expected)
+    assert capsys.readouterr().out.splitlines() == [
+        "sweep not_yet has not run yet",
+        "Sweep toy, toy2 (14 runs, seeds 0, 1, 2, 7); commit abc123; budget: until train loss <= 0.1 (cap 5000 "
+        "steps). States: ok 12, failed 1, pending 1"]
+    with pytest.raises(results.SweepMissing, match=r"no runs of sweep 'absent' in .*: run `bsresearch sweep "):
+        results.start_report(["absent", "toy"], tmp_path / "runs", tmp_path / "reports" / "absent")
