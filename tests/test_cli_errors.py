@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from bsresearch.cli import main
-from bsresearch.config import ConfigError, RunConfig, did_you_mean
+from bsresearch.config import FIELD_NAMES, ConfigError, RunConfig, did_you_mean
 from bsresearch.rundir import RunDir
 from bsresearch.runtime import is_out_of_memory
 from bsresearch.sweep import expand, load_spec
@@ -187,9 +187,12 @@ def test_bench_file_names_follow_the_same_rule(tmp_path, capsys, flag):
 
 
 # ----------------------------------------------------------------------------- 3. spec mistakes
-def notebook(path: Path, tagged: bool = True) -> Path:
+def notebook(path: Path, tagged: bool = True, template: bool = False) -> Path:
+    """A notebook whose first cell assigns lr and run_dir (template: every RunConfig field, as the run template's
+    parameters cell does), tagged `parameters` or not."""
     nb = nbformat.v4.new_notebook()
-    cell = nbformat.v4.new_code_cell("lr = 0.05\nrun_dir = None")
+    fields = "".join(f"{name} = None\n" for name in FIELD_NAMES if name != "lr") if template else ""
+    cell = nbformat.v4.new_code_cell(fields + "lr = 0.05\nrun_dir = None")
     if tagged:
         cell.metadata["tags"] = ["parameters"]
     nb.cells = [cell, nbformat.v4.new_code_cell("print(lr)")]
@@ -250,7 +253,7 @@ def test_a_notebook_without_a_parameters_cell_is_rejected(tmp_path, capsys, key)
     spec = tiny_spec(tmp_path, **{key: "bare.ipynb"})
     line = one_line_error(["sweep", str(spec), "--runs", str(tmp_path / "runs")], tmp_path, capsys)
     assert f"{key}: bare.ipynb has no cell tagged 'parameters'" in line
-    notebook(tmp_path / "bare.ipynb", tagged=True)
+    notebook(tmp_path / "bare.ipynb", tagged=True, template=key == "notebook")
     load_spec(spec)  # tagged, it is accepted
 
 
