@@ -232,7 +232,8 @@ def test_compose_of_none_and_of_one_hook():
     one = StepHooks(before_update=lambda: None)
     assert StepHooks.compose([]) is None and StepHooks.compose([one]) is one
     seen: list[int] = []
-    composed = StepHooks.compose([StepHooks(after_backward=seen.append), StepHooks(before_update=lambda: seen.append(-1))])
+    composed = StepHooks.compose([StepHooks(after_backward=seen.append),
+                                  StepHooks(before_update=lambda: seen.append(-1))])
     assert composed is not None and composed.after_backward is not None and composed.before_update is not None
     composed.after_backward(3)
     composed.before_update()
