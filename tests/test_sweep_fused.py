@@ -199,10 +199,12 @@ def test_dry_run_shows_groups_and_why_runs_stay_alone(tmp_path, fused, capsys):
         run_sweep(spec, runs_root=tmp_path, dry_run=True, fuse_max=0)
     with pytest.raises(ConfigError, match="fuse must be one of auto, off"):
         run_sweep(spec, runs_root=tmp_path, dry_run=True, fuse="yes")
-    # a spec with its own notebook: its runs are not fused (the group template would skip its cells)
+    # a spec with a run template of its own (an edited copy of 01_train): its runs are not fused (the group
+    # template would skip its cells)
     own = write_spec(tmp_path, "own", {"lr": [0.05, 0.2]})
     d = yaml.safe_load(own.read_text())
-    d["notebook"] = str(ROOT / "notebooks" / "02_noise_scale.ipynb")
+    d["notebook"] = str(tmp_path / "my_train.ipynb")
+    (tmp_path / "my_train.ipynb").write_bytes((ROOT / "notebooks" / "01_train.ipynb").read_bytes())
     own.write_text(yaml.safe_dump(d))
     report = run_sweep(own, runs_root=tmp_path, dry_run=True)
     assert report.groups == {} and all("not the run template" in p.fusion for p in report.planned)
