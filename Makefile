@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install data test test-fast lint typecheck demo lab test-browser docs docs-serve clean-notebooks bench bench-gpu reproduce reproduce-confirm reproduce-mechanism reproduce-gpu clean
+.PHONY: install data test test-slow test-fast lint typecheck demo lab test-browser docs docs-serve clean-notebooks bench bench-gpu reproduce reproduce-confirm reproduce-mechanism reproduce-gpu clean
 
 install: $(STAMP)
 
@@ -46,13 +46,18 @@ data:
 	    echo "note: could not install$(DEBIAN_DATA); the tests that need them will skip"; \
 	  else echo "note:$(DEBIAN_DATA) not found; as root: apt-get install$(DEBIAN_DATA)"; fi; fi
 
-# The test files spread over the cores (pytest-xdist), each file's tests in one process, in order
+# The test files spread over the cores (pytest-xdist), each file's tests in one process, in order. Tests marked
+# exhaustive (slow variants of what a faster test covers) are left to test-slow (docs/testing.md says which).
 test: install data
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not exhaustive"
 
-# The tests not marked slow (papermill end-to-end runs are): a quick check while editing.
+# The exhaustive variants alone: `make test` and `make test-slow` together are every test.
+test-slow: install data
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m exhaustive
+
+# The tests marked neither slow (papermill end-to-end runs are) nor exhaustive: a quick check while editing.
 test-fast: install data
-	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not exhaustive"
 
 # ruff (pyflakes, pycodestyle, bugbear, isort, pyupgrade) and mypy, configured in pyproject.toml.
 LINT_PATHS := bsresearch tests benchmarks notebooks/*.py

@@ -191,8 +191,10 @@ NEEDS_A_SWEEP = [s for s in STEMS if any(call in (NOTEBOOK_DIR / f"{s}.py").read
                                        ("results.start_report(", "results.sweep_dir(", "variants.sweep_rows("))]
 
 
+# 10_sweep_report is test_an_analysis_notebook_opened_before_its_sweep_says_what_to_run's, with its exact line
 @pytest.mark.slow
-@pytest.mark.parametrize("stem", NEEDS_A_SWEEP)
+@pytest.mark.parametrize("stem", [pytest.param(s, marks=pytest.mark.exhaustive) if s == "10_sweep_report" else s
+                                  for s in NEEDS_A_SWEEP])
 def test_every_analysis_notebook_opened_before_its_sweep_says_what_to_run(stem, tmp_path):
     # as JupyterLab runs it: the kernel in notebooks/, the notebook's own parameters, no runs yet
     from nbclient import NotebookClient

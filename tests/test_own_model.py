@@ -362,7 +362,8 @@ def test_the_systems_benchmark_takes_the_users_model_and_data(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["local", "dask"])
+# dask: the Dask executor's papermill runs are test_sweep_dask's, the user's model through papermill is [local]'s
+@pytest.mark.parametrize("executor", ["local", pytest.param("dask", marks=pytest.mark.exhaustive)])
 def test_a_sweep_of_the_users_model_through_papermill(user_file, tmp_path, executor):
     """The run notebook executed by papermill for every point, in local worker processes or Dask workers."""
     from bsresearch.sweep import load_spec, run_sweep
