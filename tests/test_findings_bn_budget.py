@@ -201,3 +201,21 @@ def test_the_break_figure_draws_both_predictions_when_only_the_epochs_arm_breaks
     b_crit = lines["B/B_crit fixed, through the epochs arm's break at N = 10000"]
     assert list(b_crit.get_ydata()) == pytest.approx([500, 500 * 40 / 42, 500 * 40 / 42])
     plt.close(fig)
+
+
+def test_the_break_cells_table_holds_every_cell_the_break_is_decided_from():
+    rows = goyal_rows(by_n((500, 1000, 2000), (math.inf,) * 3))
+    rows.loc[(rows["train_size"] == 10000) & (rows["batch_size"] == 4000) & (rows["arm"] == "steps")
+             & np.isclose(rows["effective_lr"], 0.05 * 4000 / 32) & (rows["seed"] == 40), "state"] = "diverged"
+    cells = bn_budget.break_cells(rows)
+    assert len(cells) == 3 * 2 * 5 * 4 and (cells["runs"] == 5).all()
+    one = cells[(cells["n"] == 10000) & (cells["arm"] == "epochs") & (cells["batch_size"] == 500)].set_index("lr")
+    # k = 1 is the best lr; at the break (B = 500) every lr is 8 points below the baseline (0.98 at 32)
+    assert one["best"].tolist() == [False, False, True, False] and one["bottom"].tolist() == [True, False, False, False]
+    assert one.loc[0.05 * 500 / 32 / 2, "diff"] == pytest.approx(-0.08)
+    assert one.loc[0.05 * 500 / 32 / 2, "mean"] == pytest.approx(0.90)
+    diverged = cells[(cells["n"] == 10000) & (cells["arm"] == "steps") & (cells["batch_size"] == 4000)]
+    top = diverged[np.isclose(diverged["lr"], 0.05 * 4000 / 32)].iloc[0]
+    assert (top["ok"], top["diverged"]) == (4, 1) and not top["best"]
+    # the table agrees with the test: at every (N, arm, B) its best lr is the one goyal_breaks judges
+    assert cells.groupby(["n", "arm", "batch_size"])["best"].sum().eq(1).all()

@@ -155,3 +155,18 @@ def test_a_not_testable_long_test_names_the_stalled_checkpoint_not_those_dropped
     test = analyse(branching(GROWS.get, lambda c: 3.0, end.get))
     assert test.verdict == Verdict.NOT_TESTABLE and test.stalls["stalled"].sum() == 1
     assert "stalled at 524,288 tokens" in test.why and "1 of 4" in test.why
+
+
+def test_the_lr_grid_table_is_the_sgd_tests_grid_cell_by_cell():
+    runs = small_batch_runs({1: 0.06}, sgd={0.3: 2.6, 1.0: 2.5, 3.0: 2.7})
+    runs.loc[(runs["optimizer"] == "sgd") & (runs["lr"] == 3.0) & (runs["seed"] == 44), "state"] = "diverged"
+    table = lm_small_batch.lr_grid_table(runs)
+    assert table["lr"].tolist() == [0.3, 1.0, 3.0] and table["runs"].tolist() == [5, 5, 5]
+    assert table["not_ok"].tolist() == [0, 0, 1] and table["best"].tolist() == [False, True, False]
+    assert table["held_out_by"].tolist() == ["", "40, 41, 42, 43, 44", ""]
+    middle = table.iloc[1]
+    # five seeds at 2.5 + 0.002 (i - 2): mean 2.5, t(4) x std / sqrt(5)
+    assert middle["mean"] == pytest.approx(2.5) and middle["high"] - middle["mean"] == pytest.approx(
+        2.776445 * 0.0031623 / 5 ** 0.5, rel=1e-4)
+    test = lm_small_batch.sgd_test(runs)
+    assert test.best_lr == 1.0 and set(test.held_out_lrs) == {1.0}

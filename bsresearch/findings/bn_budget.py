@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from .. import results
+from .. import results, stats
 from ..config import ConfigError
 from ..stats import welch_interval
 from . import goyal
@@ -123,6 +123,35 @@ def goyal_breaks(rows: pd.DataFrame, arm: str = "arm", metric: str = "test_acc",
                         else math.inf,
                         "largest": float(mine["batch_size"].max()), "problems": tuple(problems),
                         "extend_seeds": bool(top.extend_seeds)})
+    return pd.DataFrame(out)
+
+
+def break_cells(rows: pd.DataFrame, arm: str = "arm", metric: str = "test_acc", lr: str = "effective_lr",
+                baseline_batch: int = 32, confidence: float = 0.95) -> pd.DataFrame:
+    """The break test's cells, one row per (N, arm, B, lr): runs, ok, diverged and unfinished counts, the mean and
+    std of `metric` over the ok runs, and its Welch difference from that N's baseline (batch `baseline_batch`)
+    with the interval (fraction); `best` marks the lr best on all seeds at that (N, arm, B) (highest mean, a
+    diverged run counting as the worst, as the test chooses before holding each seed out), `bottom` the grid's
+    smallest lr there. What goyal_breaks decides from, cell by cell."""
+    n_col = _n_column(rows)
+    out = []
+    for n, g in rows.groupby(n_col, sort=True):
+        base = pd.to_numeric(g[(g["batch_size"] == baseline_batch) & (g["state"] == "ok")][metric], errors="coerce")
+        for (a, b), cell_group in g[g["batch_size"] != baseline_batch].groupby([arm, "batch_size"], sort=True):
+            done = goyal._finished_metric(cell_group, metric)
+            best = float(stats.best_lr(done, metric, by="batch_size", lr=lr, minimize=False)[lr].iloc[0]) \
+                if len(done) else math.nan
+            bottom = float(cell_group[lr].min())
+            for rate, cell in cell_group.groupby(lr, sort=True):
+                ok = pd.to_numeric(cell[cell["state"] == "ok"][metric], errors="coerce").dropna()
+                d = welch_interval(ok, base, confidence)
+                out.append({"n": int(n), "arm": a, "batch_size": int(b), "lr": float(rate), "runs": len(cell),
+                            "ok": len(ok), "diverged": int((cell["state"] == "diverged").sum()),
+                            "unfinished": int((~cell["state"].isin(goyal.FINISHED)).sum()),
+                            "mean": float(ok.mean()) if len(ok) else math.nan,
+                            "std": float(ok.std(ddof=1)) if len(ok) > 1 else math.nan,
+                            "diff": d.diff, "low": d.low, "high": d.high,
+                            "best": bool(np.isclose(rate, best, rtol=1e-6)), "bottom": float(rate) == bottom})
     return pd.DataFrame(out)
 
 

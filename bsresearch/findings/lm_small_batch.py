@@ -259,6 +259,28 @@ def held_out(cell: pd.DataFrame) -> tuple[pd.DataFrame, tuple[float, ...]]:
     return (pd.concat(rows) if rows else cell.iloc[:0]), tuple(picks)
 
 
+def lr_grid_table(runs: pd.DataFrame, setting: str = "sgd", batch_size: int = 1,
+                  metric: str = "test_loss") -> pd.DataFrame:
+    """One (setting, batch_size) cell's lr grid, one row per lr: runs, ok, not ok, the mean, std and 95% t interval
+    of the final loss over the ok runs, `best` (the lr best on all seeds, a run not ok counting as the worst, as
+    sgd_test chooses it), `edge` (which edge of the grid that is, if any) and `held_out_by`, the seeds whose
+    held-out choice (the lr best on the other seeds) it is. The SGD test's grid, cell by cell."""
+    data = runs.assign(setting=settings(runs), loss=_final_loss(runs, metric))
+    cell = data[(data["setting"] == setting) & (data["batch_size"] == batch_size)]
+    best, edge = _best_lr(cell)
+    _, picks = held_out(cell)
+    seeds = sorted(cell["seed"].unique())
+    rows = []
+    for lr_value, g in cell.groupby("lr", sort=True):
+        ok = g["loss"][np.isfinite(g["loss"])]
+        mean, std, low, high = stats.t_interval(ok)
+        rows.append({"setting": setting, "batch_size": batch_size, "lr": float(lr_value), "runs": len(g),
+                     "ok": len(ok), "not_ok": len(g) - len(ok), "mean": mean, "std": std, "low": low, "high": high,
+                     "best": bool(np.isclose(lr_value, best)), "edge": edge if np.isclose(lr_value, best) else "",
+                     "held_out_by": ", ".join(str(s) for s, p in zip(seeds, picks) if np.isclose(p, lr_value))})
+    return pd.DataFrame(rows)
+
+
 @dataclass(frozen=True)
 class Beta2ByBatchTest(PreregisteredTest):
     """docs/protocols.md#lm-small-batch-v5: d_beta2(B) = L(adam_fixed, B) - L(adam_half_life, B) at every B."""
