@@ -119,7 +119,9 @@ def test_fused_members_with_their_own_beta2_end_as_their_separate_runs():
     from test_fused import LONG, assert_same_run
     cfgs = [tiny_config(seed=s, optimizer="adam", lr=2e-3, adam_beta2=b2, beta2_scaling=scaling, **LONG)
             for s, (b2, scaling) in enumerate([(0.999, "none"), (0.95, "none"), (0.95, "half_life")])]
-    for fused, cfg in zip(train_group(cfgs, progress=False), cfgs):
+    results = train_group(cfgs, progress=False)
+    assert len(results) == len(cfgs) == 3
+    for fused, cfg in zip(results, cfgs):
         assert_same_run(fused, run(cfg, progress=False))
 
 
