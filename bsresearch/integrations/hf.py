@@ -196,8 +196,12 @@ class BatchSizeCallback(TrainerCallback):
         self._pending = meter.before_update(weights, _grad_scale(kwargs.get("optimizer")))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The row to the Trainer's log at its logging steps (control.should_log, which the Trainer's flow callback
+        sets before this one runs) and at every curvature measurement; history.csv has every row."""
         row, self._pending = self._pending, None
         if row is None or not self.log or self.trainer is None:
+            return
+        if not (control.should_log or row["sharpness"] == row["sharpness"]):
             return
         values = {f"{KEY_PREFIX}{k}": v for k, v in row.items()
                   if k not in ("step", "unit", "estimator") and isinstance(v, (int, float)) and v == v}
