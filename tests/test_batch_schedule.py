@@ -93,7 +93,7 @@ def test_resume_across_a_batch_change_is_exact(tmp_path, monkeypatch):
     assert RunDir(tmp_path / "killed").status()["resumed_from"] == 14
     a = T.load_checkpoint(tmp_path / "full" / "checkpoint.pt")["state"]["model"]
     b = T.load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["state"]["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)   # BatchNorm running statistics included
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)   # BatchNorm running statistics included
     assert resumed.metrics["train_loss"] == full.metrics["train_loss"]
 
 

@@ -379,6 +379,7 @@ def test_a_padded_run_on_two_devices_is_the_run_of_one_device(hf_file, tmp_path,
         assert rb["test_loss"] == pytest.approx(ra["test_loss"], rel=1e-5, nan_ok=True), ra["step"]
     wa, wb = (load_checkpoint(tmp_path / d / "checkpoint.pt")["state"]["model"] for d in ("one", "two"))
     # atol: Adam scales the attention bias's gradients of ~0 (their rounding differs) to steps of ~lr
+    assert wa.keys() == wb.keys()
     assert all(torch.allclose(wa[k].float(), wb[k].float(), rtol=1e-4, atol=2e-5) for k in wa)
 
 

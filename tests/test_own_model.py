@@ -208,7 +208,7 @@ def test_resume_on_the_streamed_path_with_a_worker_continues_exactly(user_file, 
     assert resumed.history[-1]["train_loss"] == full.history[-1]["train_loss"]
     from bsresearch.state import load_checkpoint
     a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt")["state"]["model"] for d in ("full", "killed"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_built_in_model_on_the_users_data(user_file):

@@ -111,6 +111,7 @@ def test_a_run_with_beta2_is_torch_adam_with_those_betas(tmp_path):
         torch.nn.functional.cross_entropy(state.model(x), y).backward()
         opt.step()
     trained = load_checkpoint(tmp_path / "r" / "checkpoint.pt")["state"]["model"]
+    assert trained.keys() == state.model.state_dict().keys()
     assert all(torch.equal(trained[k], v) for k, v in state.model.state_dict().items())
     assert result.state == "ok"
 
@@ -180,6 +181,7 @@ def test_saved_state_is_the_producer_s_state_at_that_step(tmp_path):
     plain = run(trajectory(budget_amount=240, save_checkpoint=True, snapshot_at_tokens=()), tmp_path / "plain")
     final = load_checkpoint(tmp_path / "plain" / "checkpoint.pt")["state"]["model"]
     assert saved["state"]["step"] == 30
+    assert saved["state"]["model"].keys() == final.keys()
     assert all(torch.equal(saved["state"]["model"][k], v) for k, v in final.items())
     assert plain.metrics["steps"] == 30
 
@@ -202,7 +204,7 @@ def test_runs_of_one_trajectory_started_together_train_its_prefix_once(tmp_path,
         t.start()
     for t in threads:
         t.join()
-    assert all(r.state == "ok" for r in results.values())
+    assert len(results) == 3 and all(r.state == "ok" for r in results.values())
     prefix_steps = [s for s in steps_trained if s < 50]
     assert len(prefix_steps) == 50   # one run trained steps 0..49; the others waited and took its state
     alone = run(branch(size=16), tmp_path / "alone" / "k2")

@@ -114,7 +114,7 @@ def test_a_project_from_the_installed_wheel_trains_sweeps_and_reports(venv, tmp_
     assert all(s["runner"]["engine"] == "papermill" for s in statuses)
     assert all((p.parent / "run.ipynb").exists() for p in (project / "runs/example").glob("*/status.json"))
     metrics = [json.loads(p.read_text()) for p in (project / "runs/example").glob("*/metrics.json")]
-    assert all(m.get("hessian_top_eigenvalue") is not None for m in metrics)
+    assert len(metrics) == 4 and all(m.get("hessian_top_eigenvalue") is not None for m in metrics)
 
     _run([cli, "report", "experiments/example.yaml", "--no-html"], project, env)
     report = project / "reports/example"
