@@ -58,6 +58,32 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str) -> No
         time.sleep(0.05)
 
 
+class FakeClock:
+    """A clock a test moves by hand instead of waiting: `clock()` reads its seconds, `clock.sleep(s)` and
+    `clock.advance(s)` move it forward at once. Give it where code reads the time (a `clock=` argument, or
+    monkeypatch a module's `time.monotonic` / `time.perf_counter` / `time.sleep` with it), so no test depends on
+    the machine's load."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []   # every sleep asked for, in order
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
 COMPARED = ("steps", "train_loss", "test_loss", "train_acc", "test_acc")  # what "the same run" compares
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import requires_cuda, tiny_config
+from conftest import FakeClock, requires_cuda, tiny_config
 
 from bsresearch import runsetup, train
 from bsresearch.callbacks import LOSS_CHECK_EVERY
@@ -411,17 +411,14 @@ def test_the_calibration_is_not_fooled_by_a_load_that_ends_while_it_runs():
     not pay'); interleaved rounds, each side at its fastest, see the 1.6x. A fake clock that each step
     advances: no sleep, so the machine's own load cannot change the answer."""
     from bsresearch.fused import generic
-    now = 0.0
+    clock = FakeClock()
     calls = 0
-
-    def clock() -> float:
-        return now
 
     def stepping(seconds: float):
         def step() -> None:
-            nonlocal calls, now
+            nonlocal calls
             calls += 1
-            now += seconds * (4 if calls <= 14 else 1)
+            clock.advance(seconds * (4 if calls <= 14 else 1))
         return step
     ratio = generic.calibrate(stepping(0.020), [stepping(0.004) for _ in range(8)], torch.device("cpu"), clock=clock)
     assert calls == 9 * (1 + generic.CALIBRATION_STEPS)   # one untimed call of each, then the timed rounds
