@@ -148,3 +148,11 @@ def test_manual_optimization_is_refused_before_the_first_step(tmp_path):
     with pytest.raises(ConfigError, match="manual optimization"):
         trainer.fit(module, loader())
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def test_the_values_go_to_log_dict_at_the_logging_steps(tmp_path):
+    callback = BatchSizeCallback()
+    module = fit(tmp_path, [callback], 2, steps=3, log_every_n_steps=1)
+    metrics = module.trainer.callback_metrics
+    assert float(metrics["bsresearch/b_simple_ema"]) == pytest.approx(callback.history["b_simple_ema"].iloc[-1])
+    assert float(metrics["bsresearch/step"]) == 3
