@@ -9,9 +9,10 @@ SHARDED = "the noise scale needs whole gradients; use DDP or DeepSpeed ZeRO stag
 
 
 def fsdp(model: nn.Module) -> list[str]:
-    """FSDP (the wrapper or fully_shard): each device holds a shard of the gradient."""
-    names = {type(m).__name__ for m in model.modules()}
-    if any(name in ("FullyShardedDataParallel",) or name.startswith("FSDP") for name in names):
+    """FSDP (the FullyShardedDataParallel wrapper, or fully_shard's FSDPModule): each device holds a shard of the
+    gradient."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    if any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in model.modules()):
         return [f"FSDP shards the gradients ({SHARDED})"]
     return []
 
