@@ -23,9 +23,9 @@ The path of one run (drive), the same on one device, on N devices and in a fused
     6. the loop (loop.Loop), which ends with the member's result.
 
 A fused group (fused.trainer) takes the same steps for K members at once: 1 for each member
-(before_any_work), 2 once for the group (an out-of-memory there is every unfinished member's "oom"), 3 a
-fused engine, 4 at each member's place (Place.member), no 5 (a fused model draws no random numbers:
-fused.generic.probe refuses dropout), 6 for all members together.
+(before_any_work), 2 once for the group (an out-of-memory there is every unfinished member's "oom",
+setup_out_of_memory), 3 a fused engine, 4 at each member's place (Place.member), no 5 (a fused model draws
+no random numbers: fused.generic.probe refuses dropout), 6 for all members together.
 
 Where the attempt ran goes into status.json (`Place.status`): `devices` says the devices of the attempt
 that wrote it, and callbacks.Recording keeps `attempts`, one entry per start with its device count.
@@ -143,6 +143,16 @@ def before_any_work(cfg: RunConfig, run_dir: str | Path | None, overwrite: bool 
     return None
 
 
+def setup_out_of_memory(cfg: RunConfig, run_dir: str | Path | None, place: Place, device: torch.device,
+                        message: str) -> RunResult:
+    """The result of a run whose data or model did not fit on `device` before its training started: state
+    "oom", written to its run directory where the place records (runsetup.out_of_memory_result), with the
+    device's cached memory given back first."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out_of_memory_result(cfg, run_dir if place.records else None, device, message, **place.status)
+
+
 def drive(cfg: RunConfig, run_dir: str | Path | None, place: Place,
           engine: Callable[[RunSetup, Member], Engine], progress: bool | None = None, overwrite: bool = False,
           callbacks: Sequence[Callback] = (), device: torch.device | None = None) -> RunResult:
@@ -162,10 +172,8 @@ def drive(cfg: RunConfig, run_dir: str | Path | None, place: Place,
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        where = device if device is not None else resolve_device(cfg.device)
-        if where.type == "cuda":
-            torch.cuda.empty_cache()
-        return out_of_memory_result(cfg, run_dir if place.records else None, where, oom_message(exc), **place.status)
+        return setup_out_of_memory(cfg, run_dir, place, device if device is not None else resolve_device(cfg.device),
+                                   oom_message(exc))
     if not place.records:
         member.rd = None   # it read the checkpoint the lead resumes from; it writes nothing
     chosen = engine(setup, member)

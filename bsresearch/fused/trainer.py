@@ -31,12 +31,12 @@ import torch
 from .. import schedule
 from ..config import ConfigError, RunConfig
 from ..data import Dataset
-from ..driver import Place, before_any_work, callbacks_for
+from ..driver import Place, before_any_work, callbacks_for, setup_out_of_memory
 from ..engine import ModelEngine
 from ..loop import Member, RunResult, StepHooks
 from ..models import model_for
 from ..rundir import RunDir
-from ..runsetup import RunSetup, out_of_memory_result, run_setup
+from ..runsetup import RunSetup, run_setup
 from ..runtime import is_out_of_memory, oom_message, resolve_device
 from ..train import run
 from . import generic
@@ -77,12 +77,9 @@ def train_group(cfgs: Sequence[RunConfig], run_dirs: Sequence[str | Path | None]
         if not is_out_of_memory(exc):
             raise
         device = resolve_device(cfgs[todo[0]].device)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         for i in todo:
             if results[i] is None:
-                results[i] = out_of_memory_result(cfgs[i], dirs[i], device, oom_message(exc),
-                                                  **Place.member(group_id).status)
+                results[i] = setup_out_of_memory(cfgs[i], dirs[i], Place.member(group_id), device, oom_message(exc))
     return [r for r in results if r is not None]
 
 
@@ -149,8 +146,8 @@ def _train(cfgs: list[RunConfig], dirs: Sequence[str | Path | None], todo: list[
             half = len(retry) // 2
             queue[:0] = [retry[:half], retry[half:]]
         else:   # a member alone whose model did not fit on the device: its result, as in train.run
-            results[retry[0]] = out_of_memory_result(cfgs[retry[0]], dirs[retry[0]], device, message,
-                                                     **Place.member(group_id).status)
+            results[retry[0]] = setup_out_of_memory(cfgs[retry[0]], dirs[retry[0]], Place.member(group_id), device,
+                                                    message)
 
 
 def _alone(cfg: RunConfig, run_dir: str | Path | None, progress: bool | None, reason: str) -> RunResult:
