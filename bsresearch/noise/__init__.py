@@ -14,6 +14,9 @@ framework's callback all feed it):
                      meter.pair(sq_small, sq_big, b_small, b_big)                a batch and part of it
                  each returning a NoiseSample (b_simple this step, b_simple_ema, estimator, .row());
                  meter.b_simple is the EMA, meter.state_dict() its checkpoint
+                 Squared norms are of MEAN-loss gradients over their own batch (undo a trainer's division
+                 by accumulation steps or token counts and a GradScaler's scale first); sizes in the units
+                 the loss averages over (examples, or real tokens).
 
 Measuring a trained model (no training loop):
 
@@ -32,8 +35,10 @@ Inside training:
     device       the DDP communication hook (gradient_norms_hook, its state GradientNorms) and DeviceNoise,
                  the loop callback of a device group (history device_noise_*_ema)
 
-Names are imported on first access, so `import bsresearch.noise` loads none of its modules; import from the
-modules themselves inside bsresearch.
+Imports point one way: estimators and meter import nothing of bsresearch; exact, pairs and hessian the
+measurement plumbing (measure.functional, losses); tracker the core; microbatch and device the loop. Names are
+imported on first access, so `import bsresearch.noise` loads none of its modules; import from the modules
+themselves inside bsresearch.
 """
 from __future__ import annotations
 
