@@ -156,7 +156,8 @@ class BatchSizeCallback(pl.Callback):
         row, self._pending = self._pending, None
         if row is None or not self.log:
             return
-        if trainer.global_step % max(trainer.log_every_n_steps, 1) and row["sharpness"] != row["sharpness"]:
+        every = max(int(getattr(trainer, "log_every_n_steps", 1) or 1), 1)   # set by Lightning's logger connector
+        if trainer.global_step % every and row["sharpness"] != row["sharpness"]:
             return
         values = {f"bsresearch/{k}": float(v) for k, v in row.items()
                   if k not in ("unit", "estimator") and isinstance(v, (int, float)) and v == v}
