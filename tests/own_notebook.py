@@ -55,7 +55,7 @@ learning_rate = 1e-2
 seed = 0
 steps = 6
 run_dir = None          # set by the sweep: the callback writes the run there
-gate = ""               # tests only: after its first step the Trainer waits until this file exists
+gate = ""               # tests only: after its second step the Trainer waits until this file exists
 '''
 
 # A Hugging Face Trainer on a tiny Llama built from a config (random weights, offline), with bsresearch's
@@ -83,7 +83,8 @@ class Tokens(torch.utils.data.Dataset):
 
 class Gate(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
-        while gate and state.global_step == 1 and not os.path.exists(gate):   # held until the test lets go
+        # held after step 2 until the test lets go (the callback writes a step's row once the next has run)
+        while gate and state.global_step == 2 and not os.path.exists(gate):
             time.sleep(0.05)
 
 

@@ -141,7 +141,7 @@ def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_repor
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: len(RunDir(sweep_dir / held.run_id).history_rows()) >= 1
-                   and is_locked(sweep_dir / held.run_id), 240, "the held run past its first step")
+                   and is_locked(sweep_dir / held.run_id), 600, "the held run past its first step")
         os.kill(worker_pid(sweep_dir / held.run_id), signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)
     finally:
