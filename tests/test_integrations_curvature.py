@@ -168,6 +168,23 @@ def test_the_plain_loops_noise_scale_equals_the_two_batch_estimator_on_unequal_m
         optimizer.step()
 
 
+def test_a_grad_scalers_scale_is_undone():
+    """The same micro-batches with the loss scaled by 1024 (as a GradScaler scales it) and grad_scale=1024 give
+    the same row as unscaled."""
+    rows = []
+    for scale in (1.0, 1024.0):
+        model, x, y = tiny_mlp(seed=4)
+        meter = Meter(model, None, ce, lambda b: Units(len(b[0])), MeterOptions())
+        meter.start()
+        for a, b in ((0, 8), (8, 16)):
+            meter.micro_batch((x[a:b], y[a:b]))
+            (ce(model, (x[a:b], y[a:b])) * 0.5 * scale).backward()
+        rows.append(meter.before_update(grad_scale=scale))
+    assert rows[0] is not None and rows[1] is not None
+    for key in ("grad_sq_norm", "trace_cov", "b_simple"):
+        assert rows[1][key] == pytest.approx(rows[0][key], rel=1e-5)
+
+
 def test_effective_sizes():
     assert effective_sizes([0.5, 0.5], [10, 10]) == pytest.approx((10, 20))
     assert effective_sizes([0.25, 0.75], [10, 30]) == pytest.approx((15, 40))   # a token sum over 40

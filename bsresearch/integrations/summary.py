@@ -12,7 +12,7 @@ from ..rundir import atomic_write_text
 
 CAVEAT = ("B_simple is a lower estimate of the critical batch, not the critical batch: in bsresearch's own "
           "branched measurement of a language model it stayed at 16-29 sequences while the critical batch rose "
-          "from 32 to 512 (docs/advise.md, reports/lm_cbs_long)")
+          "from 32 to 512 over 2^17 to 2^23 tokens (reports/lm_cbs_long/cbs_by_checkpoint.csv)")
 
 
 def advice(history: pd.DataFrame) -> str:
