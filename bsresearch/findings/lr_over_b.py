@@ -266,7 +266,7 @@ def fieller_interval(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> 
 
 
 @dataclass(frozen=True)
-class RatioTest:
+class RatioTest(PreregisteredTest):
     """docs/protocols.md#v6-lr-over-b: rho = (lr's effect at fixed lr/B) / (lr/B's effect), per doubling."""
     per_seed: pd.DataFrame       # per_seed_slopes
     b_r: tuple[float, float, float]      # mean lr/B slope (fraction per doubling), its t interval
