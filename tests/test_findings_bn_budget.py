@@ -219,3 +219,46 @@ def test_the_break_cells_table_holds_every_cell_the_break_is_decided_from():
     assert (top["ok"], top["diverged"]) == (4, 1) and not top["best"]
     # the table agrees with the test: at every (N, arm, B) its best lr is the one goyal_breaks judges
     assert cells.groupby(["n", "arm", "batch_size"])["best"].sum().eq(1).all()
+
+
+# ----------------------------------------------------------------------------- version 6: Goyal's break, three arms
+def v6_breaks(epochs, steps, examples):
+    return pd.DataFrame([{"n": n, "arm": arm, "b_break": b, "b_star": math.nan, "b_linear": math.nan,
+                          "largest": 4000.0, "problems": (), "extend_seeds": False}
+                         for arm, values in (("epochs", epochs), ("steps", steps), ("examples", examples))
+                         for n, b in zip(NS, values)])
+
+
+@pytest.mark.parametrize("epochs, steps, examples, c, predictor, verdict", [
+    ((500, 1000, 2000), (math.inf,) * 3, (1000, 1000, 1000), 0.0, "steps", Verdict.NOT_REPRODUCED),
+    ((500, 1000, 2000), (math.inf,) * 3, (500, 1000, 2000), 0.0, "steps and B/N", Verdict.PARTLY),
+    ((500, 1000, 2000), (math.inf,) * 3, (1000, 2000, math.inf), 0.0, "steps and B/N", Verdict.PARTLY),
+    ((500, 1000, 2000), (500, 1000, 2000), (500, 1000, 2000), 0.0, "B/N", Verdict.REPRODUCED),
+    ((500, 1000, 2000), (500, 1000, 2000), (2000, 1000, 500), -2.0, "B/B_crit", Verdict.PARTLY),
+    ((500, 1000, 2000), (500, 1000, 2000), (1000, 1000, 1000), 0.0, "cannot be told apart", Verdict.INCONCLUSIVE),
+    ((500, 1000, 2000), (math.inf,) * 3, (math.inf,) * 3, 0.0, "cannot be told apart", Verdict.INCONCLUSIVE),
+    # beyond the grid at 40k: s_X >= log2(8000 / 4000) = 1, a lower bound that already reads as B/N's
+    ((500, 1000, 2000), (math.inf,) * 3, (4000, 4000, math.inf), 0.0, "steps and B/N", Verdict.PARTLY),
+])
+def test_the_v6_break_test_names_each_predictor(epochs, steps, examples, c, predictor, verdict):
+    test = bn_budget.predictor_break_test(v6_breaks(epochs, steps, examples), (c, c - 0.3, c + 0.3))
+    assert (test.predictor, test.verdict) == (predictor, verdict), test.why
+
+
+def test_the_v6_break_test_is_not_testable_without_a_break_or_with_an_edge():
+    none = bn_budget.predictor_break_test(v6_breaks((math.inf,) * 3, (math.inf,) * 3, (math.inf,) * 3), None)
+    assert none.verdict == Verdict.NOT_TESTABLE and "no break to explain" in none.why
+    edge = v6_breaks((500, 1000, 2000), (math.inf,) * 3, (1000, 1000, 1000))
+    edge.at[4, "problems"] = ("best lr on the grid's bottom edge at B = 4000",)
+    assert bn_budget.predictor_break_test(edge, None).verdict == Verdict.NOT_TESTABLE
+    two = v6_breaks((500, 1000, 2000), (math.inf,) * 3, (1000, 1000, 1000))
+    assert "arms" in bn_budget.predictor_break_test(two[two["arm"] != "examples"], None).why
+
+
+def test_goyal_breaks_reads_the_examples_arm_of_the_v6_design():
+    rows = goyal_rows(by_n((500, 1000, 2000), (math.inf,) * 3))
+    examples = rows[rows["arm"] == "steps"].assign(arm="examples")
+    examples.loc[examples["batch_size"] >= 1000, "test_acc"] -= 0.08     # breaks at 1000 at every N
+    table = bn_budget.goyal_breaks(pd.concat([rows, examples], ignore_index=True))
+    test = bn_budget.predictor_break_test(table, (0.0, -0.3, 0.3))
+    assert test.steps_matter and test.shift == 0 and test.predictor == "steps", test.why

@@ -326,6 +326,75 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
 
 
 
+# ----------------------------------------------------------------------------- version 6: Goyal's break, three arms
+V6_ARMS = ("epochs", "steps", "examples")   # gpu_bn_budget_goyal_v6's variants e*, s*, x*
+
+
+@dataclass(frozen=True)
+class BreakPredictorTest(PreregisteredTest):
+    """docs/protocols.md#v6-predictors, Goyal's break: A (the epochs arm breaks below the steps arm at every N:
+    steps matter at fixed B/N and B/B_crit) and s_X (the examples arm's break shift 10k -> 40k, octaves: steps
+    predict 0, B/N 2, B/B_crit c), the predictor they name and the verdict."""
+    predictor: str               # steps | steps and B/N | B/N | B/B_crit | cannot be told apart
+    steps_matter: bool           # A
+    shift: float                 # s_X (its lower bound when the break at the largest N is beyond the grid)
+    shift_censored: bool
+    c: tuple[float, float, float]
+    table: pd.DataFrame          # goyal_breaks over the three arms
+    verdict: Verdict
+    why: str
+    extend_seeds: bool
+    problems: tuple[str, ...] = ()
+
+
+def predictor_break_test(breaks: pd.DataFrame, c: tuple[float, float, float] | None) -> BreakPredictorTest:
+    """Version 6's test of Goyal's break on goyal_breaks of gpu_bn_budget_goyal_v6's runs (arm: epochs, steps,
+    examples). Not testable: a row's problems (runs unfinished, a deciding best lr on the grid's edge), an arm
+    missing, or the epochs arm breaking at no N. `c`: B_crit's shift 10k -> 40k (octaves, interval); None: B/B_crit
+    cannot be named."""
+    c = c if c is not None else (math.nan, math.nan, math.nan)
+    problems = [f"N = {r.n} {r.arm}: {p}" for r in breaks.itertuples() for p in r.problems]
+    if set(breaks["arm"]) != set(V6_ARMS):
+        problems.append(f"arms {sorted(set(breaks['arm']))}, not {list(V6_ARMS)}")
+    arm = {a: breaks[breaks["arm"] == a].set_index("n")["b_break"] for a in set(breaks["arm"])}
+    epochs = arm.get("epochs", pd.Series(dtype=float))
+    if not problems and not np.isfinite(epochs).any():
+        problems.append("the epochs arm breaks at no N: no break to explain")
+    extend = bool(breaks["extend_seeds"].any())
+    if problems:
+        return BreakPredictorTest("cannot be told apart", False, math.nan, False, c, breaks, Verdict.NOT_TESTABLE,
+                                  "; ".join(problems), extend, tuple(problems))
+    ns = sorted(breaks["n"].unique())
+    steps_arm, examples = arm["steps"], arm["examples"]
+    a_holds = all(epochs[n] < steps_arm[n] for n in ns)      # inf (no break) counts as the larger
+    b_small, b_large = float(examples[ns[0]]), float(examples[ns[-1]])
+    largest = float(breaks["largest"].max())
+    censored = not math.isfinite(b_large)
+    shift = math.log2((2 * largest if censored else b_large) / b_small) if math.isfinite(b_small) else math.nan
+    c_inside = math.isfinite(c[1]) and -SEPARABLE < c[1] and c[2] < SEPARABLE
+    at_least_one = math.isfinite(shift) and shift >= 1           # a censored shift is a lower bound
+    below_one = math.isfinite(shift) and not censored and abs(shift) < 1
+    if not math.isfinite(shift):
+        predictor = "cannot be told apart"
+        why = "the examples arm breaks at no batch size at the smallest N: its shift is undefined"
+    elif a_holds and below_one:
+        predictor, why = "steps", f"A holds; with the steps of each B fixed the break moves {shift:+g} octaves"
+    elif a_holds and at_least_one:
+        predictor, why = "steps and B/N", f"A holds; with the steps of each B fixed the break moves {shift:+g} octaves"
+    elif not a_holds and at_least_one and math.isfinite(c[2]) and c[2] < 1:
+        predictor, why = "B/N", f"A fails; the break moves {shift:+g} octaves, B_crit {c[0]:+.2f}"
+    elif not a_holds and not censored and abs(shift - c[0]) < 1 and math.isfinite(c[1]) and not c_inside \
+            and c[2] < 1:
+        predictor, why = "B/B_crit", f"A fails; the break moves {shift:+g} octaves, as B_crit ({c[0]:+.2f})"
+    else:
+        predictor = "cannot be told apart"
+        why = f"A {'holds' if a_holds else 'fails'}; the break moves {'>= ' if censored else ''}{shift:+g} octaves; " \
+              f"c {c[0]:+.2f} [{c[1]:+.2f}, {c[2]:+.2f}]"
+    verdict = {"B/N": Verdict.REPRODUCED, "steps and B/N": Verdict.PARTLY, "B/B_crit": Verdict.PARTLY,
+               "steps": Verdict.NOT_REPRODUCED, "cannot be told apart": Verdict.INCONCLUSIVE}[predictor]
+    return BreakPredictorTest(predictor, a_holds, shift, censored, c, breaks, verdict, why, extend)
+
+
 # ----------------------------------------------------------------------------- version 6: Hoffer's gap, two contrasts
 N_NAMES = {10000: "n10k", 20000: "n20k", 40000: "n40k"}
 V6_CELLS: dict[str, dict[int, str]] = {   # experiments/bn_budget_hoffer_v6.yaml's variants, per N
