@@ -242,7 +242,8 @@ def init(folder: str | Path, kernel: bool = True, quiet: bool = False) -> list[P
     if not quiet:
         here = "" if root.resolve() == Path.cwd().resolve() else f"cd {folder} && "
         print(f"next: {here}bsresearch sweep experiments/{EXAMPLE_SPEC}.yaml --workers 2 && "
-              f"bsresearch report experiments/{EXAMPLE_SPEC}.yaml   (or: bsresearch lab {folder})")
+              f"bsresearch report experiments/{EXAMPLE_SPEC}.yaml   (or: bsresearch lab {folder}); a training "
+              f"notebook of your own, swept: experiments/{own_training.NAME}.yaml")
     return written
 
 
