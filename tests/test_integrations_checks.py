@@ -68,3 +68,17 @@ def test_the_hf_callback_stops_a_model_split_over_devices_before_the_first_step(
         trainer.train()
     assert trainer.state.global_step == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("adapter, framework, extra", [("hf", "transformers", "bsresearch[hf]"),
+                                                        ("lightning", "pytorch_lightning", "bsresearch[lightning]")])
+def test_an_adapter_without_its_framework_is_one_line_naming_the_extra(adapter, framework, extra):
+    import subprocess
+    import sys
+    code = (f"import sys; sys.modules[{framework!r}] = None\n"   # as if not installed
+            f"import bsresearch.integrations.{adapter}")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"ImportError: bsresearch.integrations.{adapter} needs " + \
+        ("transformers" if adapter == "hf" else "Lightning") + f": pip install '{extra}'"
