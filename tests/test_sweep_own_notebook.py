@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_until
 from own_notebook import PARAMETERS, TRAINING, write_notebook, write_project
+from test_srun import FakeSrun
 
 from bsresearch.config import ConfigError
 from bsresearch.rundir import RunDir
@@ -193,3 +194,21 @@ def test_a_sweep_of_ones_own_notebook_on_dask(tmp_path):
         rd = RunDir(tmp_path / "proj" / "runs" / "own" / p.run_id)
         assert rd.config()["batch_size"] == p.parameters["batch_size"] and len(rd.history_rows()) == 30
     assert [p.action for p in run_sweep(spec_path, dry_run=True, progress=False).planned] == ["skip", "skip"]
+
+
+@pytest.mark.slow
+def test_a_sweep_of_ones_own_notebook_inside_a_slurm_allocation(tmp_path, monkeypatch):
+    """`--launcher srun` in a (stand-in) Slurm allocation of 2 tasks: 2 workers, each run of one's own notebook on
+    one slot of the allocation, no job step (a step is for a run on several devices), the runs as elsewhere."""
+    fake_srun = FakeSrun(tmp_path)   # tests/test_srun.py's stand-in srun, first on the PATH
+    monkeypatch.setenv("PATH", f"{fake_srun.bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_SRUN_LOG", str(fake_srun.log))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    spec_path = write_project(tmp_path / "proj", {"seeds": 1})
+    report = run_sweep(spec_path, launcher="srun", progress=False)
+    assert report.workers == 2 and report.launcher == "srun"
+    assert sorted(o.state for o in report.outcomes) == ["ok", "ok"] and fake_srun.calls() == []
+    for p in expand(load_spec(spec_path)):
+        rd = RunDir(tmp_path / "proj" / "runs" / "own" / p.run_id)
+        assert rd.config()["batch_size"] == p.parameters["batch_size"] and len(rd.history_rows()) == 30
