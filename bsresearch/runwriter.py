@@ -52,9 +52,13 @@ class RunWriter:
     """The run directory `run_dir` of one run of one's own training; `parameters` are the run's settings (a
     sweep's notebook: the values of its parameters cell), written to config.json."""
 
-    def __init__(self, run_dir: str | os.PathLike, parameters: dict[str, Any] | None = None, flush_every: int = 1):
+    def __init__(self, run_dir: str | os.PathLike | None, parameters: dict[str, Any] | None = None,
+                 flush_every: int = 1):
         if flush_every < 1:
             raise ValueError(f"flush_every must be a positive number of rows; got {flush_every}")
+        if run_dir is None:
+            raise ValueError("RunWriter needs the run's folder: a sweep sets the notebook's run_dir; run by hand, "
+                             "name one (e.g. bsresearch.paths.project_path('runs/mine/by_hand'))")
         self.run_dir = RunDir(Path(run_dir).expanduser())
         self.parameters = dict(parameters or {})
         self.flush_every = flush_every

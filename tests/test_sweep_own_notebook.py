@@ -75,8 +75,11 @@ def test_points_carry_the_injected_values_and_a_run_id_over_the_code(tmp_path):
 
 def test_the_library_engine_is_refused_for_a_notebook_of_ones_own(tmp_path):
     path = write_project(tmp_path / "proj")
-    with pytest.raises(ConfigError, match="own.ipynb is a training notebook of your own, which runs through papermill"):
+    with pytest.raises(ConfigError, match="^the inline executor calls train.run in this process on a RunConfig; "
+                                          "own.ipynb is a training notebook of your own, which runs through papermill"):
         run_sweep(path, executor="inline", dry_run=True)
+    with pytest.raises(ConfigError, match="^--engine library calls train.run on a RunConfig; own.ipynb"):
+        run_sweep(path, engine="library", dry_run=True)
 
 
 def test_the_runs_and_the_dry_run_go_to_the_project_of_the_spec_from_any_folder(tmp_path, monkeypatch):
@@ -108,6 +111,8 @@ def test_run_writer_writes_the_run_directory_format(tmp_path):
         1 / 0  # noqa: B018 - the training fails
     status = RunDir(tmp_path / "f").status()
     assert status["state"] == "failed" and status["error"] == "ZeroDivisionError: division by zero"
+    with pytest.raises(ValueError, match="RunWriter needs the run's folder: a sweep sets the notebook's run_dir"):
+        RunWriter(None, {})   # a notebook run by hand without a folder
     with RunWriter(tmp_path / "g", {}):
         pass  # never finished: not a finished run
     assert RunDir(tmp_path / "g").status()["error"] == "the training block ended without RunWriter.finish"

@@ -522,9 +522,10 @@ def _check_options(spec: SweepSpec, executor: str, engine: str, workers: int | N
     if engine == "papermill":
         run_template(spec)   # a wheel installed without its notebooks: say so before any work
     if spec.own is not None and engine != "papermill":
-        raise ConfigError(f"--engine library calls train.run on a RunConfig; {spec.own.path.name} is a training "
-                          f"notebook of your own, which runs through papermill: use --executor local or dask "
-                          f"without --engine library")
+        what = "the inline executor calls train.run in this process" if executor == "inline" else \
+            "--engine library calls train.run"
+        raise ConfigError(f"{what} on a RunConfig; {spec.own.path.name} is a training notebook of your own, which "
+                          f"runs through papermill: use --executor local or dask without --engine library")
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be a positive integer; got {workers}")
     if timeout is not None and not timeout > 0:
