@@ -15,6 +15,7 @@ from conftest import wait_until
 from own_notebook import PARAMETERS, TRAINING, write_notebook, write_project
 from test_srun import FakeSrun
 
+from bsresearch.cli import main
 from bsresearch.config import ConfigError
 from bsresearch.rundir import RunDir
 from bsresearch.runwriter import RunWriter
@@ -82,7 +83,7 @@ def test_the_library_engine_is_refused_for_a_notebook_of_ones_own(tmp_path):
         run_sweep(path, engine="library", dry_run=True)
 
 
-def test_the_runs_and_the_dry_run_go_to_the_project_of_the_spec_from_any_folder(tmp_path, monkeypatch):
+def test_the_runs_and_the_dry_run_go_to_the_project_of_the_spec_from_any_folder(tmp_path, monkeypatch, capsys):
     path = write_project(tmp_path / "proj")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
@@ -91,6 +92,8 @@ def test_the_runs_and_the_dry_run_go_to_the_project_of_the_spec_from_any_folder(
     assert [p.action for p in report.planned] == ["run"] * 4 and report.fuse == "off"
     assert not (tmp_path / "elsewhere" / "runs").exists()
     assert load_spec(path).project == (tmp_path / "proj").resolve()
+    assert main(["sweep", str(Path("..") / "proj" / "experiments" / "own.yaml"), "--check"]) == 1
+    assert "sweep own: 4 runs: new 4; 4 of 4 runs not finished (4 pending)" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- the writer
