@@ -262,3 +262,49 @@ def test_goyal_breaks_reads_the_examples_arm_of_the_v6_design():
     table = bn_budget.goyal_breaks(pd.concat([rows, examples], ignore_index=True))
     test = bn_budget.predictor_break_test(table, (0.0, -0.3, 0.3))
     assert test.steps_matter and test.shift == 0 and test.predictor == "steps", test.why
+
+
+# ------------------------------------------------------------------------------ version 6: own-setting B_crit
+BCRIT_B = (32, 64, 125, 250, 500, 1000, 2000, 4000)
+RUNGS = (1, 2, 4, 8, 16, 32)
+
+
+def own_setting_runs(b_crit, s_min=200, seeds=range(50, 55), spread=0.0):
+    """A run reaches 0.98 when its steps (epochs x N // B) cover S(B) = s_min (1 + b_crit(N) / B) at lr k1 (seed i
+    needs (1 + spread (i - 2)) times that), twice that at k0 and k2 (so k1 is every cell's best lr); else 0.90."""
+    rows = []
+    for n in (10000, 40000):
+        for b in BCRIT_B:
+            for e in RUNGS:
+                for k, need in ((0, 2.0), (1, 1.0), (2, 2.0)):
+                    for i, seed in enumerate(seeds):
+                        enough = e * (n // b) >= need * (1 + spread * (i - 2)) * s_min * (1 + b_crit[n] / b)
+                        rows.append({"train_size": n, "batch_size": b, "budget_amount": float(e),
+                                     "lr": 0.05 / 2 ** k, "seed": seed, "state": "ok",
+                                     "test_acc": (0.98 if enough else 0.90) - 0.002 * abs(k - 1) + 0.0005 * (i - 2)})
+    return pd.DataFrame(rows)
+
+
+def test_own_setting_steps_are_the_first_rung_that_reaches_the_target_at_the_held_out_lr():
+    truth = {10000: 100.0, 40000: 400.0}
+    steps = bn_budget.own_setting_steps(own_setting_runs(truth))
+    assert len(steps) == 2 * len(BCRIT_B) * 5 and not steps["edge"].any()
+    assert steps["target"].unique().tolist() == pytest.approx([0.97])      # B = 32 at 16 epochs (k1), minus 1 point
+    for row in steps.itertuples():
+        need = 200 * (1 + truth[row.n] / row.batch_size)
+        expected = next((e for e in RUNGS if e * (row.n // row.batch_size) >= need), math.nan)
+        assert row.epochs == expected or (math.isnan(row.epochs) and math.isnan(expected))
+
+
+def test_own_setting_bcrit_recovers_a_known_critical_batch_and_its_shift():
+    truth = {10000: 100.0, 40000: 400.0}
+    table, c = bn_budget.own_setting_bcrit(bn_budget.own_setting_steps(own_setting_runs(truth, spread=0.3)),
+                                           resamples=200)
+    for row in table.itertuples():
+        assert row.valid and row.n_batches >= 6
+        assert truth[row.n] / 2 <= row.b_crit <= 2 * truth[row.n]      # the ladder resolves S to a factor 2
+        assert row.low < row.high and row.low <= row.b_crit * (1 + 1e-9) and row.b_crit <= row.high * (1 + 1e-9)
+    assert abs(c[0] - 2.0) < 1 and c[1] <= c[0] <= c[2]
+    flat, c_flat = bn_budget.own_setting_bcrit(bn_budget.own_setting_steps(own_setting_runs(
+        {10000: 200.0, 40000: 200.0})), resamples=200)
+    assert abs(c_flat[0]) < 0.5

@@ -326,6 +326,89 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
 
 
 
+# ------------------------------------------------------------------------------ version 6: own-setting B_crit
+def own_setting_steps(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", rung: str = "budget_amount",
+                      margin: float = MARGIN, target_batch: int = 32, target_epochs: float = 16) -> pd.DataFrame:
+    """gpu_bn_budget_bcrit_v6's steps to the designs' "holds", per (N, B, seed): target(N) = the mean `metric` of
+    B = target_batch at target_epochs at its best lr (highest mean, a run not ok the worst) minus `margin`; at each
+    rung (epochs budget) every seed is taken at the lr best on the other seeds; E* = the smallest rung whose run
+    ended ok at or above the target; steps = E* x (N // B). Columns: n, batch_size, seed, epochs (NaN: never),
+    steps, target, edge (the held-out lr at E* is the grid's smallest or largest there)."""
+    n_col = _n_column(runs)
+    out = []
+    for n, g in runs.groupby(n_col, sort=True):
+        score = pd.to_numeric(g[metric], errors="coerce").where(g["state"] == "ok")
+        g = g.assign(_score=score, _lr=pd.to_numeric(g[lr], errors="coerce"))
+        ref = g[(g["batch_size"] == target_batch) & np.isclose(g[rung].astype(float), target_epochs)]
+        means = ref.groupby("_lr")["_score"].apply(lambda v: v.fillna(-math.inf).mean())
+        target = float(ref[np.isclose(ref["_lr"], means.idxmax())]["_score"].mean()) - margin if len(means) \
+            else math.nan
+        for b, cell in g.groupby("batch_size", sort=True):
+            for seed in sorted(cell["seed"].unique()):
+                epochs, edge = math.nan, False
+                for e in sorted(cell[rung].astype(float).unique()):
+                    at = cell[np.isclose(cell[rung].astype(float), e)]
+                    others = at[at["seed"] != seed].groupby("_lr")["_score"].apply(
+                        lambda v: v.fillna(-math.inf).mean())
+                    if others.empty:
+                        continue
+                    pick = float(others.idxmax())
+                    mine = at[(at["seed"] == seed) & np.isclose(at["_lr"], pick)]["_score"]
+                    if len(mine) and float(mine.iloc[0]) >= target:
+                        lrs = sorted(at["_lr"].unique())
+                        epochs, edge = e, len(lrs) >= 3 and pick in (lrs[0], lrs[-1])
+                        break
+                out.append({"n": int(n), "batch_size": int(b), "seed": seed, "epochs": epochs,
+                            "steps": epochs * (int(n) // int(b)), "target": target, "edge": edge})
+    return pd.DataFrame(out)
+
+
+def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = 3, min_batches: int = 6, resamples: int = 2000,
+                      confidence: float = 0.95) -> tuple[pd.DataFrame, tuple[float, float, float]]:
+    """Per N, McCandlish's B_crit fitted to every seed's steps at the batch sizes where >= min_reached seeds reached
+    the target, with a percentile bootstrap over seeds (`resamples`, generator seed 0) and validity (>= min_batches
+    batch sizes in the fit, no held-out lr on its grid's edge there); and c = log2 B_crit(largest N) / B_crit(smallest
+    N) with the bootstrap interval of the same resamples (seeds drawn within each N). Zhang et al.'s definition
+    (excess 20% over linear scaling from the smallest batch) beside it, secondary."""
+    from ..measure.critical import critical_batch_size
+    rng = np.random.default_rng(0)
+    rows, boots = [], {}
+    for n, g in steps.groupby("n", sort=True):
+        counts = g.dropna(subset=["steps"]).groupby("batch_size").size()
+        fitted = [int(b) for b, k in counts.items() if k >= min_reached]
+        use = g[g["batch_size"].isin(fitted)].dropna(subset=["steps"])
+        row: dict[str, object] = {"n": int(n), "n_batches": len(fitted), "edge": bool(use["edge"].any()),
+                                  "b_crit": math.nan, "low": math.nan, "high": math.nan, "excess": math.nan,
+                                  "valid": False}
+        if len(fitted) >= 2:
+            fit = critical_batch_size(use["batch_size"], use["steps"])
+            excess = critical_batch_size(use["batch_size"], use["steps"], "excess")
+            seeds = sorted(use["seed"].unique())
+            values = []
+            for _ in range(resamples):
+                draw = rng.choice(seeds, size=len(seeds), replace=True)
+                sample = pd.concat([use[use["seed"] == s] for s in draw])
+                try:
+                    values.append(critical_batch_size(sample["batch_size"], sample["steps"]).batch_size)
+                except ConfigError:      # a resample with a single batch size cannot be fitted
+                    values.append(math.nan)
+            boots[int(n)] = np.array(values)
+            tail = 100 * (1 - confidence) / 2
+            row.update({"b_crit": fit.batch_size, "low": float(np.nanpercentile(values, tail)),
+                        "high": float(np.nanpercentile(values, 100 - tail)), "excess": excess.batch_size,
+                        "valid": len(fitted) >= min_batches and not bool(use["edge"].any())})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    c = (math.nan, math.nan, math.nan)
+    if len(table) >= 2 and table["valid"].iloc[[0, -1]].all():
+        small, large = int(table["n"].iloc[0]), int(table["n"].iloc[-1])
+        shifts = np.log2(boots[large] / boots[small])
+        tail = 100 * (1 - confidence) / 2
+        c = (math.log2(float(table["b_crit"].iloc[-1]) / float(table["b_crit"].iloc[0])),
+             float(np.nanpercentile(shifts, tail)), float(np.nanpercentile(shifts, 100 - tail)))
+    return table, c
+
+
 # ----------------------------------------------------------------------------- version 6: Goyal's break, three arms
 V6_ARMS = ("epochs", "steps", "examples")   # gpu_bn_budget_goyal_v6's variants e*, s*, x*
 
