@@ -331,7 +331,7 @@ def start_report(sweeps: str | Path | Sequence[str | Path], runs_dir: str | Path
     out.mkdir(parents=True, exist_ok=True)
     names = [sweeps] if isinstance(sweeps, (str, Path)) else list(sweeps)
     runs = load([*names, *sweeps_run(also, root)], runs_root=root)
-    counts = runs["state"].value_counts() if "state" in runs else pd.Series(dtype=int)
+    counts = runs["state"].fillna("pending").value_counts() if "state" in runs else pd.Series(dtype=int)
     states = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))   # most first, then by name
     print(provenance_caption(runs), "States:", ", ".join(f"{k} {v}" for k, v in states) or "no runs")
     return ReportStart(root, out, runs)

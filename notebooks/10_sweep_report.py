@@ -41,7 +41,6 @@ import pandas as pd
 from IPython.display import display
 
 from bsresearch import results, stats
-from bsresearch.paths import project_path
 from bsresearch.plots import (
     figure_grid,
     learning_curves,
@@ -52,11 +51,7 @@ from bsresearch.plots import (
 )
 from bsresearch.plots.sweeps import BOUNDED_METRICS
 
-runs_path, out = project_path(runs_dir), project_path(out_dir)   # relative paths: to the project
-out.mkdir(parents=True, exist_ok=True)
-results.sweep_dir(sweep, runs_path)
-runs = results.load(sweep, runs_root=runs_path)
-print(f"{len(runs)} runs: " + ", ".join(f"{s} {n}" for s, n in runs["state"].fillna("pending").value_counts().items()))
+runs_path, out, runs = results.start_report(sweep, runs_dir, out_dir)
 results.require_finished(runs, sweep)   # none finished: one line saying why, not an error in a later cell
 ok = results.finished(runs)
 own = results.is_own_training(ok)       # a training notebook of one's own: its parameters and what it logged
