@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -146,19 +147,58 @@ def test_accumulation_on_two_devices_trains_the_run_of_one_device(tmp_path):
     assert_same_history(one.history, two.history)
 
 
-def test_torchrun_starts_the_same_command_and_it_joins_the_group(tmp_path):
-    cfg = tiny_config(budget_amount=6, batch_size=64, save_checkpoint=True, devices=2)
+def torchrun_train(cfg, tmp_path: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node 2 -m bsresearch train` of `cfg` into `run_dir`."""
     (tmp_path / "cfg.json").write_text(cfg.to_json())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "bsresearch", "train",
-                           str(tmp_path / "cfg.json"), "--run-dir", str(tmp_path / "run"), "--quiet"],
+    return subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "bsresearch", "train",
+                           str(tmp_path / "cfg.json"), "--run-dir", str(run_dir), "--quiet"],
                           env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+
+
+def test_torchrun_starts_the_same_command_and_it_joins_the_group(tmp_path):
+    cfg = tiny_config(budget_amount=6, batch_size=64, save_checkpoint=True, devices=2)
+    done = torchrun_train(cfg, tmp_path, tmp_path / "run")
     assert done.returncode == 0, done.stderr[-3000:]
     one = run(cfg.replace(devices=1), tmp_path / "one")
     assert_same_weights(tmp_path / "one", tmp_path / "run")
     assert_same_history(one.history, RunDir(tmp_path / "run").history_rows())
     assert json.loads((tmp_path / "run" / "status.json").read_text())["devices"]["count"] == 2
+
+
+def test_a_process_leaves_its_group_with_no_thread_of_the_group_left():
+    """The cause of a device process that aborted at exit under load ("terminate called without an active
+    exception", SIGABRT): DDP held the process group past leaving it, so its gloo threads lived on into the
+    interpreter's shutdown, where one still letting go of a tensor of the last all-reduce took the GIL of a
+    finalizing interpreter. Oracle: the process's threads (/proc/self/task) when run_rank returns are the ones
+    it had before; a first group starts torch's own pools, which stay."""
+    def threads() -> set[str]:
+        return set(os.listdir("/proc/self/task"))
+
+    cfg = tiny_config(budget_amount=4, batch_size=64)
+    with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
+        assert run_rank(cfg, None, GroupPlace(0, 1, 0, f"file://{first}/rendezvous"), progress=False).state == "ok"
+        before = threads()
+        assert run_rank(cfg, None, GroupPlace(0, 1, 0, f"file://{second}/rendezvous"), progress=False).state == "ok"
+        assert threads() - before == set()
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_exit_cleanly_beside_busy_processes(tmp_path):
+    """The torchrun case, three times, with two processes spinning beside it on this machine's cores (started
+    and ended here): every rank exits 0 (torchrun fails the run otherwise) and none aborts at exit."""
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        cfg = tiny_config(budget_amount=6, batch_size=64, devices=2)
+        for attempt in range(3):
+            done = torchrun_train(cfg, tmp_path, tmp_path / f"run{attempt}")
+            assert done.returncode == 0 and "terminate called" not in done.stderr, (attempt, done.stderr[-3000:])
+            assert RunDir(tmp_path / f"run{attempt}").state() == "ok"
+    finally:
+        for process in spin:
+            process.kill()
+            process.wait()
 
 
 # ----------------------------------------------------------------------------- a group on CUDA
@@ -325,7 +365,8 @@ def test_the_hook_noise_scale_is_the_two_batch_estimator_on_the_devices_partitio
             norms.append(float(squared_grad_norm(state.model)))
         expected.append(two_batch_estimate((norms[0] + norms[1]) / 2, norms[2], 32, 64))
         train_next_batch(state, cfg, data, schedule.lr_at(cfg, step, data.n_train), loss)
-    rows = two.history[1:]
+    rows = two.history[1:]   # step 0's row precedes any update
+    assert len(rows) == len(expected) == 3, [r["step"] for r in two.history]
     for row, (grad_sq, trace) in zip(rows, expected):
         assert row["device_noise_grad_sq_norm_ema"] == pytest.approx(grad_sq, rel=1e-4)
         assert row["device_noise_trace_cov_ema"] == pytest.approx(trace, rel=1e-4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,11 +39,11 @@ class DeviceEngine(ModelEngine):
         self.has_buffers = any(True for _ in model.buffers())
         renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
         sync: dict[str, Any] = {"forward_sync_buffers" if renamed else "broadcast_buffers": self.has_buffers}
-        self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                           **sync)
+        self.ddp: DistributedDataParallel | None = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, **sync)
         self.norms = GradientNorms(self.world)
         self.norms.losses = []
-        self.recorded_loss = dataclasses.replace(self.loss, fn=self._recorded_loss)   # Loss.of feeds it as the run's
+        self.recorded_loss = dataclasses.replace(self.loss, fn=recording(self.loss, self.norms))
         self.ddp.register_comm_hook(self.norms, gradient_norms_hook)
         self.samples: dict[int, tuple[torch.Tensor, torch.Tensor, int, int]] = {}   # member index -> last step's
 
@@ -54,7 +55,8 @@ class DeviceEngine(ModelEngine):
 
     def step(self, members: list[Member], lrs: list[float], hooks: list[StepHooks | None]) -> torch.Tensor:
         (member,), (lr,), (hook,) = members, lrs, hooks
-        state, cfg = member.state, member.cfg
+        state, cfg, ddp = member.state, member.cfg, self.ddp
+        assert ddp is not None, "the member has left the engine (remove)"
         if state.batches is None:
             state.batches = iter(self.data.train_batches(map(self.share, state.indices)))
         try:
@@ -63,10 +65,10 @@ class DeviceEngine(ModelEngine):
             micro = prepare_update(state.optimizer, cfg, lr, x, y, self.world)
             self.norms.reset(self.device)
             total = self._token_share(micro) if self.task.token_level else None
-            value = optimizer_update(self.ddp, state.optimizer, micro, cfg.precision, state.scaler,
+            value = optimizer_update(ddp, state.optimizer, micro, cfg.precision, state.scaler,
                                   self.recorded_loss,
                                   after_backward=hook.after_backward if hook else None,
-                                  before_update=hook.before_update if hook else None, no_sync=self.ddp.no_sync,
+                                  before_update=hook.before_update if hook else None, no_sync=ddp.no_sync,
                                   count=self.task.count if total is not None else None, total=total)
             assert self.norms.local is not None and self.norms.reduced is not None
             both = self.norms.carried
@@ -96,22 +98,32 @@ class DeviceEngine(ModelEngine):
         self.norms.weights = [c.to(self.device, torch.float64) / total for c in counts]
         return total
 
-    def _recorded_loss(self, output: Any, target: torch.Tensor) -> torch.Tensor:
-        """The run's loss, each micro-batch's value kept for the last bucket's all-reduce (GradientNorms). It
-        stands in for the run's Loss under the same name, so that `loss: model` still feeds the model its
-        labels (Loss.of)."""
-        value = self.loss(output, target)
-        assert self.norms.losses is not None
-        self.norms.losses.append(value.detach())
-        return value
-
     def evaluate(self, members: list[Member], split: str, limit: int | None) -> list[tuple[float, float | None]]:
         if self.has_buffers:   # every device evaluates rank 0's running statistics, as DDP trains with them
-            for buffer in self.ddp.module.buffers():
+            for buffer in members[0].state.model.buffers():
                 dist.broadcast(buffer, 0)
         return super().evaluate(members, split, limit)
 
     def remove(self, members: list[Member]) -> None:
+        """The member leaves: its BatchNorm layers are its own again, and DDP is let go. DDP's reducer holds the
+        process group, whose gloo worker threads live as long as it does: released here, the group goes when
+        the process leaves it (place.process_group), and its threads are stopped and joined then, not at
+        interpreter shutdown, where a thread still letting go of a tensor of the last all-reduce takes the GIL
+        of a finalizing interpreter and the process aborts ("terminate called without an active exception")."""
         restore_batchnorm(self.swapped)
         self.swapped = []
+        self.ddp = None
+
+
+def recording(loss: Loss, norms: GradientNorms) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    """The run's loss, each micro-batch's value kept in `norms.losses` for the last bucket's all-reduce
+    (GradientNorms). It stands in for the run's Loss under the same name, so that `loss: model` still feeds the
+    model its labels (Loss.of). A function of the loss and the norms, not a method: the engine holds it, and a
+    bound method would hold the engine back (a cycle that keeps DDP, and the group, alive until a collection)."""
+    def recorded(output: Any, target: torch.Tensor) -> torch.Tensor:
+        value = loss(output, target)
+        assert norms.losses is not None
+        norms.losses.append(value.detach())
+        return value
+    return recorded
 
