@@ -130,15 +130,18 @@ def memory_plot(ax: plt.Axes, table: pd.DataFrame, hue: str = "precision", memor
 
 
 def memory_breakdown_plot(ax: plt.Axes, table: pd.DataFrame) -> None:
-    """Stacked peak memory of one workload (MiB): parameters, gradients, optimizer state, inputs, activations."""
+    """Stacked peak memory of one workload (in GiB, MiB or KiB as the largest stack fits): parameters,
+    gradients, optimizer state, inputs, activations."""
     rows = _ok(table, "memory_status" if "memory_status" in table else "status")
     rows = rows.sort_values("batch_size").drop_duplicates("batch_size")
     present = [(c, name) for c, name in PARTS if c in rows and rows[c].fillna(0).sum() > 0]
-    ax.stackplot(rows["batch_size"], *[rows[c].fillna(0) / 2 ** 20 for c, _ in present],
+    total = sum((rows[c].fillna(0) for c, _ in present), pd.Series(0.0, index=rows.index))
+    divisor, unit = byte_unit(total.max() if len(total) else 0)
+    ax.stackplot(rows["batch_size"], *[rows[c].fillna(0) / divisor for c, _ in present],
                  labels=[name for _, name in present], alpha=0.85)
     log2_batch_axis(ax, "x", _ticks(rows))
     ax.set_xlabel("batch size")
-    ax.set_ylabel("memory at the peak (MiB)")
+    ax.set_ylabel(f"memory at the peak ({unit})")
     ax.legend(fontsize=8, loc="upper left")
 
 
@@ -154,8 +157,9 @@ def precision_plot(ax: plt.Axes, table: pd.DataFrame, batch_size: int | None = N
     ax.set_ylabel("examples / second")
     if "peak_bytes" in rows:
         twin = ax.twinx()
-        twin.plot(range(len(rows)), rows["peak_bytes"] / 2 ** 20, "D", color="tab:red", label="peak memory")
-        twin.set_ylabel("peak memory (MiB)", color="tab:red")
+        divisor, unit = byte_unit(rows["peak_bytes"].max(skipna=True) if rows["peak_bytes"].notna().any() else 0)
+        twin.plot(range(len(rows)), rows["peak_bytes"] / divisor, "D", color="tab:red", label="peak memory")
+        twin.set_ylabel(f"peak memory ({unit})", color="tab:red")
     for i, status in enumerate(rows["status"]):
         if status != "ok":
             ax.annotate(status, (i, 0), ha="center", va="bottom", fontsize=7, rotation=90)
