@@ -92,8 +92,12 @@ def draw_history(history: pd.DataFrame, path: Path) -> Path:
         if values is not None and values.notna().any():
             ax_sharp.plot(steps[values.notna()], values.dropna(), style, markersize=3, label=label)
     limit = pd.to_numeric(history.get("sharpness_limit"), errors="coerce") if "sharpness_limit" in history else None
+    adam = "preconditioned_sharpness" in history and history["preconditioned_sharpness"].notna().any()
     if limit is not None and limit.notna().any():
-        ax_sharp.plot(steps, limit, "k--", label="stability limit")
+        ax_sharp.plot(steps, limit, "k--",
+                      label="stability limit" + (" (of the preconditioned sharpness)" if adam else ""))
+    # the limits and the sharpness differ by orders of magnitude (Adam); the batch sharpness can be negative
+    ax_sharp.set_yscale("symlog", linthresh=1.0)
     ax_sharp.set(xlabel="optimizer step", ylabel="curvature (loss / parameter²)", title="sharpness")
     if ax_sharp.lines:
         ax_sharp.legend(fontsize=8)
