@@ -160,6 +160,9 @@ class Meter:
             raise ConfigError(f"{line} (pass unsupported='continue' to train without the measurements)")
         print(f"{line}; training continues without them (unsupported='continue')", file=sys.stderr)
         self.active = False
+        if self.watch is not None:   # found after the start (a model that returns no loss): stop reading
+            self.watch.remove()
+            self.watch = None
         return False
 
     def start(self) -> None:
