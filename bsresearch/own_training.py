@@ -96,12 +96,12 @@ SPEC = f"""\
 #   bsresearch sweep experiments/{NAME}.yaml --workers 2    # runs/{NAME}/<run_id>/, resumable
 #   bsresearch report experiments/{NAME}.yaml               # final metrics against batch size and lr: reports/{NAME}/
 name: {NAME}
-description: a training loop of one's own over models/my_model.py, at 3 batch sizes and 2 learning rates
+description: a training loop of one's own over models/my_model.py, at 2 batch sizes and 2 learning rates
 notebook: ../notebooks/{NAME}.ipynb   # its parameters cell declares the names below (run_dir and seed: the sweep's)
 timeout: 900                  # seconds per run
 base: {{epochs: 4}}
 grid:                         # any name the notebook's parameters cell assigns
-  batch_size: [16, 64, 256]
+  batch_size: [16, 128]
   learning_rate: [0.02, 0.1]
 seeds: 2
 """

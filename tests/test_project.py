@@ -93,7 +93,7 @@ def test_init_writes_a_training_notebook_of_ones_own_that_trains_and_sweeps(tmp_
     spec = load_spec(root / "experiments" / "own_training.yaml")
     assert spec.own is not None and set(spec.own.settable) == {"batch_size", "learning_rate", "epochs"}
     points = expand(spec)
-    assert len(points) == 12 and all(p.config is None for p in points)
+    assert len(points) == 8 and all(p.config is None for p in points)
     nb = json.loads((root / "notebooks" / "own_training.ipynb").read_text())
     script = (root / "notebooks" / "own_training.py").read_text()
     assert all("".join(c["source"]) in script for c in nb["cells"] if c["cell_type"] == "code")
@@ -102,7 +102,7 @@ def test_init_writes_a_training_notebook_of_ones_own_that_trains_and_sweeps(tmp_
                         kernel_name="python3", cwd=str(root), progress_bar=False)
     run = RunDir(tmp_path / "run")
     assert run.state() == "ok" and len(run.history_rows()) == 2 and run.damage() == []
-    assert run.config()["batch_size"] == 256 and 0 < run.metrics()["test_acc"] <= 1
+    assert run.config()["batch_size"] == 128 and 0 < run.metrics()["test_acc"] <= 1
 
 
 def test_init_registers_the_kernel_for_this_python_in_its_environment(tmp_path, monkeypatch):
