@@ -5,6 +5,7 @@ numbers from the committed files, so the protocol's figures can be checked. No t
 
     seeds_for_power(sd=0.11, effect=0.05)                      # interval above 0 when the true effect is 0.05
     seeds_for_power(sd=0.5, effect=0.0, margin=1.0, kind="equivalence")   # interval inside [-1, +1]
+    detectable_effect(n=16, sd=0.114)                          # the effect 16 seeds detect with 80% power
     power_table(root)                                          # the numbers docs/protocols.md#v6 quotes
 
 `sd` is the standard deviation of the per-seed value the interval is taken over (a paired difference, a per-seed
@@ -57,6 +58,17 @@ def seeds_for_power(sd: float, effect: float, threshold: float = 0.0, margin: fl
         if power(n, sd, effect, threshold, margin, kind, confidence) >= target:
             return n
     return n_max + 1
+
+
+def detectable_effect(n: int, sd: float, threshold: float = 0.0, target: float = 0.8,
+                      confidence: float = 0.95) -> float:
+    """The smallest true distance from `threshold` that n seeds detect (the interval wholly beyond the threshold)
+    with probability `target` at per-seed sd `sd`: what a report prints beside a test its seeds cannot power."""
+    from scipy import optimize
+    if power(n, sd, threshold + 50 * sd, threshold, confidence=confidence) < target:
+        return math.inf
+    return float(optimize.brentq(lambda d: power(n, sd, threshold + d, threshold, confidence=confidence) - target,
+                                 1e-12 * sd, 50 * sd, xtol=1e-10 * sd))
 
 
 def contrast_sd(sds: dict[str, float], weights: dict[str, float]) -> float:
