@@ -122,3 +122,19 @@ def test_a_stalled_reference_still_writes_its_verdict_and_the_committed_report_s
     assert row["seeds"].tolist() == [5] and row["problems"][0] == test.why
     committed = pd.read_csv(folder / "test.csv")
     assert committed["verdict"].tolist() == ["not testable"] and committed["problems"][0] == test.why
+
+
+def test_version_6_stalls_only_when_the_interval_is_below_the_floor():
+    """A near-threshold call is not a stall under version 6: mean 1.92% with its interval reaching above 2% is live
+    (version 5 called it stalled by the mean), a reference improving 1.0 +- 0.1% is stalled; a larger batch whose
+    ratio's interval lies below 0.995 stalls the reference too."""
+    from bsresearch.findings import lm_cbs
+    seeds = range(50, 55)
+    rows = [{"seed": s, "checkpoint": c, "improvement": imp + d * (i - 2), "min_ratio": ratio}
+            for c, imp, d, ratio in ((1.0, 0.0192, 0.004, 1.004), (2.0, 0.010, 0.0005, 1.003),
+                                     (3.0, 0.05, 0.001, 0.990), (4.0, 0.035, 0.001, 0.996))
+            for i, s in enumerate(seeds)]
+    table = lm_cbs.stall_intervals(pd.DataFrame(rows)).set_index("checkpoint")
+    assert table["stalled"].tolist() == [False, True, True, False]
+    assert table.loc[1.0, "improvement_low"] < 0.02 < table.loc[1.0, "improvement_high"]
+    assert table.loc[1.0, "improvement"] == pytest.approx(0.0192)

@@ -217,6 +217,25 @@ def stall_table(branches: pd.DataFrame, at_checkpoints: pd.DataFrame, eps: float
     return pd.DataFrame(out)
 
 
+def stall_intervals(per_seed: pd.DataFrame, improvement: float = STALL_IMPROVEMENT, beaten: float = STALL_BEATEN,
+                    confidence: float = 0.95) -> pd.DataFrame:
+    """Protocol v6's stall criterion (docs/protocols.md#v6-cbs), judged per checkpoint with its interval, from the
+    per-seed values (stall_per_seed's columns; in v6 the improvement is the annealed reference's, 1 - L_1(T0 + W) /
+    L_cool(T0)): a checkpoint is stalled only when the t interval's upper end of the improvement is below
+    `improvement`, or that of the smallest L_k / L_1 is below 1 - `beaten`; a call near its threshold (an interval
+    containing it) is not a stall. Columns as stall_table's plus each interval's ends; long_cbs_test reads it."""
+    out = []
+    for checkpoint, g in per_seed.groupby("checkpoint", sort=True):
+        imp = stats.t_interval(g["improvement"].replace([np.inf, -np.inf], np.nan), confidence)
+        ratio = stats.t_interval(g["min_ratio"].replace([np.inf, -np.inf], np.nan), confidence)
+        stalled = (math.isfinite(imp[3]) and imp[3] < improvement) or \
+            (math.isfinite(ratio[3]) and ratio[3] < 1 - beaten)
+        out.append({"checkpoint": checkpoint, "n": len(g), "improvement": imp[0], "improvement_low": imp[2],
+                    "improvement_high": imp[3], "min_ratio": ratio[0], "min_ratio_low": ratio[2],
+                    "min_ratio_high": ratio[3], "stalled": bool(stalled)})
+    return pd.DataFrame(out)
+
+
 def test_table(test: CBSTest, verdict: Verdict | None = None, problems: Sequence[str] | None = None) -> pd.DataFrame:
     """The test as the reports' test.csv holds it (one row: D and G with their 95% paired t intervals, the seeds,
     the threshold, the verdict and its problems); `verdict` and `problems` where a wider test (long_cbs_test)
