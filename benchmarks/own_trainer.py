@@ -5,6 +5,9 @@ ratios within one run of this script, one thread:
   gradient hooks, the forward hooks, one row and one log call a step) over a step without it. The Hugging Face
   Trainer on a small Llama (a config, random weights, nothing downloaded; padded documents of 16 to 64 tokens),
   gradient accumulation 4; Lightning on the same model, accumulate_grad_batches 2. Target: at most 3%.
+- the same cost read from inside the run, less exposed to a loaded machine: the seconds spent in the callback's
+  own code (its hooks on the model and the parameters, its trainer hooks, the rows) over the step's seconds, in
+  the same steps (`own_fraction`);
 - the curvature measurement (sharpness and Adam's preconditioned sharpness by Lanczos on the probe batch, and
   the batch sharpness): the extra seconds of a step that measures it, in steps of training, so that a user can
   choose sharpness_every.
@@ -17,6 +20,8 @@ compared. Results: benchmarks/results/own_trainer_<machine>.csv.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -71,6 +76,43 @@ def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         n = len(f["input_ids"])
         ids[i, :n], labels[i, :n], mask[i, :n] = f["input_ids"], f["input_ids"], 1
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class OwnTime:
+    """Seconds spent in the callback's own code: its trainer hooks and its gradient hooks, wrapped with a clock
+    (CPU: the tensor work inside is synchronous, so the wall time is its cost)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return timed
+
+    @contextlib.contextmanager
+    def patched(self, callback_class: type, methods: tuple[str, ...]) -> Any:
+        from bsresearch.integrations.gradients import GradientWatch
+        saved = {name: getattr(callback_class, name) for name in methods}
+        hook = GradientWatch._hook
+        for name, fn in saved.items():
+            setattr(callback_class, name, self.wrap(fn))
+        GradientWatch._hook = lambda watch, p: self.wrap(hook(watch, p))  # type: ignore[method-assign,assignment]
+        try:
+            yield self
+        finally:
+            for name, fn in saved.items():
+                setattr(callback_class, name, fn)
+            GradientWatch._hook = hook  # type: ignore[method-assign]
+
+
+TIMED = {"hf": ("_before_forward", "_after_forward", "on_pre_optimizer_step", "on_step_end"),
+         "lightning": ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")}
 
 
 def hf_step_times(steps: int, callback: Any) -> tuple[list[float], pd.DataFrame | None]:
@@ -161,13 +203,16 @@ def main() -> None:
         run, callback_class = frameworks[name]
         plain: list[float] = []
         free: list[float] = []
+        own: list[float] = []
         curvature_extra: list[float] = []
         with tempfile.TemporaryDirectory() as out:
             for _ in range(args.repeats):   # alternate: slow drifts of the loaded machine hit both alike
                 times, _ = run(args.steps, None)
                 plain += times[args.warmup:]
-                times, _ = run(args.steps, callback_class(out_dir=out))
+                with OwnTime().patched(callback_class, TIMED[name]) as clock:
+                    times, _ = run(args.steps, callback_class(out_dir=out))
                 free += times[args.warmup:]
+                own.append(clock.seconds / sum(times))   # every step: its start and end are the callback's too
                 times, history = run(args.steps, callback_class(out_dir=out, sharpness_every=args.sharpness_every,
                                                                 probe_size=MICRO_BATCH))
                 assert history is not None and len(history) == len(times)
@@ -179,6 +224,7 @@ def main() -> None:
         rows.append({"framework": name, "accumulation": 4 if name == "hf" else 2, "micro_batch": MICRO_BATCH,
                      "step_seconds": step, "steps_timed": len(plain),
                      "free_estimator_ratio": statistics.median(free) / step,
+                     "own_fraction": statistics.median(own),
                      "curvature_seconds": statistics.median(curvature_extra),
                      "curvature_in_steps": statistics.median(curvature_extra) / step,
                      "curvature_calls_timed": len(curvature_extra),
