@@ -40,7 +40,8 @@ def bounded(interval: Any = t_interval_over_seeds, low: float = 0.0, high: float
     reach 1.55); a figure that uses it says so in its caption."""
     def clipped(values: Any) -> tuple[float, float]:
         a, b = interval(values)
-        return float(np.clip(a, low, high)), float(np.clip(b, low, high))
+        mean = float(np.mean(values))   # never clipped past the mean (values outside [low, high] are not accuracies)
+        return min(float(np.clip(a, low, high)), mean), max(float(np.clip(b, low, high)), mean)
     return clipped
 
 
