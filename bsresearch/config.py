@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -637,6 +638,7 @@ def _validate_trackers(cfg: RunConfig) -> None:
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 
 
+@functools.cache   # RunConfig's annotations never change: get_type_hints would compile them again at every call
 def _type_hints() -> dict[str, Any]:
     return typing.get_type_hints(RunConfig)
 
