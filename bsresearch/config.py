@@ -143,7 +143,7 @@ class RunConfig:
     dataset: str = "mnist1d"            # one of DATASETS, or FILE.py:NAME / module:NAME of your dataset factory
     dataset_kwargs: dict[str, Any] = Kwargs()  # keyword arguments for your dataset factory
     test_size: float = 0.2              # a factory's single dataset: test examples held out (fraction < 1, or count)
-    data_dir: str | None = None         # None: $BSRESEARCH_DATA_DIR, else the checkout's data/, else ~/.cache/bsresearch
+    data_dir: str | None = None         # None: $BSRESEARCH_DATA_DIR, the checkout's data/ or ~/.cache/bsresearch
     train_size: int | None = None       # use a fixed random subset of the training set (None: all of it)
     data_loading: str = "auto"          # auto | resident (tensors on the device) | stream (torch DataLoader)
     loader_workers: int = 0             # stream: DataLoader worker processes (0: in this process)

@@ -25,7 +25,7 @@ bcrit_sweep: str = "bn_budget_bcrit"               # B_crit at each N (steps to 
 hoffer_sweep: str = "bn_budget_hoffer"             # the Hoffer design's sweep
 # the Goyal design's lr grid extended at its edges and its seeds extended (protocol rules, each once), read with
 # `sweep` (a sweep not run yet is skipped)
-extension_sweeps: str = "bn_budget_goyal_ext,bn_budget_goyal_seeds,bn_budget_goyal_seeds_ext"
+extension_sweeps: str = "bn_budget_goyal_ext,bn_budget_goyal_seeds,bn_budget_goyal_seeds_ext,bn_budget_goyal_ext2"
 
 # %%
 import matplotlib.pyplot as plt
@@ -65,6 +65,7 @@ tests.to_csv(out / "test.csv", index=False)
 print(f"VERDICT (Goyal's break, protocol v5): {brk.verdict.upper()} - predictor {brk.predictor}: {brk.why}")
 print(f"VERDICT (Hoffer's gap, protocol v5): {gap.verdict.upper()} - predictor {gap.predictor}: {gap.why}")
 breaks.to_csv(out / "breaks.csv", index=False)
+bn_budget.break_cells(goyal_runs).to_csv(out / "break_cells.csv", index=False)   # per N, arm, B and lr
 gap.table.to_csv(out / "gaps.csv", index=False)
 
 # %%

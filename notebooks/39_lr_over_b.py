@@ -39,7 +39,7 @@ print(f"VERDICT (lr/B at a common train loss, protocol v5): {test.verdict.upper(
 if test.extend_seeds:
     print("PROVISIONAL: an undecided cell comes before a diagonal's span reaches 4 with "
           f"{runs['seed'].nunique()} seeds; the protocol adds seeds 45-47 once, and then judges")
-test.per_diagonal.to_csv(out / "test.csv", index=False)
+lr_over_b.test_table(test).to_csv(out / "test.csv", index=False)   # with the verdict the gallery reads
 test.cells.to_csv(out / "cells.csv", index=False)
 print(test.per_diagonal.to_string(index=False))
 table = lr_over_b.diagonal_table(runs)

@@ -46,9 +46,8 @@ if test.last_used != test.last_planned:
     dropped = sorted(c for c in cbs["checkpoint"].unique() if not c <= test.last_used)
     print(f"checkpoints the test may not use (at or after the first stalled one): "
           f"{', '.join(f'{c:,.0f}' for c in dropped)} tokens")
-if test.test is not None:   # D and G on the checkpoints used, with the verdict of the whole test
-    lm_cbs.test_table(test.test, test.verdict, test.problems).assign(
-        last_used=test.last_used, last_planned=test.last_planned).to_csv(out / "test.csv", index=False)
+# D and G on the checkpoints used (empty where a stall leaves none), with the verdict of the whole test
+lm_cbs.long_test_table(test).to_csv(out / "test.csv", index=False)
 cbs.to_csv(out / "cbs_per_seed.csv", index=False)
 table = lm_cbs.cbs_by_checkpoint(cbs, runs)
 table.to_csv(out / "cbs_by_checkpoint.csv", index=False)

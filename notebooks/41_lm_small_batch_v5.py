@@ -52,6 +52,7 @@ print(f"SGD at batch 1: best lr {sgd.best_lr:g} on all seeds, held out per seed 
       f"{sgd.gap.diff:+.4f} [{sgd.gap.low:+.4f}, {sgd.gap.high:+.4f}] nats, "
       f"threshold +{sgd.margin * sgd.reference:.4f}")
 beta2.per_batch.to_csv(out / "beta2_by_batch.csv", index=False)
+lm_small_batch.lr_grid_table(runs, "sgd", sgd.batch_size).to_csv(out / "sgd_lr_grid.csv", index=False)   # per lr
 pd.concat([beta2.per_seed.assign(statistic="d_beta2", a_is="adam_fixed", b_is="adam_half_life"),
            sgd.per_seed.assign(statistic="sgd_gap", batch_size=sgd.batch_size, a_is="sgd", b_is="adam_half_life")],
           ignore_index=True).to_csv(out / "per_seed.csv", index=False)
