@@ -167,6 +167,7 @@ def test_torchrun_starts_the_same_command_and_it_joins_the_group(tmp_path):
     assert json.loads((tmp_path / "run" / "status.json").read_text())["devices"]["count"] == 2
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in Linux's /proc")
 def test_a_process_leaves_its_group_with_no_thread_of_the_group_left():
     """The cause of a device process that aborted at exit under load ("terminate called without an active
     exception", SIGABRT): DDP held the process group past leaving it, so its gloo threads lived on into the
