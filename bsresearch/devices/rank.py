@@ -40,8 +40,16 @@ def run_rank(cfg: RunConfig, run_dir: str | Path | None, place: GroupPlace, prog
         devices = {"count": place.world, "backend": dist.get_backend(),
                    "batchnorm": schedule.device_values(cfg).get("batchnorm_statistics")}
         where = Place.lead(devices) if place.rank == 0 else Place.follower(place.rank, devices)
-        return drive(cfg, run_dir, where, lambda setup, member: _engine(setup, member, device, run_dir),
-                     progress, overwrite, [GroupLoss(), *callbacks], device)
+        made: list[DeviceEngine] = []
+
+        def engine(setup: RunSetup, member: Member) -> DeviceEngine:
+            made.append(_engine(setup, member, device, run_dir))
+            return made[-1]
+        try:
+            return drive(cfg, run_dir, where, engine, progress, overwrite, [GroupLoss(), *callbacks], device)
+        finally:   # DDP let go before the group ends, also when an exception escapes the loop (DeviceEngine.remove)
+            for chosen in made:
+                chosen.remove([])
 
 
 def _engine(setup: RunSetup, member: Member, device: torch.device, run_dir: str | Path | None) -> DeviceEngine:
