@@ -30,9 +30,10 @@ import torch
 import torch.multiprocessing as mp
 
 from ..config import ConfigError, RunConfig
+from ..driver import before_any_work
 from ..loop import Callback, RunResult
 from ..paths import with_this_package
-from ..rundir import RunDir, check_writable
+from ..rundir import RunDir
 from ..runsetup import finished_result
 from ..runtime import is_out_of_memory, provenance
 from .launcher import allocation_has_gpus, check_launcher, device_launcher
@@ -115,12 +116,10 @@ def run_on_devices(cfg: RunConfig, run_dir: str | Path | None = None, progress: 
         return run_rank(cfg, run_dir, place, progress, overwrite, callbacks)
     if chosen == "srun":
         check_launcher(chosen)
-    finished = None if overwrite else finished_result(run_dir)
+    finished = before_any_work(cfg, run_dir, overwrite)   # the driver's checks, before any process starts
     if finished is not None:
         return finished
     rd = RunDir(run_dir) if run_dir is not None else None
-    if rd:
-        check_writable(rd.path, "--runs or --run-dir")
     start = _start_step if chosen == "srun" else _start_processes
     reports, how_lost, device = start(cfg, rd, progress, overwrite, tuple(callbacks))
     for i in sorted(reports):
