@@ -33,9 +33,7 @@ def reference_metrics(cfg: RunConfig) -> dict:
 
 @pytest.mark.slow
 def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, capsys):
-    start = time.monotonic()
     assert main(["sweep", str(SMOKE), "--workers", "2", "--runs", str(tmp_path), "--quiet", "--fuse", "off"]) == 0
-    elapsed = time.monotonic() - start
     out = capsys.readouterr().out
     assert "ok 4" in out, out
     points = expand(load_spec(SMOKE))
@@ -54,7 +52,6 @@ def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, cap
     assert compared(metrics) == compared(reference_metrics(points[3].config))
     manifest = json.loads((tmp_path / "smoke" / "sweep.json").read_text())
     assert [q["run_id"] for q in manifest["points"]] == [p.run_id for p in points]
-    assert elapsed < 60
 
     ended = {p.run_id: RunDir(tmp_path / "smoke" / p.run_id).status()["ended"] for p in points}
     report = run_sweep(SMOKE, runs_root=tmp_path, workers=2, progress=False)  # --fuse auto: nothing to do either
