@@ -186,13 +186,17 @@ def lightning_step_times(steps: int, callback: Any) -> tuple[list[float], pd.Dat
 
 
 def main() -> None:
+    global MICRO_BATCH
     parser = benchmark_parser(__doc__ or "")
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps of each run")
     parser.add_argument("--warmup", type=int, default=4, help="first steps of each run not timed")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sharpness-every", type=int, default=6)
     parser.add_argument("--frameworks", default="hf,lightning")
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH,
+                        help="documents per micro-batch (the hooks' share falls as it grows)")
     args = parser.parse_args()
+    MICRO_BATCH = args.micro_batch
     device = start(args)
     warnings.filterwarnings("ignore")
     from bsresearch.integrations import hf, lightning
@@ -230,7 +234,8 @@ def main() -> None:
                      "curvature_calls_timed": len(curvature_extra),
                      "load_average_1min": os.getloadavg()[0]})
         print(rows[-1], flush=True)
-    write_results(pd.DataFrame(rows), "own_trainer", device, args.out_dir)
+    name = "own_trainer" if args.micro_batch == 8 else f"own_trainer_micro{args.micro_batch}"
+    write_results(pd.DataFrame(rows), name, device, args.out_dir)
 
 
 if __name__ == "__main__":
