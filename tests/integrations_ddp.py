@@ -50,7 +50,7 @@ class DeviceOracle(TrainerCallback):
         dist.all_gather(every, mine)
         grads, sizes = [e[:-1] for e in every], [float(e[-1]) for e in every]
         total = sum(sizes)
-        big = sum(n * g for n, g in zip(sizes, grads)) / total
+        big = sum(n * g for n, g in zip(sizes, grads, strict=True)) / total
         sq_small = sum(float(g @ g) for g in grads) / len(grads)
         b_small = len(sizes) / sum(1 / n for n in sizes)
         self.expected.append(two_batch_estimate(sq_small, float(big @ big), b_small, total))

@@ -80,7 +80,7 @@ def test_before_the_first_milestone_the_run_is_the_constant_batch_run(tmp_path):
     plain = run(tiny_config(batch_size=32, budget="steps", budget_amount=10, eval_schedule="every",
                             eval_every=4), tmp_path / "plain").history
     assert [r["step"] for r in grown[:3]] == [r["step"] for r in plain[:3]] == [0, 4, 8]
-    for a, b in zip(grown[:3], plain[:3]):
+    for a, b in zip(grown[:3], plain[:3], strict=True):
         assert a["train_loss"] == b["train_loss"] and a["test_acc"] == b["test_acc"]
 
 

@@ -74,7 +74,7 @@ def test_a_follower_trains_the_lead_s_run_and_writes_nothing(tmp_path):
     follower = drive(cfg, tmp_path / "follower", Place.follower(1, GROUP), single_engine, progress=False)
     assert single.state == lead.state == follower.state == "ok"
     assert len(single.history) == len(lead.history) == len(follower.history) == 3
-    for a, b, c in zip(single.history, lead.history, follower.history):
+    for a, b, c in zip(single.history, lead.history, follower.history, strict=True):
         assert a["train_loss"] == b["train_loss"] == c["train_loss"] and a["lr"] == b["lr"] == c["lr"]
     assert RunDir(tmp_path / "lead").status()["devices"] == GROUP
     assert follower.run_dir is None and not (tmp_path / "follower").exists()

@@ -226,7 +226,7 @@ def v6_breaks(epochs, steps, examples):
     return pd.DataFrame([{"n": n, "arm": arm, "b_break": b, "b_star": math.nan, "b_linear": math.nan,
                           "largest": 4000.0, "problems": (), "extend_seeds": False}
                          for arm, values in (("epochs", epochs), ("steps", steps), ("examples", examples))
-                         for n, b in zip(NS, values)])
+                         for n, b in zip(NS, values, strict=True)])
 
 
 @pytest.mark.parametrize("epochs, steps, examples, c, predictor, verdict", [

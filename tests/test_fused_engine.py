@@ -71,11 +71,11 @@ def test_each_member_steps_as_it_would_alone(engine_kind, changes):
     stats = engine.weight_stats(fused)
     expected_stats = alone_engine.weight_stats(alone)
     assert len(stats) == len(expected_stats) == 3
-    for got, want in zip(stats, expected_stats):
+    for got, want in zip(stats, expected_stats, strict=True):
         assert got == pytest.approx(want, rel=1e-5)
     engine.remove(list(fused))   # every row back into its member's own TrainState
     assert engine.members == []
-    for f, a in zip(fused, alone):
+    for f, a in zip(fused, alone, strict=True):
         assert_same_weights(f, a)
 
 
@@ -101,7 +101,7 @@ def test_a_member_that_leaves_continues_alone_as_it_would_have(engine_kind):
         alone_engine.step([leaver], lrs_at([leaver], n), [None])
         alone_engine.step(alone, lrs_at(alone, n), [None] * 3)
     engine.remove(staying)
-    for f, a in zip(fused, alone):
+    for f, a in zip(fused, alone, strict=True):
         assert f.state.step == a.state.step == 8
         assert_same_weights(f, a)
 
@@ -129,5 +129,5 @@ def test_the_stack_engine_over_several_passes_of_members(monkeypatch, batchnorm)
         torch.testing.assert_close(engine.step(fused, lrs, [None] * 3), alone_engine.step(alone, lrs, [None] * 3),
                                    rtol=RTOL, atol=ATOL)
     engine.remove(list(fused))
-    for f, a in zip(fused, alone):
+    for f, a in zip(fused, alone, strict=True):
         assert_same_weights(f, a)

@@ -62,11 +62,12 @@ def test_forward_backward_and_running_statistics_per_member(kind, batchnorm, gho
         torch.testing.assert_close(logits[k], expected, rtol=1e-5, atol=1e-6, msg=f"member {k}")
         F.cross_entropy(expected, y[k]).backward()
         params = dict(model.named_parameters())
-        for name, grad in zip(names, grads):
+        for name, grad in zip(names, grads, strict=True):
             torch.testing.assert_close(grad[k], params[name].grad, rtol=1e-4, atol=1e-6, msg=f"{k} {name}")
         for key, module_name in stacked.buffer_modules.items():   # torch's update of the running statistics
             module = dict(model.named_children())[module_name]
-            for name, stacked_stat in zip(("running_mean", "running_var", "num_batches_tracked"), buffers[key]):
+            stats = ("running_mean", "running_var", "num_batches_tracked")
+            for name, stacked_stat in zip(stats, buffers[key], strict=True):
                 torch.testing.assert_close(stacked_stat[k], getattr(module, name), rtol=1e-5, atol=1e-6,
                                            msg=f"{k} {name}")
     assert bool(buffers) == batchnorm
