@@ -6,10 +6,12 @@ tests/test_integrations_ddp.py:
 `plain` trains without the callback; `measured` with BatchSizeCallback (the curvature every 2 steps) and, before
 it, an oracle: each device's token-mean gradient on its own micro-batches, computed directly on a copy of the
 model at the same weights, gathered, into bsresearch's two-batch estimator (rank 0 writes OUT/expected.json).
-Rank 0 saves the final weights to OUT/weights.pt.
+Rank 0 saves the final weights to OUT/weights.pt. The script ends as a torchrun script should: the trainer
+dropped, then the process group destroyed; a DistributedDataParallel left alive fails it.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -77,6 +79,16 @@ def main(out: Path, mode: str) -> None:
         torch.save(trainer.model.state_dict(), out / "weights.pt")
         if mode == "measured":
             (out / "expected.json").write_text(json.dumps(oracle.expected))
+    # A clean end, as any torchrun script should have one: DDP's reducer holds the process group, and gloo's
+    # threads, until the wrapped model is gone; a group still alive at interpreter exit can abort the process
+    # ("terminate called without an active exception", SIGABRT), with or without the callback.
+    del trainer, callbacks, oracle
+    gc.collect()
+    left = [o for o in gc.get_objects() if isinstance(o, torch.nn.parallel.DistributedDataParallel)]
+    dist.barrier()
+    dist.destroy_process_group()
+    if left:
+        raise SystemExit(f"{len(left)} DistributedDataParallel object(s) outlived the trainer")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,38 @@ def test_kernels_talk_over_unix_sockets_not_tcp_ports():
     assert manager.transport == "ipc"
 
 
+@pytest.mark.slow
+def test_two_kernels_started_in_one_folder_each_answer_on_their_own_sockets(tmp_path):
+    """The runs of a sweep start their kernels in one working directory: each kernel's sockets are in a folder
+    of its own (absolute paths), both kernels answer, and neither the working directory nor /tmp keeps a socket
+    file once they are shut down. (jupyter_client's default, a relative `kernel-ipc-N`, bound the same sockets
+    for both: one kernel never answered, and the files stayed in the folder.)"""
+    import asyncio
+
+    async def start_two() -> list[str]:
+        managers = [kernels.IPCKernelManager(kernel_name="python3") for _ in range(2)]
+        await asyncio.gather(*(m.start_kernel(cwd=str(tmp_path), extra_arguments=list(kernels.KERNEL_ARGS))
+                               for m in managers))
+        folders = [m.socket_folder for m in managers]
+        clients = [m.client() for m in managers]
+        try:
+            for c in clients:
+                c.start_channels()
+            await asyncio.gather(*(c.wait_for_ready(timeout=120) for c in clients))
+            replies = [await c.execute_interactive("import os; print(os.getpid())", timeout=60) for c in clients]
+            assert [r["content"]["status"] for r in replies] == ["ok", "ok"]
+        finally:
+            for c in clients:
+                c.stop_channels()
+            await asyncio.gather(*(m.shutdown_kernel(now=True) for m in managers))
+        return folders
+
+    folders = asyncio.run(start_two())
+    assert len(set(folders)) == 2 and all(Path(f).is_absolute() for f in folders)
+    assert not any(Path(f).exists() for f in folders)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_kernel_that_fails_to_start_is_started_again_and_recorded(tmp_path, monkeypatch):
     import papermill as pm
     calls = []

@@ -4,15 +4,21 @@ A kernel that talks over TCP gets its ports from jupyter_client, which binds fre
 lets the kernel bind them again later: another kernel starting at the same moment can take one first
 (papermill issues #511 and #239, jupyter_client #154), and the kernel then never answers ("Kernel didn't
 respond in 60 seconds", after "ZMQError: Address already in use"). The more workers per core, the likelier.
-Here every kernel talks over Unix-domain sockets named after its own connection file (`IPCKernelManager`),
-so no two kernels can share one. A kernel that still fails to start (a loaded machine) is started again,
-at most START_ATTEMPTS times, and each failed start is returned so the caller records it as an attempt,
+Here every kernel talks over Unix-domain sockets in a folder of its own (`IPCKernelManager`), so no two
+kernels can share one. (jupyter_client's own default for such sockets, `kernel-ipc-N`, is a relative path
+that each kernel binds in its own working directory: two kernels started in one folder, as the runs of one
+sweep are, bound the same sockets, one of them never answered, and the files stayed in the user's folder.)
+A kernel has START_TIMEOUT seconds to answer, and one that still fails to start (a loaded machine) is started
+again, at most START_ATTEMPTS times; each failed start is returned so the caller records it as an attempt,
 never as the run's failure.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,15 +27,28 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
 START_ATTEMPTS = 3                # kernel starts tried before a run's notebook is given up
+START_TIMEOUT = 120               # seconds a starting kernel has to answer (papermill's default: 60)
 KERNEL_ARGS = ("--IPKernelApp.log_level=ERROR",)
 
 
 class IPCKernelManager(AsyncKernelManager):
-    """A Jupyter kernel on Unix-domain sockets (paths unique to its connection file) instead of TCP ports."""
+    """A Jupyter kernel on Unix-domain sockets (in a folder of its own) instead of TCP ports."""
 
     @default("transport")
     def _transport_default(self) -> str:
         return "ipc"
+
+    @default("ip")
+    def _ip_default(self) -> str:
+        """The sockets' path prefix: absolute, in a new folder for this kernel alone."""
+        self.socket_folder = tempfile.mkdtemp(prefix="bsresearch-kernel-")
+        return os.path.join(self.socket_folder, "ipc")
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        folder = getattr(self, "socket_folder", None)
+        if folder and not restart:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def never_started(notebook: Path) -> bool:
@@ -53,7 +72,8 @@ def execute_notebook(notebook: str | Path, output: str | Path, parameters: dict[
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             pm.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name=kernel, cwd=str(cwd),
-                                execution_timeout=timeout, extra_arguments=list(KERNEL_ARGS),
+                                execution_timeout=timeout, start_timeout=START_TIMEOUT,
+                                extra_arguments=list(KERNEL_ARGS),
                                 kernel_manager_class=IPCKernelManager, **kwargs)
             return failed
         except Exception as exc:
