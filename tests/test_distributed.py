@@ -185,7 +185,8 @@ def test_a_process_leaves_its_group_with_no_thread_of_the_group_left():
         assert threads() - before == set()
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive   # covered: test_torchrun_starts_the_same_command_and_it_joins_the_group (the path),
+# test_a_process_leaves_its_group_with_no_thread_of_the_group_left (the cause of the abort at exit)
 def test_torchrun_ranks_exit_cleanly_beside_busy_processes(tmp_path):
     """The torchrun case, three times, with two processes spinning beside it on this machine's cores (started
     and ended here): every rank exits 0 (torchrun fails the run otherwise) and none aborts at exit."""

@@ -28,7 +28,7 @@ def tiny_spec(tmp_path: Path, name: str, points: int) -> Path:
     return spec
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive   # covered: test_two_kernels_started_in_one_folder_each_answer_on_their_own_sockets
 def test_6_papermill_kernels_starting_at_once_on_2_cores_all_finish(tmp_path):
     # one wave of 6 kernels starting at once (benchmarks/soak_faults.py starts hundreds, with faults)
     spec = tiny_spec(tmp_path, "crowd", 6)

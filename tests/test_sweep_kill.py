@@ -87,7 +87,9 @@ def snapshot(sweep_dir: Path) -> dict[str, dict[str, bytes]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("own_model", [False, True], ids=["built_in", "own_model"])
+# [own_model] is exhaustive: [built_in] runs the same kill and resume, test_own_model.py a user's model's sweep
+@pytest.mark.parametrize("own_model", [False, pytest.param(True, marks=pytest.mark.exhaustive)],
+                         ids=["built_in", "own_model"])
 def test_kill_9_during_a_papermill_sweep_then_resume(tmp_path, own_model):
     spec = write_spec(tmp_path, "killme", own_model)
     sweep_dir = tmp_path / "runs" / "killme"

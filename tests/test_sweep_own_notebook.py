@@ -127,7 +127,8 @@ def worker_pid(run_dir: Path) -> int | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["loop", "hf"])
+# [hf] is exhaustive: [loop] runs the same sweep, kill and resume; test_integrations_hf.py the callback's run_dir
+@pytest.mark.parametrize("trainer", ["loop", pytest.param("hf", marks=pytest.mark.exhaustive)])
 def test_a_sweep_of_ones_own_notebook_survives_a_killed_worker_resumes_and_reports(tmp_path, trainer):
     """2 batch sizes x 2 seeds on two workers, started from another folder; one run is held after its first
     step (its notebook waits for a file) and its worker is killed with SIGKILL: that run is recorded died, the
