@@ -79,7 +79,8 @@ def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 class OwnTime:
-    """Seconds spent in the callback's own code: its trainer hooks and its gradient hooks, wrapped with a clock
+    """Seconds spent in the callback's own code: its trainer hooks, its gradient hooks and its end-of-backward
+    callback, wrapped with a clock
     (CPU: the tensor work inside is synchronous, so the wall time is its cost)."""
 
     def __init__(self) -> None:
@@ -99,16 +100,17 @@ class OwnTime:
     def patched(self, callback_class: type, methods: tuple[str, ...]) -> Any:
         from bsresearch.integrations.gradients import GradientWatch
         saved = {name: getattr(callback_class, name) for name in methods}
-        hook = GradientWatch._hook
+        hook, done = GradientWatch._hook, GradientWatch._backward_done
         for name, fn in saved.items():
             setattr(callback_class, name, self.wrap(fn))
-        GradientWatch._hook = lambda watch, p: self.wrap(hook(watch, p))  # type: ignore[method-assign,assignment]
+        GradientWatch._hook = lambda watch, wide: self.wrap(hook(watch, wide))  # type: ignore[method-assign,assignment]
+        GradientWatch._backward_done = self.wrap(done)  # type: ignore[method-assign]
         try:
             yield self
         finally:
             for name, fn in saved.items():
                 setattr(callback_class, name, fn)
-            GradientWatch._hook = hook  # type: ignore[method-assign]
+            GradientWatch._hook, GradientWatch._backward_done = hook, done  # type: ignore[method-assign]
 
 
 TIMED = {"hf": ("_before_forward", "_after_forward", "on_pre_optimizer_step", "on_step_end"),

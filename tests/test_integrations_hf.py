@@ -222,3 +222,20 @@ def test_noise_columns_are_finite_where_estimated(tmp_path):
     callback = BatchSizeCallback()
     trainer_with(tmp_path, [callback], accumulation=2, steps=2).train()
     assert all(math.isfinite(v) for v in callback.history["b_simple_ema"])
+
+
+def test_only_each_updates_last_backward_reads_the_accumulated_norm_also_at_an_epochs_end(tmp_path, monkeypatch):
+    """16 micro-batches an epoch at accumulation 3: five updates of 3, the epoch's last of 1, then the next
+    epoch's. The Trainer's sync_gradients says which backward ends an update: only those 7 read |G|^2, and every
+    update has its noise columns (the 1-micro-batch update by the two-batch estimate)."""
+    from bsresearch.integrations.gradients import GradientWatch
+    reads = []
+    done = GradientWatch._backward_done
+    monkeypatch.setattr(GradientWatch, "_backward_done", lambda watch: (reads.append(1), done(watch))[1])
+    callback = BatchSizeCallback()
+    trainer_with(tmp_path, [callback], accumulation=3, steps=7).train()
+    rows = callback.history
+    assert len(rows) == 7 and len(reads) == 7
+    assert list(rows["estimator"]) == ["micro_batch"] * 5 + ["two_batch", "micro_batch"]
+    assert list(rows["examples"]) == [12, 24, 36, 48, 60, 64, 76]
+    assert all(math.isfinite(v) for v in rows["grad_sq_norm"]) and all(math.isfinite(v) for v in rows["trace_cov"])

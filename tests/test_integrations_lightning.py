@@ -3,6 +3,7 @@ computed directly on the same micro-batches at the same weights (accumulation 2 
 for bit with the curvature measured, and its refusals."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -156,3 +157,20 @@ def test_the_values_go_to_log_dict_at_the_logging_steps(tmp_path):
     metrics = module.trainer.callback_metrics
     assert float(metrics["bsresearch/b_simple_ema"]) == pytest.approx(callback.history["b_simple_ema"].iloc[-1])
     assert float(metrics["bsresearch/step"]) == 3
+
+
+def test_only_each_updates_last_backward_reads_the_accumulated_norm_also_at_an_epochs_end(tmp_path, monkeypatch):
+    """32 batches an epoch at accumulate_grad_batches 3: ten updates of 3, the epoch's last of 2 (Lightning
+    steps on an epoch's final batch), then the next epoch's. Lightning's own test of whether it steps after a
+    batch says which backward ends an update: only those 12 read |G|^2, and every update has its noise columns."""
+    from bsresearch.integrations.gradients import GradientWatch
+    reads = []
+    done = GradientWatch._backward_done
+    monkeypatch.setattr(GradientWatch, "_backward_done", lambda watch: (reads.append(1), done(watch))[1])
+    callback = BatchSizeCallback()
+    fit(tmp_path, [callback], accumulation=3, steps=12)
+    rows = callback.history
+    assert len(rows) == 12 and len(reads) == 12
+    assert list(rows["estimator"]) == ["micro_batch"] * 12
+    assert list(rows["examples"]) == [24 * (t + 1) for t in range(10)] + [256, 280]
+    assert all(math.isfinite(v) for v in rows["grad_sq_norm"]) and all(math.isfinite(v) for v in rows["trace_cov"])

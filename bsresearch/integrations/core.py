@@ -148,6 +148,7 @@ class Meter:
         self.busy = False        # inside bsresearch's own passes (adapters' forward hooks ignore them)
         self.writer: RunWriter | None = None
         self._logged_to_run = 0
+        self._said_no_total = False
 
     # ----------------------------------------------------------------------------- lifecycle
     def refuse(self, problems: Sequence[str]) -> bool:
@@ -176,9 +177,12 @@ class Meter:
             from ..runwriter import RunWriter
             self.writer = RunWriter(self.options.run_dir, self.options.parameters).start()
 
-    def micro_batch(self, batch: Any, units: Units | None = None, loss: torch.Tensor | None = None) -> None:
+    def micro_batch(self, batch: Any, units: Units | None = None, loss: torch.Tensor | None = None,
+                    last: bool | None = None) -> None:
         """A micro-batch begins (call before its backward): its batch (held until the update, for the two-batch
-        estimate and the batch sharpness), its units (default units(batch)) and, when known, its mean loss."""
+        estimate and the batch sharpness), its units (default units(batch)) and, when known, its mean loss, and
+        whether its backward is the update's last (then only that backward reads the accumulated gradient's
+        norm; None: every backward does)."""
         if not self.active:
             return
         units = units or self.units_of(batch)
@@ -187,7 +191,7 @@ class Meter:
         self.current.units.append(units)
         self.current.losses.append(loss)
         if self.watch is not None:
-            self.watch.begin_micro_batch()
+            self.watch.begin_micro_batch(last)
 
     def set_loss(self, loss: torch.Tensor) -> None:
         """The mean loss of the micro-batch begun last (a framework that gives it after the forward pass)."""
@@ -236,6 +240,12 @@ class Meter:
             return self._devices(weights, sizes, grad_scale, examples, tokens, empty)
         assert self.watch is not None
         micro, total = self.watch.take()
+        if not math.isfinite(total):   # a gradient not finite, or a last micro-batch the trainer said was not
+            if not self._said_no_total:
+                self._said_no_total = True
+                print(f"bsresearch: update {self.step + 1}: the accumulated gradient's norm is not finite or was "
+                      f"not read at the update's last backward; such updates get no noise scale", file=sys.stderr)
+            return empty, (examples, tokens)
         if len(micro) != len(sizes):
             raise RuntimeError(f"{len(micro)} backward passes for {len(sizes)} micro-batches this update: call "
                                f"micro_batch() once before each micro-batch's backward")

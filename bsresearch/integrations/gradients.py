@@ -3,16 +3,20 @@ copy of .grad, no extra pass, and nothing written (every hook returns None, so t
 accumulates is the one it would accumulate without them).
 
 A tensor hook on a parameter receives the gradient its backward adds to .grad (`h`, the micro-batch's share of
-the accumulated gradient, scaled as the trainer scaled the loss), before it is added: .grad then holds the
-previous micro-batches' sum `A`. So over one optimizer update
+the accumulated gradient, scaled as the trainer scaled the loss), before it is added. So over one optimizer
+update, with G the accumulated gradient:
 
-    |h_i|^2                      summed over the parameters: micro-batch i's squared norm
-    |A + h|^2 = |A|^2 + 2 h.A + |h|^2   the accumulated gradient's squared norm, kept current
+    |h_i|^2     summed over the parameters: micro-batch i's squared norm (one dot product per parameter)
+    |G|^2       read at the end of the update's last backward, when .grad holds every micro-batch and the
+                trainer has not yet clipped it (the Hugging Face Trainer clips before its callbacks see the
+                gradient): one fused norm over the parameters' .grad, from a callback queued on autograd's
+                engine by the backward's first hook. Where the trainer says which micro-batch ends the update
+                (`begin_micro_batch(last=...)`), only that backward reads it; else every backward does, and the
+                last one read counts
 
-which equals `.grad` after minus before the micro-batch's backward, and |.grad|^2 before the trainer clips it
-(the Hugging Face Trainer clips before its callbacks see the gradient). Two dot products per parameter and
-micro-batch, kept on the parameters' device and added up (in float64) when the step's row is read: no sync
-before then.
+kept on the parameters' device and added up in float64 when the step's row is read: no sync before then. A hook
+that runs after that callback (a backward inside the backward: reentrant gradient checkpointing) queues it
+again, so |G|^2 is always read after the last gradient of the backward was added.
 """
 from __future__ import annotations
 
@@ -20,11 +24,7 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    """A gradient flat, in float32 at least (float64 stays float64); the sums are kept in float64."""
-    flat = t.detach().reshape(-1)
-    return flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+WIDE = (torch.float32, torch.float64)   # gradients of other dtypes are read in float32
 
 
 class GradientWatch:
@@ -38,41 +38,68 @@ class GradientWatch:
             raise ValueError("the model has no trainable parameters")
         self.device = self.params[0].device
         self.paused = False
-        # per micro-batch, the hooks' dot products (0-d tensors, summed only when the update's row is read)
-        self.micro: list[list[torch.Tensor]] = []     # |h|^2 of each parameter
-        self.cross: list[torch.Tensor] = []           # h.A of each parameter and micro-batch
-        self.handles: list[RemovableHandle] = [p.register_hook(self._hook(p)) for p in self.params]
+        # per micro-batch, the hooks' |h|^2 (0-d tensors, summed only when the update's row is read)
+        self.micro: list[list[torch.Tensor]] = []
+        self.current: list[torch.Tensor] = []   # the micro-batch's own list in `micro`
+        self.total: torch.Tensor | None = None   # |G|^2 at the end of the latest backward that read it
+        self.read_total = True                   # whether this micro-batch's backward reads |G|^2
+        self.to_queue = True                     # read_total, and no end-of-backward callback is waiting
+        self.handles: list[RemovableHandle] = [p.register_hook(self._hook(p.dtype in WIDE)) for p in self.params]
 
-    def _hook(self, p: torch.Tensor):  # noqa: ANN202 (a closure over p)
-        def hook(h: torch.Tensor) -> None:
+    def _hook(self, wide: bool):  # noqa: ANN202 (a closure over the parameter's dtype)
+        dot = torch.dot
+
+        def hook(h: torch.Tensor) -> None:   # runs once per parameter and backward: kept to a few operations
             if self.paused:
                 return
             if not self.micro:   # a backward with no micro-batch begun (a plain loop that forgot): count it as one
                 self.begin_micro_batch()
-            flat = _wide(h)
-            self.micro[-1].append(torch.dot(flat, flat))
-            grad = p.grad
-            if grad is not None:
-                self.cross.append(torch.dot(flat, _wide(grad)))
+            if self.to_queue:
+                self.to_queue = False
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            flat = h.detach().reshape(-1) if wide else h.detach().reshape(-1).float()
+            self.current.append(dot(flat, flat))
         return hook
 
-    def begin_micro_batch(self) -> None:
-        self.micro.append([])
+    def _backward_done(self) -> None:
+        """At the end of a backward (autograd's engine calls it): |.grad|^2 over the parameters, unclipped."""
+        self.to_queue = self.read_total
+        grads = [p.grad for p in self.params if p.grad is not None]
+        wide = [g for g in grads if g.dtype in WIDE]
+        narrow = [g for g in grads if g.dtype not in WIDE]
+        norms = [*(torch._foreach_norm(wide) if wide else ()),
+                 *(torch._foreach_norm(narrow, 2, dtype=torch.float32) if narrow else ())]
+        if norms:
+            self.total = torch.stack(norms).double().square().sum()
+
+    def begin_micro_batch(self, last: bool | None = None) -> None:
+        """A micro-batch begins; `last`: whether its backward ends the update (None: not known)."""
+        self.current = []
+        self.micro.append(self.current)
+        self.read_total = self.to_queue = last is not False
+        if self.read_total:
+            self.total = None   # a total read before this backward is not the update's
 
     def take(self) -> tuple[list[float], float]:
-        """(each micro-batch's |h_i|^2, the accumulated |sum h_i|^2 = sum |h_i|^2 + 2 sum h_i.A_i) of this
-        update, as the trainer scaled them, summed in float64; then the next update starts empty. One sync."""
+        """(each micro-batch's |h_i|^2, the accumulated |G|^2 = |sum h_i|^2) of this update, as the trainer
+        scaled them, summed in float64; then the next update starts empty. One sync. |G|^2 is NaN where the
+        update's last backward did not read it (a micro-batch said not to be the last was)."""
         zero = torch.zeros((), device=self.device, dtype=torch.float64)
         sums = [torch.stack(m).double().sum() if m else zero for m in self.micro]
-        cross = torch.stack(self.cross).double().sum() if self.cross else zero
-        values = torch.stack([*sums, cross]).tolist()
+        if not self.micro or not any(self.micro):
+            total = zero
+        elif self.total is None:
+            total = torch.full((), float("nan"), device=self.device, dtype=torch.float64)
+        else:
+            total = self.total
+        values = torch.stack([*sums, total]).tolist()
         self.discard()
-        micro, cross_value = values[:-1], values[-1]
-        return micro, sum(micro) + 2 * cross_value
+        return values[:-1], values[-1]
 
     def discard(self) -> None:
         """Forget the update so far (a step skipped by the trainer)."""
-        self.micro, self.cross = [], []
+        self.micro, self.current, self.total = [], [], None
+        self.read_total = self.to_queue = True
 
     def remove(self) -> None:
         for handle in self.handles:

@@ -161,7 +161,9 @@ class BatchSizeCallback(TrainerCallback):
         batch = {k: v for k, v in kwargs.items() if k != "num_items_in_batch"}
         items = kwargs.get("num_items_in_batch")
         self._num_items.append(None if items is None else items)
-        self.meter.micro_batch(batch)
+        # the Trainer sets accelerate's sync_gradients before each micro-batch: True on the update's last
+        sync = getattr(getattr(self.trainer, "accelerator", None), "sync_gradients", None)
+        self.meter.micro_batch(batch, last=sync if isinstance(sync, bool) else None)
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], outputs: Any) -> None:
         if not self._training(module) or args:

@@ -133,7 +133,7 @@ class BatchSizeCallback(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if self.meter is not None:
-            self.meter.micro_batch(batch)
+            self.meter.micro_batch(batch, last=_steps_after(trainer))
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         if self.meter is not None:   # Lightning divided the micro-batch's mean loss by accumulate_grad_batches
@@ -175,3 +175,16 @@ class BatchSizeCallback(pl.Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self.meter is not None and isinstance(exception, Exception):
             self.meter.fail(exception)
+
+
+def _steps_after(trainer: pl.Trainer) -> bool | None:
+    """Whether the optimizer steps after this batch (Lightning's own test, on its epoch loop; None where this
+    Lightning has none)."""
+    should_accumulate = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None),
+                                "_should_accumulate", None)
+    if not callable(should_accumulate):
+        return None
+    try:
+        return not should_accumulate()
+    except Exception:   # a Lightning whose loop reads differently: every backward reads the norm
+        return None
