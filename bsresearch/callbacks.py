@@ -6,6 +6,7 @@
     Divergence    DECIDE      check batch losses every few steps; a non-finite or exploding loss ends the member
     Snapshots     SNAPSHOT    the states a trajectory saves for the runs that branch from it
     Measurements  MEASURE     the measurements a config names (bsresearch.measurements), when a member ends ok
+    Stability     MEASURE     with cfg.stability, the edge-of-stability columns of each evaluation's row
     Progress      PROGRESS    a progress bar (a terminal, JupyterLab; not under papermill or in logs)
     Recording     RECORD      the run directory: config.json and status.json at the start, history.csv at
                               each evaluation, metrics.json (with Measurements' numbers), the final checkpoint
@@ -33,10 +34,13 @@ import torch
 from . import schedule
 from .data import Dataset, resident_dataset_for
 from .loop import Callback, Loop, Member, Order, RunResult
+from .losses import loss_for
+from .measure.functional import batches_of
+from .measure.stability import edge_of_stability
 from .measurements import take_measurements
 from .models import count_parameters
 from .rundir import storage_error
-from .runtime import provenance
+from .runtime import derive_seed, provenance
 from .trajectory import Trajectory
 
 LOSS_CHECK_EVERY = {"cpu": 1, "cuda": 16}  # steps between divergence checks by device (each one syncs the device)
@@ -245,6 +249,40 @@ class Measurements(Callback):
         if member.outcome == "ok" and cfg.measure:
             data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
             member.measured.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
+
+
+class Stability(Callback):
+    """With cfg.stability, at each evaluation, on the member's weights and off the clock, the columns of
+    measure.stability.edge_of_stability in its history row: the training loss's top Hessian eigenvalue
+    (`sharpness`, over the first measure_train_size examples, all by default; `sharpness_converged`), Adam's
+    `preconditioned_sharpness`, the optimizer's `sharpness_limit`, the `batch_sharpness` averaged over
+    cfg.stability_batches mini-batches of batch_size (each drawn without replacement from the training set) and
+    the variance of their gradients along the top eigenvector (`noise_along_top`; `grad_along_top` the full
+    gradient's component). The draws and the Lanczos start vector come from a generator of the seed and the
+    step, so a resumed run measures as the uninterrupted one."""
+    order = Order.MEASURE
+
+    def columns(self, loop: Loop, member: Member) -> dict[str, Any]:
+        cfg, state = member.cfg, member.state
+        if not cfg.stability:
+            return {}
+        data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
+        loss, model = loss_for(cfg.loss), state.model
+        n = min(cfg.measure_train_size or data.n_train, data.n_train)
+        chunks = batches_of(data.x_train[:n], data.y_train[:n])
+
+        def full() -> torch.Tensor:
+            total: Any = sum(loss.of(model, xb, yb) * (len(yb) / n) for xb, yb in chunks)
+            return total
+
+        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, f"stability/step-{state.step}"))
+        draws = [torch.randperm(data.n_train, generator=generator)[:cfg.batch_size]
+                 for _ in range(cfg.stability_batches)]
+
+        def batch(index: torch.Tensor) -> Any:
+            index = index.to(data.y_train.device)
+            return lambda: loss.of(model, data.x_train[index], data.y_train[index])
+        return edge_of_stability(model, full, [batch(i) for i in draws], state.optimizer, generator=generator)
 
 
 def attempts(previous: dict[str, Any] | None, started: str, resumed_from: int | None,

@@ -71,7 +71,7 @@ LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs":
                                         "test_size": 0.2, "eval_test_size": None, "adam_beta2": 0.999,
                                         "beta2_scaling": "none", "batch_at_tokens": [], "batch_sizes": [],
                                         "snapshot_at_tokens": [], "measure_train_size": None,
-                                        "lr_decay_fraction": 0.2}
+                                        "lr_decay_fraction": 0.2, "stability": False, "stability_batches": 16}
 # Fields a run's trajectory does not depend on before its batch first changes (or before its budget ends):
 # runs that agree on everything else pass through the same states, which they may share (trajectory_key).
 TRAJECTORY_FREE_FIELDS = ("budget_amount", "batch_schedule", "batch_at_tokens", "batch_sizes", "measure",
@@ -197,6 +197,8 @@ class RunConfig:
     measure_train_size: int | None = None  # the first examples of the training set they use (None: all of it)
     noise_scale_every: int = 0          # steps between two-batch noise-scale samples from micro-batches (0: off)
     noise_scale_ema: float = 0.9        # EMA decay of those samples' |G|^2 and tr(Sigma) (history: noise_*_ema)
+    stability: bool = False             # at each evaluation: sharpness, batch sharpness, noise along the top (history)
+    stability_batches: int = 16         # stability: mini-batches of batch_size its batch sharpness averages over
     # --- reproducibility and execution
     seed: int = 0                       # init, data order and probes get separate generators from this
     device: str = "auto"                # auto | cpu | cuda | cuda:N
@@ -536,6 +538,9 @@ def _validate_devices(cfg: RunConfig) -> None:
         raise ConfigError(f"noise_scale_every is the one-device estimator from micro-batches; on {cfg.devices} "
                           f"devices the run records the noise scale from the devices' gradients at every step "
                           f"(history: device_noise_*): set noise_scale_every 0")
+    if cfg.stability:
+        raise ConfigError(f"stability is measured on one device (the model's Hessian-vector products on its whole "
+                          f"weights); on {cfg.devices} devices set stability false, or devices 1")
     if cfg.snapshot_at_tokens:
         raise ConfigError(f"snapshot_at_tokens is not supported on {cfg.devices} devices yet (a run that shares "
                           f"its trajectory trains on one device)")
@@ -607,6 +612,9 @@ def _validate(cfg: RunConfig) -> None:
                           f"{cfg.micro_batch_size}, batch_size {cfg.batch_size}")
     if not 0.0 <= cfg.noise_scale_ema < 1.0:
         raise ConfigError(f"noise_scale_ema must be in [0, 1); got {cfg.noise_scale_ema!r}")
+    if cfg.stability_batches < 2:
+        raise ConfigError(f"stability_batches must be at least 2 (the noise along the top eigenvector is a variance "
+                          f"over them); got {cfg.stability_batches!r}")
     if cfg.divergence_ratio <= 1 or not math.isfinite(cfg.divergence_ratio):
         raise ConfigError(f"divergence_ratio must be a number > 1; got {cfg.divergence_ratio!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):

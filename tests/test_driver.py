@@ -9,7 +9,16 @@ import torch
 from conftest import KillAt, tiny_config
 
 from bsresearch import runsetup
-from bsresearch.callbacks import Checkpointing, Divergence, Evaluation, Measurements, Progress, Recording, Snapshots
+from bsresearch.callbacks import (
+    Checkpointing,
+    Divergence,
+    Evaluation,
+    Measurements,
+    Progress,
+    Recording,
+    Snapshots,
+    Stability,
+)
 from bsresearch.driver import Place, callbacks_for, drive, randomness
 from bsresearch.engine import ModelEngine
 from bsresearch.loop import Callback, Member
@@ -21,7 +30,7 @@ from bsresearch.train import run
 
 GROUP = {"count": 2, "backend": "gloo", "batchnorm": None}
 DECIDE = [Evaluation, Divergence, Checkpointing]
-RECORD = [Progress, Measurements, Recording]
+RECORD = [Progress, Measurements, Stability, Recording]
 
 
 def single_engine(setup, member):

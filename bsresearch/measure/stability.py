@@ -13,6 +13,7 @@ buffers, modes, .grad) and writes no optimizer state; random start vectors come 
     preconditioned sharpness:  lambda_max(P^-1 H), P = diag(sqrt(v_hat) + eps) from Adam's state
                                (computed as lambda_max(P^-1/2 H P^-1/2), the same eigenvalues, symmetric)
     batch sharpness:           g_B^T H_B g_B / |g_B|^2, g_B and H_B the mini-batch's gradient and Hessian
+    noise along the top:       the variance over mini-batches of g_B . u, u the full loss's top eigenvector
     limits:                    SGD 2/lr; heavy-ball momentum m (2 + 2m)/((1 - m) lr); Nesterov (2 + 2m)/((1 + 2m) lr);
                                Adam/AdamW (2 + 2 beta1)/((1 - beta1) lr), 38/lr at beta1 = 0.9
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -136,6 +137,7 @@ class StabilityCurvature:
     loss: float
     n_products: int                  # Hessian-vector products used (each about two backward passes)
     attention: str = ATTENTION_KERNEL
+    vector: torch.Tensor | None = field(default=None, repr=False, compare=False)  # H's top unit eigenvector
 
 
 def trainable(model: nn.Module) -> list[torch.Tensor]:
@@ -160,7 +162,7 @@ def stability_curvature(model: nn.Module, loss: LossClosure, optimizer: object =
             pre = lanczos(lambda v: inv_sqrt * hessian.hvp(inv_sqrt * v), like, 1, tol, max_iter, generator)
             pre_value, pre_converged = pre.eigenvalues[0], pre.converged
     return StabilityCurvature(top.eigenvalues[0], top.converged, pre_value, pre_converged, hessian.value,
-                              hessian.n_products)
+                              hessian.n_products, vector=top.eigenvectors[0].detach())
 
 
 def batch_sharpness(model: nn.Module, loss: LossClosure) -> float:
@@ -174,3 +176,47 @@ def batch_sharpness(model: nn.Module, loss: LossClosure) -> float:
         if norm_sq == 0:
             return math.nan
         return float(g @ hessian.hvp(g)) / norm_sq
+
+
+def batch_reading(model: nn.Module, loss: LossClosure, direction: torch.Tensor | None = None) -> tuple[float, float]:
+    """(the batch sharpness g^T H g / |g|^2, the gradient's component g . direction) of loss(), from one gradient
+    graph (NaN sharpness for a zero gradient; NaN component without a direction)."""
+    with measuring(model, "train" if model.training else "eval"):
+        hessian = ClosureHessian(loss, trainable(model))
+        g = hessian.gradient()
+        along = float(g @ direction.to(g.dtype)) if direction is not None else math.nan
+        norm_sq = float(g @ g)
+        if norm_sq == 0:
+            return math.nan, along
+        return float(g @ hessian.hvp(g)) / norm_sq, along
+
+
+def edge_of_stability(model: nn.Module, full_loss: LossClosure, batch_losses: Sequence[LossClosure],
+                      optimizer: object = None, tol: float = 1e-3, max_iter: int = 30,
+                      generator: torch.Generator | None = None) -> dict[str, float]:
+    """What the edge of stochastic stability is read by (Andreyev and Beneventano 2024; Cohen et al. 2021,
+    2022), at the model's current weights: `sharpness` (lambda_max of full_loss, its Lanczos convergence in
+    `sharpness_converged`), `preconditioned_sharpness` (Adam/AdamW with state, else NaN), `sharpness_limit`
+    (the optimizer's), `batch_sharpness` (the mean over batch_losses of each mini-batch's g^T H g / |g|^2),
+    `noise_along_top` (the variance, over the same mini-batches, of their gradients' component along the full
+    loss's top eigenvector; unbiased, NaN for fewer than 2) and `grad_along_top` (the full gradient's)."""
+    curvature = stability_curvature(model, full_loss, optimizer, tol, max_iter, generator)
+    u = curvature.vector
+    full_along = math.nan
+    if u is not None:
+        with measuring(model, "eval"):
+            params = trainable(model)
+            grads = torch.autograd.grad(full_loss(), params, allow_unused=True)
+            g = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(grads, params)])
+        full_along = float(g @ u.to(g.dtype))
+    readings = [batch_reading(model, loss, u) for loss in batch_losses]
+    sharp = [r[0] for r in readings if math.isfinite(r[0])]
+    along = [r[1] for r in readings]
+    n = len(along)
+    mean_along = sum(along) / n if n else math.nan
+    return {"sharpness": curvature.sharpness, "sharpness_converged": float(curvature.sharpness_converged),
+            "preconditioned_sharpness": curvature.preconditioned_sharpness,
+            "sharpness_limit": sharpness_limit(optimizer),
+            "batch_sharpness": sum(sharp) / len(sharp) if sharp else math.nan,
+            "noise_along_top": sum((a - mean_along) ** 2 for a in along) / (n - 1) if n >= 2 else math.nan,
+            "grad_along_top": full_along}
