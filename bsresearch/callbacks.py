@@ -7,6 +7,7 @@
     Snapshots     SNAPSHOT    the states a trajectory saves for the runs that branch from it
     Measurements  MEASURE     the measurements a config names (bsresearch.measurements), when a member ends ok
     Stability     MEASURE     with cfg.stability, the edge-of-stability columns of each evaluation's row
+    WeightAverage MEASURE     with cfg.eval_weight_average, an EMA of the weights that the evaluations read
     Progress      PROGRESS    a progress bar (a terminal, JupyterLab; not under papermill or in logs)
     Recording     RECORD      the run directory: config.json and status.json at the start, history.csv at
                               each evaluation, metrics.json (with Measurements' numbers), the final checkpoint
@@ -22,11 +23,12 @@ checkpoint under its `key` and taken back at a resume.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -283,6 +285,56 @@ class Stability(Callback):
             index = index.to(data.y_train.device)
             return lambda: loss.of(model, data.x_train[index], data.y_train[index])
         return edge_of_stability(model, full, [batch(i) for i in draws], state.optimizer, generator=generator)
+
+
+class WeightAverage(Callback):
+    """With cfg.eval_weight_average = d > 0, an exponential moving average of each member's parameters, from
+    its starting weights and updated after every step (avg <- d avg + (1 - d) w; the EWA of Zhang et al. 2025,
+    torch's AveragedModel EMA), which the evaluations read in place of the weights: train and test loss and
+    accuracy (BatchNorm's running statistics stay the model's own). Training, distance_from_init and
+    weight_norm, the measurements at the end and the saved weights are of the weights themselves. The average
+    goes into each checkpoint (`key`), so a resumed run evaluates as the uninterrupted one."""
+    order = Order.MEASURE
+    key = "weight_average"
+
+    def __init__(self) -> None:
+        self.averages: dict[int, list[torch.Tensor]] = {}   # member index -> its average, parameter by parameter
+
+    @staticmethod
+    def _parameters(member: Member) -> list[torch.Tensor]:
+        return [p.detach() for p in member.state.model.parameters()]
+
+    def on_start(self, loop: Loop) -> None:
+        for m in loop.active:
+            if m.cfg.eval_weight_average and m.index not in self.averages:
+                self.averages[m.index] = [p.clone() for p in self._parameters(m)]
+
+    def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
+        for m in loop.active:
+            average = self.averages.get(m.index)
+            if average is not None:
+                torch._foreach_lerp_(average, self._parameters(m), 1.0 - m.cfg.eval_weight_average)
+
+    @contextlib.contextmanager
+    def evaluated_weights(self, loop: Loop, members: list[Member]) -> Iterator[None]:
+        swapped = [(self._parameters(m), self.averages[m.index]) for m in members if m.index in self.averages]
+        saved = [[p.clone() for p in params] for params, _ in swapped]
+        with torch.no_grad():
+            for params, average in swapped:
+                torch._foreach_copy_(params, average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for (params, _), kept in zip(swapped, saved, strict=True):
+                    torch._foreach_copy_(params, kept)
+
+    def state_dict(self, member: Member) -> dict[str, Any] | None:
+        average = self.averages.get(member.index)
+        return {"average": [t.clone() for t in average]} if average is not None else None
+
+    def load_state_dict(self, member: Member, state: dict[str, Any]) -> None:
+        self.averages[member.index] = [t.clone() for t in state["average"]]
 
 
 def attempts(previous: dict[str, Any] | None, started: str, resumed_from: int | None,

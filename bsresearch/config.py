@@ -71,7 +71,8 @@ LATER_FIELD_DEFAULTS: dict[str, Any] = {"loss": "cross_entropy", "model_kwargs":
                                         "test_size": 0.2, "eval_test_size": None, "adam_beta2": 0.999,
                                         "beta2_scaling": "none", "batch_at_tokens": [], "batch_sizes": [],
                                         "snapshot_at_tokens": [], "measure_train_size": None,
-                                        "lr_decay_fraction": 0.2, "stability": False, "stability_batches": 16}
+                                        "lr_decay_fraction": 0.2, "stability": False, "stability_batches": 16,
+                                        "eval_weight_average": 0.0}
 # Fields a run's trajectory does not depend on before its batch first changes (or before its budget ends):
 # runs that agree on everything else pass through the same states, which they may share (trajectory_key).
 TRAJECTORY_FREE_FIELDS = ("budget_amount", "batch_schedule", "batch_at_tokens", "batch_sizes", "measure",
@@ -192,6 +193,7 @@ class RunConfig:
     eval_per_decade: int = 10           # eval_schedule log: evaluations per factor of 10 in steps
     eval_train_size: int | None = None  # examples used for the train loss/accuracy (None: the whole set)
     eval_test_size: int | None = None   # the first examples of the test set evaluated (None: all of it)
+    eval_weight_average: float = 0.0   # evaluate an EMA of the weights of this decay (e.g. 0.999; 0: the weights)
     divergence_ratio: float = 10.0      # "diverged" when a batch loss exceeds this times the first one
     measure: tuple[str, ...] = ()       # measurements taken after training, from MEASUREMENTS
     measure_train_size: int | None = None  # the first examples of the training set they use (None: all of it)
@@ -538,6 +540,9 @@ def _validate_devices(cfg: RunConfig) -> None:
         raise ConfigError(f"noise_scale_every is the one-device estimator from micro-batches; on {cfg.devices} "
                           f"devices the run records the noise scale from the devices' gradients at every step "
                           f"(history: device_noise_*): set noise_scale_every 0")
+    if cfg.eval_weight_average:
+        raise ConfigError(f"eval_weight_average is kept on one device (the average of the model's whole weights); "
+                          f"on {cfg.devices} devices set eval_weight_average 0, or devices 1")
     if cfg.stability:
         raise ConfigError(f"stability is measured on one device (the model's Hessian-vector products on its whole "
                           f"weights); on {cfg.devices} devices set stability false, or devices 1")
@@ -612,6 +617,9 @@ def _validate(cfg: RunConfig) -> None:
                           f"{cfg.micro_batch_size}, batch_size {cfg.batch_size}")
     if not 0.0 <= cfg.noise_scale_ema < 1.0:
         raise ConfigError(f"noise_scale_ema must be in [0, 1); got {cfg.noise_scale_ema!r}")
+    if not 0.0 <= cfg.eval_weight_average < 1.0:
+        raise ConfigError(f"eval_weight_average must be a decay in [0, 1) (0: evaluate the weights themselves); got "
+                          f"{cfg.eval_weight_average!r}")
     if cfg.stability_batches < 2:
         raise ConfigError(f"stability_batches must be at least 2 (the noise along the top eigenvector is a variance "
                           f"over them); got {cfg.stability_batches!r}")

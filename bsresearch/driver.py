@@ -40,7 +40,17 @@ from typing import Any
 
 import torch
 
-from .callbacks import Checkpointing, Divergence, Evaluation, Measurements, Progress, Recording, Snapshots, Stability
+from .callbacks import (
+    Checkpointing,
+    Divergence,
+    Evaluation,
+    Measurements,
+    Progress,
+    Recording,
+    Snapshots,
+    Stability,
+    WeightAverage,
+)
 from .config import RunConfig
 from .loop import Callback, Engine, Member, RunResult
 from .noise.device import DeviceNoise
@@ -107,7 +117,8 @@ def callbacks_for(place: Place, cfgs: Sequence[RunConfig], progress: bool | None
     if trajectory is not None:
         own.append(Snapshots(trajectory))
     if place.records:
-        own += [Progress(progress), Measurements(), Stability(), Recording(place.status), *trackers_for(list(cfgs))]
+        own += [Progress(progress), Measurements(), Stability(), WeightAverage(), Recording(place.status),
+                *trackers_for(list(cfgs))]
     return [*own, *callbacks]
 
 

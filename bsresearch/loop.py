@@ -171,7 +171,8 @@ class Callback:
     written, before checkpoints). `key`: the name under which the callback's per-member state goes into a
     checkpoint (None: it keeps none that must survive a resume); `state_dict(member)` gives that state
     (plain data or tensors, or None), `load_state_dict(member, state)` takes it back before the first step
-    of a resumed run."""
+    of a resumed run. `evaluated_weights(loop, members)`: a context the evaluation's losses are computed in
+    (to evaluate other weights than those trained, restored on exit)."""
     order: int = Order.USER
     key: str | None = None
 
@@ -183,6 +184,8 @@ class Callback:
     def state_dict(self, member: Member) -> Any: return None
     def load_state_dict(self, member: Member, state: Any) -> None: ...
     def on_evaluation(self, loop: Loop, member: Member) -> None: ...
+    def evaluated_weights(self, loop: Loop, members: list[Member]) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
     def on_error(self, loop: Loop, member: Member, exc: BaseException) -> None: ...
     def on_finish(self, loop: Loop, member: Member) -> None: ...
     def on_remove(self, loop: Loop, keep: torch.Tensor) -> None: ...
@@ -230,8 +233,11 @@ class Loop:
         """Evaluate `members` now (train loss on eval_train_size examples, test loss), add a history row each."""
         with self.paused():
             cfg = members[0].cfg  # eval_train_size and eval_test_size are equal within a group (fused.compat)
-            train = self.engine.evaluate(members, "train", cfg.eval_train_size)
-            test = self.engine.evaluate(members, "test", cfg.eval_test_size)
+            with contextlib.ExitStack() as weights_evaluated:   # a callback may put other weights in (WeightAverage)
+                for cb in self.callbacks:
+                    weights_evaluated.enter_context(cb.evaluated_weights(self, members))
+                train = self.engine.evaluate(members, "train", cfg.eval_train_size)
+                test = self.engine.evaluate(members, "test", cfg.eval_test_size)
             weights = self.engine.weight_stats(members)
             wall = time.perf_counter() - self.wall_start
             for m, tr, te, w in zip(members, train, test, weights):

@@ -18,6 +18,7 @@ from bsresearch.callbacks import (
     Recording,
     Snapshots,
     Stability,
+    WeightAverage,
 )
 from bsresearch.driver import Place, callbacks_for, drive, randomness
 from bsresearch.engine import ModelEngine
@@ -30,7 +31,7 @@ from bsresearch.train import run
 
 GROUP = {"count": 2, "backend": "gloo", "batchnorm": None}
 DECIDE = [Evaluation, Divergence, Checkpointing]
-RECORD = [Progress, Measurements, Stability, Recording]
+RECORD = [Progress, Measurements, Stability, WeightAverage, Recording]
 
 
 def single_engine(setup, member):

@@ -52,6 +52,8 @@ def unsupported_reason(cfg: RunConfig) -> str | None:
         return f"precision {cfg.precision!r} is not supported in a fused group (fp32 only)"
     if cfg.noise_scale_every > 0:
         return f"noise_scale_every {cfg.noise_scale_every} is not supported in a fused group (0 only)"
+    if cfg.eval_weight_average:
+        return "eval_weight_average (an average of a run's own weights) is not kept in a fused group"
     if cfg.stability:
         return "stability (the along-training curvature) is measured on a run's own model, not in a fused group"
     if cfg.checkpoint_every > 0:
