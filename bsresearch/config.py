@@ -365,7 +365,11 @@ def trajectory_key(cfg: RunConfig) -> str | None:
     """The trajectory a run follows up to its trajectory_end: runs with the same key pass through the same
     states there, so one may start from another's saved state (bsresearch/trajectory.py). None where the
     states depend on the budget (an lr schedule over the run, log-spaced evaluations, a step batch
-    schedule) or the budget is not in tokens."""
+    schedule) or the budget is not in tokens. A wsd run is keyed as its constant-lr stable phase; whether its
+    decay begins after its trajectory end is schedule.trajectory_of's to say."""
+    if cfg.schedule == "wsd":   # its stable phase is the constant schedule's trajectory (where the decay begins
+        # after the trajectory end, which takes the steps to know: schedule.trajectory_of checks it)
+        cfg = dataclasses.replace(cfg, schedule="constant", lr_decay_fraction=LATER_FIELD_DEFAULTS["lr_decay_fraction"])
     if not (cfg.schedule == "constant" and cfg.eval_schedule == "every" and cfg.budget == "tokens"
             and cfg.batch_schedule in ("constant", "tokens")):
         return None
@@ -597,7 +601,7 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError(f"snapshot_at_tokens must be increasing positive token counts; got {snaps}")
         if trajectory_key(cfg) is None:
             raise ConfigError("snapshot_at_tokens needs a trajectory other runs can share: budget tokens, schedule "
-                              "constant, eval_schedule every, batch_schedule constant or tokens; got budget "
+                              "constant or wsd, eval_schedule every, batch_schedule constant or tokens; got budget "
                               f"{cfg.budget!r}, schedule {cfg.schedule!r}, eval_schedule {cfg.eval_schedule!r}, "
                               f"batch_schedule {cfg.batch_schedule!r}")
     if cfg.ghost_batch_size is not None and not cfg.batchnorm:

@@ -9,6 +9,7 @@ tokens become steps here and nowhere else. No torch import.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -200,6 +201,18 @@ def trajectory_end(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) ->
     return total_steps(cfg, n_train, tokens_per_example)
 
 
+def trajectory_of(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> str | None:
+    """config.trajectory_key where the run's every update up to its trajectory end has the lr of the trajectory
+    it names: a wsd run's only while its decay begins after that end (its last shared update at the peak)."""
+    key = trajectory_key(cfg)
+    if key is None or cfg.schedule != "wsd":
+        return key
+    last = trajectory_end(cfg, n_train, tokens_per_example) - 1
+    stable = dataclasses.replace(cfg, schedule="constant")
+    return key if last < 0 or lr_at(cfg, last, n_train, tokens_per_example) == lr_at(stable, last, n_train,
+                                                                                     tokens_per_example) else None
+
+
 def snapshot_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> list[int]:
     """The steps at which the trajectory's state is saved (snapshot_at_tokens at the first batch size)."""
     return [max(1, math.ceil(round(t / (cfg.batch_size * tokens_per_example), 9))) for t in cfg.snapshot_at_tokens]
@@ -222,8 +235,10 @@ def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[s
         **device_values(cfg),
         "batch_phases": [list(p) for p in batch_phases(cfg, n_train, tokens_per_example)],
         **({"adam_beta2": [adam_beta2_at(cfg, b) for b in batch_sizes_of(cfg)]} if cfg.optimizer != "sgd" else {}),
-        **({"trajectory": trajectory_key(cfg), "trajectory_end": trajectory_end(cfg, n_train, tokens_per_example),
-            "snapshot_steps": snapshot_steps(cfg, n_train, tokens_per_example)} if trajectory_key(cfg) else {}),
+        **({"trajectory": trajectory_of(cfg, n_train, tokens_per_example),
+            "trajectory_end": trajectory_end(cfg, n_train, tokens_per_example),
+            "snapshot_steps": snapshot_steps(cfg, n_train, tokens_per_example)}
+           if trajectory_of(cfg, n_train, tokens_per_example) else {}),
         "run_id": run_id(cfg),
         **({"sources": reference_sources(cfg)} if any(is_reference(getattr(cfg, f)) for f in REFERENCE_FIELDS)
            else {}),

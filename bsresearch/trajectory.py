@@ -1,7 +1,8 @@
 """Saved states along a training trajectory, from which other runs continue: branching without retraining.
 
 Runs whose configs agree on everything except their budget and what they do after their batch first changes
-(`config.trajectory_key`: a constant lr after warmup, evaluations every N steps, a budget in tokens) train
+(`config.trajectory_key`: a constant lr after warmup, or a wsd schedule whose decay begins after the run's
+trajectory end, `schedule.trajectory_of`; evaluations every N steps; a budget in tokens) train
 through the same states up to `schedule.trajectory_end`. A run that lists `snapshot_at_tokens` saves its whole
 state at those points into its sweep's store, RUNS/<sweep>/.trajectories/<key>/step_<S>.pt, and a run of the
 same trajectory starts from the latest saved state at or before its trajectory end instead of from step 0.
@@ -22,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import config as C
 from . import schedule
 from .config import RunConfig
 
@@ -42,7 +42,7 @@ class Trajectory:
     def of(cls, cfg: RunConfig, run_dir: Path, n_train: int, tokens_per_example: int) -> Trajectory | None:
         """The trajectory of `cfg`, stored beside its run directory; None when it has none to share (no
         snapshot_at_tokens: then it neither saves nor looks for saved states)."""
-        key = C.trajectory_key(cfg)
+        key = schedule.trajectory_of(cfg, n_train, tokens_per_example)
         if key is None or not cfg.snapshot_at_tokens:
             return None
         end = schedule.trajectory_end(cfg, n_train, tokens_per_example)

@@ -7,6 +7,7 @@ run for each fused member; the run that trains its own prefix for the run contin
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from bsresearch.config import ConfigError
 from bsresearch.fused import train_group
 from bsresearch.rundir import RunDir
 from bsresearch.train import load_checkpoint, run
-from bsresearch.trajectory import STORE
+from bsresearch.trajectory import STORE, Trajectory
 
 N = 256  # tiny_config's training set
 
@@ -165,6 +166,32 @@ def test_a_branch_from_a_saved_state_is_the_branch_that_trains_its_own_prefix(tm
     # the prefix is the base run's: its rows up to the branch, bit for bit
     assert comparable(shared.history)[:3] == comparable(base.history)[:3]
     assert [r["current_batch_size"] for r in shared.history if r["step"] > 50][0] == 32
+
+
+def wsd_branch(fraction: float = 0.2 / 3, **changes):
+    """The branch at 400 tokens on wsd: 50 steps at batch 8, then 25 at 32, the decay over the window's last
+    5 steps (1/15 of the 75)."""
+    return branch(schedule="wsd", lr_decay_fraction=fraction, **changes)
+
+
+def test_a_wsd_branch_shares_the_constant_trajectory_while_its_decay_begins_after_the_branch():
+    assert C.trajectory_key(wsd_branch()) == C.trajectory_key(trajectory())
+    assert schedule.trajectory_of(wsd_branch(), N) == C.trajectory_key(trajectory())
+    lrs = [schedule.lr_at(wsd_branch(), s, N) for s in range(75)]
+    assert lrs[49] == schedule.lr_at(trajectory(), 49, N) and lrs[-1] < lrs[69]   # the peak up to the branch
+    # a decay over the last 80% begins before the branch at step 50: not the constant trajectory
+    assert schedule.trajectory_of(wsd_branch(fraction=0.8), N) is None
+    assert Trajectory.of(wsd_branch(fraction=0.8), Path("/tmp/sweep/r"), N, 1) is None
+
+
+def test_a_wsd_branch_from_a_constant_runs_saved_state_is_the_wsd_branch_that_trains_its_prefix(tmp_path):
+    alone = run(wsd_branch(), tmp_path / "alone" / "b")
+    run(trajectory(), tmp_path / "sweep" / "base")            # constant lr, saves steps 30 and 50
+    shared = run(wsd_branch(), tmp_path / "sweep" / "b")
+    assert RunDir(tmp_path / "sweep" / "b").status()["resumed_from"] == 50
+    assert len(shared.history) == len(alone.history) > 4
+    assert comparable(shared.history) == comparable(alone.history)
+    assert shared.history[-1]["lr"] < shared.history[2]["lr"]   # it decayed in its window
 
 
 def test_a_run_whose_budget_ends_at_a_saved_state_trains_nothing_and_measures_it(tmp_path):
