@@ -79,11 +79,14 @@ eval_every: int = 100                   # eval_schedule every: steps between eva
 eval_per_decade: int = 10               # eval_schedule log: evaluations per factor of 10 in steps
 eval_train_size: Optional[int] = None   # examples used for the train loss/accuracy (None: the whole set)
 eval_test_size: Optional[int] = None    # the first examples of the test set evaluated (None: all of it)
+eval_weight_average: float = 0.0        # evaluate an EMA of the weights of this decay (e.g. 0.999; 0: the weights)
 divergence_ratio: float = 10.0          # "diverged" when a batch loss exceeds this times the first one
 measure: list[str] = []                 # measurements taken after training, from MEASUREMENTS
 measure_train_size: Optional[int] = None # the first examples of the training set they use (None: all of it)
 noise_scale_every: int = 0              # steps between two-batch noise-scale samples from micro-batches (0: off)
 noise_scale_ema: float = 0.9            # EMA decay of those samples' |G|^2 and tr(Sigma) (history: noise_*_ema)
+stability: bool = False                 # at each evaluation: sharpness, batch sharpness, noise along the top (history)
+stability_batches: int = 16             # stability: mini-batches of batch_size its batch sharpness averages over
 # --- reproducibility and execution
 seed: int = 0                           # init, data order and probes get separate generators from this
 device: str = "auto"                    # auto | cpu | cuda | cuda:N
