@@ -241,6 +241,12 @@ def final_metrics(m: Member, loop: Loop) -> dict[str, Any]:
     return out
 
 
+def training_data(loop: Loop, cfg: Any) -> Dataset:
+    """The run's data as tensors (x_train, y_train) for a measurement: the loop's, or loaded resident when the
+    loop streams it."""
+    return loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
+
+
 class Measurements(Callback):
     """The measurements a member's config names (cfg.measure, bsresearch.measurements), taken when it ends ok, on its
     final weights, into member.measured (Recording adds them to metrics.json)."""
@@ -249,8 +255,8 @@ class Measurements(Callback):
     def on_finish(self, loop: Loop, member: Member) -> None:
         cfg, state = member.cfg, member.state
         if member.outcome == "ok" and cfg.measure:
-            data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
-            member.measured.update(take_measurements(cfg.measure, state.model, data, cfg, state.generators.probe))
+            member.measured.update(take_measurements(cfg.measure, state.model, training_data(loop, cfg), cfg,
+                                                     state.generators.probe))
 
 
 class Stability(Callback):
@@ -268,7 +274,7 @@ class Stability(Callback):
         cfg, state = member.cfg, member.state
         if not cfg.stability:
             return {}
-        data = loop.data if isinstance(loop.data, Dataset) else resident_dataset_for(cfg, loop.device)
+        data = training_data(loop, cfg)
         loss, model = loss_for(cfg.loss), state.model
         n = min(cfg.measure_train_size or data.n_train, data.n_train)
         chunks = batches_of(data.x_train[:n], data.y_train[:n])

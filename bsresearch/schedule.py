@@ -221,6 +221,7 @@ def snapshot_steps(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) ->
 def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[str, Any]:
     """The derived values written next to the config in config.json (sources: the file and sha256 behind
     each reference)."""
+    trajectory = trajectory_of(cfg, n_train, tokens_per_example)
     return {
         "n_train": n_train,
         "tokens_per_example": tokens_per_example,
@@ -235,10 +236,8 @@ def derived(cfg: RunConfig, n_train: int, tokens_per_example: int = 1) -> dict[s
         **device_values(cfg),
         "batch_phases": [list(p) for p in batch_phases(cfg, n_train, tokens_per_example)],
         **({"adam_beta2": [adam_beta2_at(cfg, b) for b in batch_sizes_of(cfg)]} if cfg.optimizer != "sgd" else {}),
-        **({"trajectory": trajectory_of(cfg, n_train, tokens_per_example),
-            "trajectory_end": trajectory_end(cfg, n_train, tokens_per_example),
-            "snapshot_steps": snapshot_steps(cfg, n_train, tokens_per_example)}
-           if trajectory_of(cfg, n_train, tokens_per_example) else {}),
+        **({"trajectory": trajectory, "trajectory_end": trajectory_end(cfg, n_train, tokens_per_example),
+            "snapshot_steps": snapshot_steps(cfg, n_train, tokens_per_example)} if trajectory else {}),
         "run_id": run_id(cfg),
         **({"sources": reference_sources(cfg)} if any(is_reference(getattr(cfg, f)) for f in REFERENCE_FIELDS)
            else {}),

@@ -138,6 +138,7 @@ class StabilityCurvature:
     n_products: int                  # Hessian-vector products used (each about two backward passes)
     attention: str = ATTENTION_KERNEL
     vector: torch.Tensor | None = field(default=None, repr=False, compare=False)  # H's top unit eigenvector
+    gradient: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the loss's gradient, flat
 
 
 def trainable(model: nn.Module) -> list[torch.Tensor]:
@@ -162,20 +163,14 @@ def stability_curvature(model: nn.Module, loss: LossClosure, optimizer: object =
             pre = lanczos(lambda v: inv_sqrt * hessian.hvp(inv_sqrt * v), like, 1, tol, max_iter, generator)
             pre_value, pre_converged = pre.eigenvalues[0], pre.converged
     return StabilityCurvature(top.eigenvalues[0], top.converged, pre_value, pre_converged, hessian.value,
-                              hessian.n_products, vector=top.eigenvectors[0].detach())
+                              hessian.n_products, vector=top.eigenvectors[0].detach(), gradient=like)
 
 
 def batch_sharpness(model: nn.Module, loss: LossClosure) -> float:
     """g^T H g / |g|^2 for the gradient g and Hessian H of loss() (a mini-batch's loss as the trainer computed
     it, the model in the mode it is in; BatchNorm statistics restored): one Hessian-vector product. NaN for a
     zero gradient."""
-    with measuring(model, "train" if model.training else "eval"):
-        hessian = ClosureHessian(loss, trainable(model))
-        g = hessian.gradient()
-        norm_sq = float(g @ g)
-        if norm_sq == 0:
-            return math.nan
-        return float(g @ hessian.hvp(g)) / norm_sq
+    return batch_reading(model, loss)[0]
 
 
 def batch_reading(model: nn.Module, loss: LossClosure, direction: torch.Tensor | None = None) -> tuple[float, float]:
@@ -201,14 +196,8 @@ def edge_of_stability(model: nn.Module, full_loss: LossClosure, batch_losses: Se
     `noise_along_top` (the variance, over the same mini-batches, of their gradients' component along the full
     loss's top eigenvector; unbiased, NaN for fewer than 2) and `grad_along_top` (the full gradient's)."""
     curvature = stability_curvature(model, full_loss, optimizer, tol, max_iter, generator)
-    u = curvature.vector
-    full_along = math.nan
-    if u is not None:
-        with measuring(model, "eval"):
-            params = trainable(model)
-            grads = torch.autograd.grad(full_loss(), params, allow_unused=True)
-            g = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(grads, params)])
-        full_along = float(g @ u.to(g.dtype))
+    u, g = curvature.vector, curvature.gradient
+    full_along = float(g @ u.to(g.dtype)) if u is not None and g is not None else math.nan
     readings = [batch_reading(model, loss, u) for loss in batch_losses]
     sharp = [r[0] for r in readings if math.isfinite(r[0])]
     along = [r[1] for r in readings]
