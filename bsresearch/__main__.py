@@ -1,3 +1,9 @@
+import sys
+
 from .cli import main
 
-raise SystemExit(main())
+code = main()
+place = sys.modules.get("bsresearch.devices.place")
+if place is not None:   # a device process (torchrun): leave without the teardown where gloo's threads can abort
+    place.leave_process(code)
+raise SystemExit(code)
