@@ -310,3 +310,74 @@ def long_cbs_test(cbs: pd.DataFrame, stalls: pd.DataFrame) -> LongCBSTest:
         f"D = {test.d:+.2f} [{test.d_low:+.2f}, {test.d_high:+.2f}], G = {test.g:+.2f} [{test.g_low:+.2f}, "
         f"{test.g_high:+.2f}] (log2), last checkpoint used {usable[-1]:g} of {planned:g}")
     return LongCBSTest(test, planned, float(usable[-1]), stalls, verdict, why, tuple(problems))
+
+
+# ----------------------------------------------------------------------------- protocol v6: an annealed reference
+COOLDOWN_SUFFIX = "_cool"     # a v6 spec's cooldown run at a checkpoint: k = 1, decay only, over 0.2 W
+EWA_SUFFIX = "_ewa"           # a v6 spec's secondary branch: constant lr, evaluated through the weight average
+
+
+def v6_kinds(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """A version-6 sweep's runs by kind, from their variant names: `branches` (the wsd branches, k = 1
+    included), `cooldowns` (`*_cool`), `ewa` (`*_ewa`, the secondary arm), `other` (the trunks' measurement runs)."""
+    if "variant" not in runs:
+        raise ConfigError("CBS v6 analysis: the runs table has no `variant` column (load the runs with the spec)")
+    name = runs["variant"].astype(str)
+    branch = runs["batch_schedule"] == "tokens"
+    cool = name.str.endswith(COOLDOWN_SUFFIX)
+    ewa = name.str.endswith(EWA_SUFFIX)
+    return {"branches": runs[branch & ~cool & ~ewa], "cooldowns": runs[cool], "ewa": runs[branch & ewa],
+            "other": runs[~branch & ~cool & ~ewa]}
+
+
+def cooldown_losses(cooldowns: pd.DataFrame, metric: str = "test_loss") -> pd.DataFrame:
+    """Per (seed, checkpoint): L_cool(T0), the annealed loss at the checkpoint (the cooldown run's `metric` at
+    its end), as `loss_at_checkpoint` so that stall_per_seed reads it in place of the trajectory's own loss."""
+    done = cooldowns[cooldowns["state"].eq("ok")]
+    return pd.DataFrame({"seed": done["seed"].astype(int).to_numpy(),
+                         "checkpoint": done["batch_at_tokens"].map(_first).to_numpy(),
+                         "loss_at_checkpoint": pd.to_numeric(done[metric], errors="coerce").to_numpy()})
+
+
+@dataclass(frozen=True)
+class V6CBSTest(PreregisteredTest):
+    """docs/protocols.md#v6-cbs: long_cbs_test on the wsd branches with the annealed reference's stall
+    criterion judged per checkpoint with its interval (stall_intervals), and the EWA arm's test beside it."""
+    long: LongCBSTest
+    stalls: pd.DataFrame          # stall_intervals
+    stall_seeds: pd.DataFrame     # stall_per_seed (against L_cool)
+    cbs: pd.DataFrame             # critical_batch_sizes of the wsd branches
+    ewa: CBSTest | None           # the secondary arm's cbs_test (None without its runs)
+    extend_last: bool             # the CBS at the last checkpoint is censored for half the seeds or more: k = 512
+    verdict: Verdict
+    why: str
+    problems: tuple[str, ...] = ()
+
+
+def v6_cbs_test(runs: pd.DataFrame, metric: str = "test_loss") -> V6CBSTest:
+    """The version-6 test. Not testable, besides long_cbs_test's reasons: a branch or cooldown that has not
+    ended `ok` or `diverged`; the CBS at the last checkpoint censored for half the seeds or more (then
+    extend_last: the protocol adds k = 512 there, once, and judges again)."""
+    kinds = v6_kinds(runs)
+    branches = branch_losses(kinds["branches"], metric)
+    seeds = stall_per_seed(branches, cooldown_losses(kinds["cooldowns"], metric))
+    stalls = stall_intervals(seeds)
+    cbs = critical_batch_sizes(branches)
+    long = long_cbs_test(cbs, stalls)
+    problems = list(long.problems)
+    unfinished = [r for r in (kinds["branches"], kinds["cooldowns"]) if len(r)]
+    open_runs = sum(int((~r["state"].isin(FINISHED)).sum()) for r in unfinished)
+    if open_runs:
+        problems.append(f"{open_runs} branch or cooldown runs have not ended ok or diverged")
+    last = cbs[cbs["checkpoint"] == cbs["checkpoint"].max()]
+    extend_last = bool(len(last)) and int(last["censored"].sum()) * 2 >= len(last)
+    if extend_last:
+        problems.append(f"the CBS at the last checkpoint ({last['checkpoint'].iloc[0]:,.0f} tokens) is censored for "
+                        f"{int(last['censored'].sum())} of {len(last)} seeds: k = 512 is added there, once")
+    ewa = None
+    if len(kinds["ewa"]):
+        ewa = cbs_test(critical_batch_sizes(branch_losses(kinds["ewa"], metric)))
+    problems = list(dict.fromkeys(problems))
+    verdict = Verdict.NOT_TESTABLE if problems else long.verdict
+    why = "; ".join(problems) if problems else long.why
+    return V6CBSTest(long, stalls, seeds, cbs, ewa, extend_last, verdict, why, tuple(problems))

@@ -1,0 +1,66 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: bsresearch (.venv)
+#     language: python
+#     name: bsresearch
+# ---
+
+# %% [markdown]
+# # The critical batch size by branching with an annealed reference, protocol v6
+#
+# docs/protocols.md#v6-cbs. Branches one octave apart on the wsd schedule from checkpoints of a constant-lr
+# trunk; the reference's improvement is judged against the annealed loss at the checkpoint (a cooldown run), and a
+# checkpoint is stalled only when an interval says so (`findings.lm_cbs.v6_cbs_test`). The EWA arm (constant lr,
+# the weights averaged) is reported beside the verdict.
+
+# %% tags=["parameters"]
+from typing import Optional
+
+sweep: str = "gpu_lm_cbs_v6"                       # the sweep's name: its runs are in RUNS_DIR/SWEEP/
+runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
+out_dir: str = "reports/gpu_lm_cbs_v6"             # figures and tables are written here (relative: to the project)
+spec_path: Optional[str] = "experiments/gpu_lm_cbs_v6.yaml"   # the spec: which variant each run belongs to
+
+# %%
+import matplotlib.pyplot as plt
+
+from bsresearch import results
+from bsresearch.findings import lm_cbs
+from bsresearch.plots import save_figure
+from bsresearch.plots.findings import lm_cbs as figures
+
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
+
+# %%
+test = lm_cbs.v6_cbs_test(runs)
+print(f"VERDICT (CBS by branching, protocol v6): {test.verdict.upper()} - {test.why}")
+print(test.stalls.to_string(index=False))
+test.stalls.to_csv(out / "stall.csv", index=False)
+test.stall_seeds.to_csv(out / "stall_per_seed.csv", index=False)
+table = lm_cbs.long_test_table(test.long).assign(verdict=str(test.verdict), problems=test.why)
+table.to_csv(out / "test.csv", index=False)
+test.cbs.to_csv(out / "cbs_per_seed.csv", index=False)
+if test.ewa is not None:
+    ewa = lm_cbs.test_table(test.ewa).assign(arm="EWA 0.999, constant lr (secondary)")
+    ewa.to_csv(out / "secondary_ewa.csv", index=False)
+    print(f"secondary, the EWA arm: D = {test.ewa.d:+.2f} [{test.ewa.d_low:+.2f}, {test.ewa.d_high:+.2f}], "
+          f"G = {test.ewa.g:+.2f} [{test.ewa.g_low:+.2f}, {test.ewa.g_high:+.2f}]: {test.ewa.verdict}")
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+figures.stall_vs_tokens((axes[0], axes[1]), test.stall_seeds, test.stalls)
+fig.tight_layout()
+caption = ("The stall criterion (protocol v6), computed on the annealed reference before the test: left, 1 - L_1(T0 + "
+           "W) / L_cool(T0) per seed and its mean, against its 2% floor; right, the smallest L_k / L_1 over k >= 2 "
+           "(against 0.995). A checkpoint is stalled only when the interval's upper end is below a floor. "
+           f"Verdict: {test.verdict} ({test.why}).")
+save_figure(fig, out / "stall", caption, runs=runs)
+plt.show()
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 4))
+figures.ratio_vs_k(ax, lm_cbs.loss_ratios(lm_cbs.branch_losses(lm_cbs.v6_kinds(runs)["branches"])))
+caption = "L_k / L_1 of the wsd branches against k, per checkpoint (mean and 95% t interval over seeds)."
+save_figure(fig, out / "ratio_vs_k", caption, runs=runs)
+plt.show()
