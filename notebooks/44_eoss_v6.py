@@ -18,7 +18,7 @@
 from typing import Optional
 
 sweep: str = "eoss_v6_mnist1d"                     # the sweep's name: its runs are in RUNS_DIR/SWEEP/
-eta_sweep: str = "eoss_v6_mnist1d_eta"             # the lr rule's runs (B = 1024 at each eta); "" when in `sweep`
+eta_sweep: str = "eoss_v6_mnist1d_eta"             # the lr rule's runs (B = 1024 at each eta), read with `sweep`; "": in it
 runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
 out_dir: str = "reports/eoss_v6_mnist1d"           # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = "experiments/eoss_v6_mnist1d.yaml"   # the spec: which variant each run belongs to
@@ -32,10 +32,9 @@ from bsresearch.findings import eoss
 from bsresearch.plots import save_figure
 from bsresearch.plots.findings import eoss as figures
 
-runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
+runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir, also=eta_sweep)   # with the rule's runs
 history = results.load_history(runs, ["optimizer", "lr", "batch_size", "seed"])
-rule_runs = results.load(eta_sweep, runs_root=runs_dir) if eta_sweep else runs
-rule = eoss.eta_rule(rule_runs, results.load_history(rule_runs, ["lr", "batch_size", "seed"]))
+rule = eoss.eta_rule(runs, history)
 print(f"lr rule: {rule.why}")
 print(rule.table.to_string(index=False))
 rule.table.to_csv(out / "eta_rule.csv", index=False)
