@@ -9,5 +9,3 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m bsresearch.devices FOLDER (started by the srun launcher)")
     step_task_main(sys.argv[1])
-    from .place import leave_process
-    leave_process(0)

@@ -105,11 +105,9 @@ class DeviceEngine(ModelEngine):
         return super().evaluate(members, split, limit)
 
     def remove(self, members: list[Member]) -> None:
-        """The member leaves: its BatchNorm layers are its own again, and DDP is let go. DDP's reducer holds the
-        process group, whose gloo worker threads live as long as it does: released here, the group goes when
-        the process leaves it (place.process_group), and its threads are stopped and joined then, not at
-        interpreter shutdown, where a thread still letting go of a tensor of the last all-reduce takes the GIL
-        of a finalizing interpreter and the process aborts ("terminate called without an active exception")."""
+        """The member leaves: its BatchNorm layers are its own again, and DDP is let go (its reducer holds the
+        process group and its worker threads). A run that ended has first waited for those threads to let go of
+        the noise hook's callbacks (run_rank: GradientNorms.settle), so none of them needs Python at exit."""
         restore_batchnorm(self.swapped)
         self.swapped = []
         self.ddp = None

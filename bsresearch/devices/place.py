@@ -9,7 +9,6 @@ import datetime
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -95,30 +94,15 @@ def group_device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-JOINED = False   # whether this process joined a device group (its entry point then leaves by leave_process)
-
-
-def leave_process(code: int) -> None:
-    """End a process that joined a device group, its results written: flush and exit without the interpreter's
-    teardown, where gloo's threads can still abort it ("terminate called without an active exception",
-    SIGABRT) after a run that finished, even with the group destroyed and DDP let go. Other processes return."""
-    if JOINED:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
 @contextlib.contextmanager
 def process_group(place: GroupPlace, device: torch.device) -> Iterator[None]:
     """Join the group (gloo on the CPU, NCCL on CUDA) for the duration; collectives time out after
     COLLECTIVE_TIMEOUT seconds."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    global JOINED
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=place.init_method,
                             rank=place.rank, world_size=place.world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
-    JOINED = True
     try:
         yield
     finally:

@@ -46,7 +46,10 @@ def run_rank(cfg: RunConfig, run_dir: str | Path | None, place: GroupPlace, prog
             made.append(_engine(setup, member, device, run_dir))
             return made[-1]
         try:
-            return drive(cfg, run_dir, where, engine, progress, overwrite, [GroupLoss(), *callbacks], device)
+            result = drive(cfg, run_dir, where, engine, progress, overwrite, [GroupLoss(), *callbacks], device)
+            for chosen in made:   # the all-reduces' threads let go of the hook's callbacks while Python is alive
+                chosen.norms.settle()
+            return result
         finally:   # DDP let go before the group ends, also when an exception escapes the loop (DeviceEngine.remove)
             for chosen in made:
                 chosen.remove([])

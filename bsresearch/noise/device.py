@@ -5,9 +5,20 @@ device's share of the batch, B_big the global batch) at every step.
 
 The hook needs nothing of bsresearch's loop: any DDP model can register it (`ddp.register_comm_hook(
 GradientNorms(world), gradient_norms_hook)`) and read `local` and `reduced` after each update's backward; they are
-squared norms of the gradients DDP holds (scaled, where a GradScaler scales the loss: divide by its scale^2)."""
+squared norms of the gradients DDP holds (scaled, where a GradScaler scales the loss: divide by its scale^2).
+
+The hook's future: `future.then(callback)`, the usual way to hand DDP a Python hook's result (torch's own
+allreduce_hook does it), leaves the Python callback and the future it makes with the thread that completes the
+all-reduce (a gloo worker, NCCL's), which lets go of them, each taking the GIL, just after DDP has its result; a
+main thread that reaches the interpreter's shutdown first makes that thread stop inside C++ and the process abort
+("terminate called without an active exception", SIGABRT; core dumps of torchrun runs on a loaded 2-core machine
+showed both: docs/own-trainer.md#torchrun). So the hook hands DDP a future of its own, completed from a callback
+added with add_done_callback (no future left with the thread), and `GradientNorms.settle()`, which whoever
+registered the hook calls when training ends, waits, the GIL released, until the thread has let go of every
+callback: after that it holds nothing of Python."""
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -34,6 +45,24 @@ class GradientNorms:
         self.weights: list[torch.Tensor] | None = None   # the micro-batches' token shares (a token-level loss)
         self.carried: torch.Tensor | None = None
         self.allreduces = 0
+        self.held = 0                              # the hook's callbacks not yet let go by the collective's thread
+        self._let_go = threading.Condition()
+
+    def hold(self) -> None:
+        with self._let_go:
+            self.held += 1
+
+    def let_go(self) -> None:
+        with self._let_go:
+            self.held -= 1
+            self._let_go.notify_all()
+
+    def settle(self, timeout: float = 60.0) -> bool:
+        """Wait, the GIL released, until the threads that complete the all-reduces have let go of every callback
+        of this hook (at most `timeout` seconds: a collective that never completes keeps its callback); call it
+        when training ends, before the process can exit. Returns whether they all have."""
+        with self._let_go:
+            return self._let_go.wait_for(lambda: self.held == 0, timeout)
 
     def reset(self, device: torch.device) -> None:
         self.local = torch.zeros((), device=device)
@@ -64,18 +93,39 @@ def gradient_norms_hook(state: GradientNorms, bucket: dist.GradBucket) -> torch.
         packed = torch.cat([buffer, extra]).div_(state.world)
     else:
         packed = buffer.div_(state.world)
-    future = dist.all_reduce(packed, async_op=True).get_future()
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+        devices=[buffer.device] if buffer.device.type != "cpu" else None)
+    dist.all_reduce(packed, async_op=True).get_future().add_done_callback(_AfterAllReduce(state, buffer, carry, done))
+    return done
 
-    def after(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        out = fut.value()[0]
-        if carry:
-            buffer.copy_(out[:-2])
-            state.carried = out[-2:].float()
-        assert state.reduced is not None
-        mean = buffer.float()
-        state.reduced += torch.dot(mean, mean)
-        return buffer
-    return future.then(after)
+
+class _AfterAllReduce:
+    """The hook's callback on the all-reduce's future: the averaged bucket back into DDP's buffer, its squared
+    norm added to `reduced` (and the carried loss and norm kept), then `done` completed with the buffer (or with
+    the all-reduce's error). Counted in state.held from its making until the thread that ran it lets go of it
+    (its __del__), so that GradientNorms.settle can wait for that."""
+
+    def __init__(self, state: GradientNorms, buffer: torch.Tensor, carry: bool,
+                 done: torch.futures.Future[torch.Tensor]) -> None:
+        self.state, self.buffer, self.carry, self.done = state, buffer, carry, done
+        state.hold()
+
+    def __call__(self, fut: torch.futures.Future[list[torch.Tensor]]) -> None:
+        try:
+            out = fut.value()[0]
+            if self.carry:
+                self.buffer.copy_(out[:-2])
+                self.state.carried = out[-2:].float()
+            assert self.state.reduced is not None
+            mean = self.buffer.float()
+            self.state.reduced += torch.dot(mean, mean)
+        except Exception as error:   # the all-reduce failed (a process gone, a timeout): DDP's wait raises it
+            self.done.set_exception(error)  # type: ignore[arg-type]
+            return
+        self.done.set_result(self.buffer)
+
+    def __del__(self) -> None:
+        self.state.let_go()
 
 
 # DDP checks the hook's annotations as objects (this module's are strings: `from __future__ import annotations`)
