@@ -39,17 +39,16 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, start, write_results  # noqa: E402
 
-VOCAB, PAD, WIDTH, LAYERS, HEADS = 512, 0, 128, 2, 4
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.hf_causal_lm import llama as build_llama  # noqa: E402
+from examples.hf_causal_lm import pad_collate as collate  # noqa: E402
+
+VOCAB, WIDTH, LAYERS, HEADS = 512, 128, 2, 4
 MICRO_BATCH = 8
 
 
 def llama() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=4 * WIDTH, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=64,
-                         pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
-    return LlamaForCausalLM(config)
+    return build_llama(VOCAB, WIDTH, LAYERS, HEADS)
 
 
 class Documents(torch.utils.data.Dataset):
@@ -65,17 +64,6 @@ class Documents(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {"input_ids": self.docs[i]}
-
-
-def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    width = max(len(f["input_ids"]) for f in features)
-    ids = torch.full((len(features), width), PAD)
-    labels = torch.full((len(features), width), -100)
-    mask = torch.zeros((len(features), width), dtype=torch.long)
-    for i, f in enumerate(features):
-        n = len(f["input_ids"])
-        ids[i, :n], labels[i, :n], mask[i, :n] = f["input_ids"], f["input_ids"], 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 class OwnTime:

@@ -3,17 +3,18 @@ Hugging Face Trainer callback's tests (test_integrations_hf.py) and its DDP scri
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-VOCAB, PAD = 32, 0
+from examples.hf_causal_lm import PAD
+from examples.hf_causal_lm import llama as build_llama
+from examples.hf_causal_lm import pad_collate as collate  # noqa: F401  (the tests' collator)
+
+VOCAB = 32
 
 
 def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32, pad_token_id=PAD,
-                         bos_token_id=1, eos_token_id=2, attention_dropout=0.0)
-    return LlamaForCausalLM(config).double()
+    """The tests' size, in float64 (their oracles compare gradients to 1e-10)."""
+    return build_llama(VOCAB, width=16, layers=1, heads=2, intermediate=32, positions=32).double()
 
 
 class Documents(torch.utils.data.Dataset):
@@ -32,20 +33,6 @@ class Documents(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"input_ids": self.docs[i]}
-
-
-def collate(features: list[dict]) -> dict[str, torch.Tensor]:
-    """Right padding: input ids with PAD, labels with -100 (ignored by the loss), the attention mask."""
-    width = max(len(f["input_ids"]) for f in features)
-    ids = torch.full((len(features), width), PAD)
-    labels = torch.full((len(features), width), -100)
-    mask = torch.zeros((len(features), width), dtype=torch.long)
-    for i, f in enumerate(features):
-        n = len(f["input_ids"])
-        ids[i, :n] = torch.tensor(f["input_ids"])
-        labels[i, :n] = ids[i, :n]
-        mask[i, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def pad_together(batches: list[dict]) -> dict[str, torch.Tensor]:

@@ -53,6 +53,7 @@ from ..measure.stability import base_optimizer, batch_sharpness, sharpness_limit
 from ..noise.meter import NoiseMeter
 from ..rundir import RunDir
 from .batches import Units, UnitsFn, part, to_device
+from .ending import EndWatch
 from .gradients import GradientWatch
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ class Meter:
         self.active = True
         self.busy = False        # inside bsresearch's own passes (adapters' forward hooks ignore them)
         self.writer: RunWriter | None = None
+        self.ending: EndWatch | None = None   # with a run directory: records a training that ends by raising
         self._logged_to_run = 0
         self._said_no_total = False
 
@@ -176,6 +178,8 @@ class Meter:
         if self.options.run_dir is not None and self.rank == 0:
             from ..runwriter import RunWriter
             self.writer = RunWriter(self.options.run_dir, self.options.parameters).start()
+            self.ending = EndWatch(self.fail)
+            self.ending.arm()
 
     def micro_batch(self, batch: Any, units: Units | None = None, loss: torch.Tensor | None = None,
                     last: bool | None = None) -> None:
@@ -374,6 +378,10 @@ class Meter:
         if self.watch is not None:
             self.watch.remove()
             self.watch = None
+        if self.ending is not None:
+            self.ending.disarm()
+        if self.norms is not None:   # DDP's threads let go of the hook's callbacks before the user's script ends
+            self.norms.settle()
         if self.rank != 0:
             return
         self.write()
@@ -389,11 +397,17 @@ class Meter:
             last = {k: v for k, v in (self.rows[-1] if self.rows else {}).items() if k not in final}
             self.writer.finish(**{**last, **final})
 
-    def fail(self, error: BaseException) -> None:
-        """Training raised: the history so far, and the run directory's status failed."""
+    def fail(self, error: BaseException | str) -> None:
+        """Training raised (or ended unseen, `error` then saying how): the history so far, and the run
+        directory's status failed under the error's name."""
+        if self.ending is not None:
+            self.ending.disarm()
         if self.rows:
             self.write()
         if self.writer is not None:
+            for row in self.rows[self._logged_to_run:]:   # every finished update's row, the last one too
+                self.writer.log(**row)
+            self._logged_to_run = len(self.rows)
             self.writer.fail(error)
 
 
