@@ -139,14 +139,16 @@ V5_SPECS := bn_budget_goyal lr_over_b_mnist1d lr_over_b_fashion lm_cbs_long lm_s
 V5_SWEEPS := bn_budget_bcrit bn_budget_hoffer $(V5_SPECS) lm_small_batch_sgd_v5 \
              bn_budget_goyal_ext bn_budget_goyal_seeds bn_budget_goyal_seeds_ext \
              lm_small_batch_sgd_v5_ext lm_small_batch_v5_seeds lm_small_batch_sgd_v5_seeds bn_budget_goyal_ext2
-# Protocol v6 (docs/protocols.md#v6), its CPU specs; the GPU ones are in benchmarks/gpu_check.sh's reproduce stage
-V6_SPECS := lr_over_b_v6_mnist1d bn_budget_hoffer_v6
+# Protocol v6 (docs/protocols.md#v6), its CPU specs (with the sweep of the edge-of-stability test's lr rule, which
+# its report reads); the GPU ones are in benchmarks/gpu_check.sh's reproduce stage
+V6_SPECS := lr_over_b_v6_mnist1d bn_budget_hoffer_v6 eoss_v6_mnist1d
+V6_SWEEPS := eoss_v6_mnist1d_eta $(V6_SPECS)
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
                     steps_to_target_fashion steps_to_target_fashion_seeds steps_to_target_large steps_to_target_large_seeds \
                     smith_le smith_le_edge smith_le_n smith_le_diag smith_le_large smith_kindermans \
                     masters_luschi masters_luschi_ext ghost_batch sharpness_generalization adam_vs_sgd adam_vs_sgd_seeds \
-                    $(V5_SWEEPS) $(V6_SPECS)
+                    $(V5_SWEEPS) $(V6_SWEEPS)
 REPRODUCE_REPORTS := keskar keskar_fashion dinh hoffer hoffer_large goyal goyal_large steps_to_target steps_to_target_fashion \
                      steps_to_target_large smith_le smith_le_large nqm smith_kindermans masters_luschi ghost_batch sharpness_generalization adam_vs_sgd \
                      $(V5_SPECS) $(V6_SPECS)
