@@ -1,6 +1,6 @@
 """The published findings bsresearch reproduces, one module each; a finding has one name everywhere:
 bsresearch/findings/<name>.py (its analysis), bsresearch/plots/findings/<name>.py (its figures),
-tests/test_findings_<name>.py, notebooks/2x_<name>.py or 3x_<name>.py (the analysis notebook),
+tests/test_findings_<name>.py, notebooks/NN_<name>*.py (the analysis notebook, NN from 20),
 experiments/<name>*.yaml (its sweeps) and reports/<name>*/.
 
     keskar           Keskar et al. 2017: large batches find sharper minima and generalize worse
@@ -20,6 +20,7 @@ experiments/<name>*.yaml (its sweeps) and reports/<name>*/.
     lm_small_batch   Marek et al. 2025: small batches, Adam's beta2 at a fixed half-life, plain SGD
     bn_budget        B/N, B/B_crit or the step budget: which one predicts Goyal's break and Hoffer's gap
     lr_over_b        Smith & Le 2018 / Jastrzebski et al. 2017: test accuracy at a common train loss against lr/B
+    eoss             Andreyev & Beneventano 2024 / Cohen et al. 2021, 2022: the edge of (stochastic) stability
 
 What several findings share:
 

@@ -32,6 +32,8 @@ PROTOCOL_VERSION: dict[str, str] = {
     # version 6: tests sized by power, the predictor against its rival, beta2 with held-out lrs (GPU specs: gpu_*)
     "lr_over_b_v6_mnist1d": "6", "bn_budget_hoffer_v6": "6", "gpu_lr_over_b_v6_fashion": "6",
     "gpu_bn_budget_goyal_v6": "6", "gpu_bn_budget_bcrit_v6": "6", "gpu_lm_small_batch_v6": "6",
+    # version 6.1: the edge of stochastic stability's settings; 6.2: the CBS with an annealed reference
+    "eoss_v6_mnist1d": "6.1", "gpu_eoss_v6_fashion": "6.1", "gpu_lm_cbs_v6": "6.2",
 }
 
 ALSO: dict[str, str] = {   # a second test a report carries, under a later version
