@@ -18,7 +18,7 @@
 from typing import Optional
 
 sweep: str = "eoss_v6_mnist1d"                     # the sweep's name: its runs are in RUNS_DIR/SWEEP/
-eta_sweep: str = "eoss_v6_mnist1d_eta"             # the lr rule's runs (B = 1024 at each eta); "": in `sweep`
+eta_sweep: str = "eoss_v6_mnist1d_eta"             # the lr rule's runs (batch 1024 at each eta); empty: in `sweep`
 runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
 out_dir: str = "reports/eoss_v6_mnist1d"           # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = "experiments/eoss_v6_mnist1d.yaml"   # the spec: which variant each run belongs to
