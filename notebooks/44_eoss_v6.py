@@ -51,13 +51,19 @@ shown = ["arm", "batch_size", "seeds", "counted", "limit_ratio", "limit_ratio_lo
          "batch_limit_ratio", "batch_limit_ratio_low", "batch_limit_ratio_high", "precond_limit_ratio"]
 print(test.per_batch[shown].to_string(index=False))
 
+# %% [markdown]
+# The batch sharpness here is the pre-registered one: the mean over mini-batches of each one's g' H g / |g|^2. Andreyev
+# and Beneventano write it as a ratio of the two means over mini-batches, E[g' H g] / E[|g|^2], which weights the
+# mini-batches with large gradients more; the runs record only the first, so the second is not computed here.
+
 # %%
 fig, ax = plt.subplots(figsize=(6, 4))
 figures.settled_vs_batch(ax, test)
 caption = ("Settled curvature (the mean over the last 30% of the measurement steps; mean and 95% t interval over "
            "seeds) as a fraction of its stability limit, against the batch size: SGD's batch sharpness and full-batch "
            f"lambda_max over 2/eta (eta {rule.eta:g}), Adam's preconditioned sharpness over 38/lr; grey: P1's band "
-           f"[0.8, 1.2]. The test: {test.why}. Verdict: {test.verdict}.")
+           f"[0.8, 1.2]; an interval that reaches 0 runs to the axis' bottom. The test: {test.why}. "
+           f"Verdict: {test.verdict}.")
 save_figure(fig, out / "settled_vs_batch", caption, runs=runs)
 plt.show()
 
