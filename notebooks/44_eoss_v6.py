@@ -72,6 +72,8 @@ fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 figures.along_training(axes[0], history, runs, rule.eta, "batch_sharpness")
 figures.along_training(axes[1], history, runs, rule.eta, "sharpness")
 caption = (f"Along training, SGD at eta {rule.eta:g}: the batch sharpness (left) and the full-batch lambda_max "
-           "(right) over 2/eta, mean over seeds, one line per batch size; the black line is the limit.")
+           "(right) over 2/eta, mean over seeds, one line per batch size; the black line is the limit. Early in "
+           "training the batch sharpness is negative (the loss curves down along the first gradients): those "
+           "points are off the log axis.")
 save_figure(fig, out / "along_training", caption, runs=runs)
 plt.show()
