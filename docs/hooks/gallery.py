@@ -47,6 +47,7 @@ PAPERS = {   # a finding module -> the paper(s) it reproduces, in the order the 
     "lm_cbs": "Merrill et al. 2025: the critical batch size by branching",
     "lm_batch_warmup": "Merrill et al. 2025: batch-size warmup",
     "lm_small_batch": "Marek et al. 2025: small batches and Adam's beta2",
+    "eoss": "Andreyev & Beneventano 2024, Cohen et al. 2021, 2022: the edge of (stochastic) stability",
 }
 github_slug = slugify(case="lower")    # reports/README.md's links are GitHub's heading anchors
 
@@ -72,7 +73,8 @@ def spec_file(path: Path) -> str:
 def discover() -> list[Finding]:
     notebooks = {re.sub(r"^\d+_", "", p.stem) for p in (ROOT / "notebooks").glob("[0-9]*_*.py")}
     findings = {p.stem for p in (ROOT / "bsresearch" / "findings").glob("*.py")}
-    modules = findings & notebooks
+    # a finding with a notebook of its name, or only versioned ones (44_eoss_v6 for eoss)
+    modules = {m for m in findings if any(n == m or n.startswith(f"{m}_") for n in notebooks)}
     # a notebook of its own for a finding's further test (35_hoffer_mechanism) reads that finding's module
     module_of = {n: n if n in findings else max((m for m in findings if n.startswith(f"{m}_")), key=len, default="")
                  for n in notebooks}
