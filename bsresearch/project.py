@@ -283,15 +283,23 @@ def run_forwarding(command: list[str], cwd: Path | None = None) -> int:
     to that whole group and this waits for the command to end, so `kill PID` of `bsresearch lab` stops the
     JupyterLab server, which stops its kernels, instead of leaving them running without a parent. Returns the
     command's exit status (negative: the signal that ended it)."""
-    proc = subprocess.Popen(command, cwd=cwd, start_new_session=True)
+    started: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []     # a signal that came before the command had started: passed on once it has
 
     def forward(signum: int, frame: object) -> None:
+        if not started:
+            pending.append(signum)
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signum)
+            os.killpg(started[0].pid, signum)
 
+    # the handlers first: a signal between the command's start and the handlers would end this process alone
     previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait()
+        started.append(subprocess.Popen(command, cwd=cwd, start_new_session=True))
+        for signum in pending:
+            forward(signum, None)
+        return started[0].wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
