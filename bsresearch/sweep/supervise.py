@@ -40,7 +40,7 @@ from .task import (
     wait_for_exit,
     worker_identity,
 )
-from .worker import EXIT_BUSY, PREVIOUS_OWNER_WAIT
+from .worker import EXIT_BUSY, LOCK_WAIT, PREVIOUS_OWNER_WAIT
 
 STARTUP_GRACE = 30.0  # seconds added to the run's timeout for starting the worker and its kernel
 STOP_GRACE = 10.0     # seconds between SIGTERM and SIGKILL
@@ -190,7 +190,10 @@ def _judge(task: RunTask, code: int, timed_out: bool, worker_pid: int, timeout: 
     if leftover and leftover != worker_pid:
         wait_for_exit(leftover, PREVIOUS_OWNER_WAIT)
     try:
-        with run_lock(rd.path) as held:  # not held: another sweep has taken the run over since; leave it be
+        # waited for as a worker waits: a child the killed worker was forking (its provenance's `git`) holds the
+        # lock until it execs, which a loaded machine can take a while to do; still not held: another sweep has
+        # taken the run over since, and the run is left be
+        with run_lock(rd.path, LOCK_WAIT) as held:
             state = rd.state()
             if held and timed_out and state not in FINISHED_STATES:
                 rd.write_status("timeout", error=f"killed after the {timeout:g} s timeout {per}")
