@@ -108,6 +108,15 @@ def _interval(values: pd.Series) -> tuple[float, float, float]:
     return mean, low, high
 
 
+def _at_row(name: str, holds: bool | None, statistic: str, row: pd.Series | None, column: str,
+            criterion: str) -> Prediction:
+    """A prediction read at one batch size's row of the per-batch table (its mean and interval of `column`)."""
+    if row is None:
+        return Prediction(name, holds, statistic, math.nan, math.nan, math.nan, criterion)
+    return Prediction(name, holds, statistic, float(row[column]), float(row[f"{column}_low"]),
+                      float(row[f"{column}_high"]), criterion)
+
+
 def _per_batch(per_seed: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (arm, batch), g in per_seed.groupby(["arm", "batch_size"], sort=True):
@@ -136,55 +145,45 @@ def eoss_test(runs: pd.DataFrame, history: pd.DataFrame, eta: float, adam_lr: fl
     their histories in `history` (results.load_history with run_id). A batch size of the SGD arm counts when
     all its seeds end `ok`; one that does not is left out and named. Reproduced: P1, P2 and P3 hold; partly:
     some; not reproduced: none. Not testable: no eta, fewer than `min_batches` counted batch sizes."""
-    base = settled(history).set_index("run_id")
-    keep = ["run_id", "optimizer", "lr", "batch_size", "seed", "state"]
-    rows = runs[keep].join(base, on="run_id")
-    is_sgd = (rows["optimizer"] == "sgd") & np.isclose(rows["lr"].astype(float), eta if eta == eta else -1.0)
-    is_adam = rows["optimizer"].isin(["adam", "adamw"])
-    if adam_lr is not None:
-        is_adam &= np.isclose(rows["lr"].astype(float), adam_lr)
-    rows = rows[is_sgd | is_adam].assign(arm=np.where(is_sgd[is_sgd | is_adam], "sgd", "adam"))
+    rows = runs[["run_id", "optimizer", "lr", "batch_size", "seed", "state"]].join(
+        settled(history).set_index("run_id"), on="run_id")
+    lr = rows["lr"].astype(float)
+    is_adam = rows["optimizer"].isin(["adam", "adamw"]) & (np.isclose(lr, adam_lr) if adam_lr is not None else True)
+    rows["arm"] = np.select([(rows["optimizer"] == "sgd") & np.isclose(lr, eta), is_adam], ["sgd", "adam"], "")
+    rows = rows[rows["arm"] != ""].copy()                                   # a NaN eta matches no SGD run
     lr = rows["lr"].astype(float)
     rows["limit_ratio"] = rows["sharpness"] * lr / 2                       # lambda_max / (2 / eta)
     rows["batch_limit_ratio"] = rows["batch_sharpness"] * lr / 2
-    adam_limit = (2 + 2 * ADAM_BETA1) / ((1 - ADAM_BETA1) * lr)
-    rows["precond_limit_ratio"] = rows["preconditioned_sharpness"] / adam_limit
+    rows["precond_limit_ratio"] = rows["preconditioned_sharpness"] * (1 - ADAM_BETA1) * lr / (2 + 2 * ADAM_BETA1)
     per_seed = rows.sort_values(["arm", "batch_size", "seed"]).reset_index(drop=True)
-    per_batch = _per_batch(per_seed) if len(per_seed) else pd.DataFrame()
+    per_batch = _per_batch(per_seed)
     sgd_batches = per_batch[per_batch["arm"] == "sgd"] if len(per_batch) else per_batch
     left_out = tuple(f"B = {int(r.batch_size)}: {r.seeds - r.ok} of {r.seeds} seeds not ok"
                      for r in sgd_batches.itertuples() if not r.counted)
     counted = sgd_batches[sgd_batches["counted"]] if len(sgd_batches) else sgd_batches
     problems = []
-    if not eta == eta:
+    if math.isnan(eta):
         problems.append("the lr rule picked no eta")
     if len(counted) < min_batches:
         problems.append(f"{len(counted)} batch sizes count (needs {min_batches})" +
                         (f"; left out: {'; '.join(left_out)}" if left_out else ""))
-    predictions = list(_adam_prediction(per_batch, band))
+    predictions = [_adam_prediction(per_batch, band)]
     if problems:
         return EossTest(eta, per_seed, per_batch, tuple(predictions), left_out, Verdict.NOT_TESTABLE,
                         "; ".join(problems), tuple(problems))
     lo, hi = band
-    p1 = counted[["batch_limit_ratio_low", "batch_limit_ratio_high"]]
-    p1_holds = bool(((p1["batch_limit_ratio_low"] >= lo) & (p1["batch_limit_ratio_high"] <= hi)).all())
-    worst = counted.loc[(counted["batch_limit_ratio"] - 1).abs().idxmax()]
-    p1_pred = Prediction("P1", p1_holds, "batch sharpness / (2/eta), the B farthest from 1",
-                         worst["batch_limit_ratio"], worst["batch_limit_ratio_low"], worst["batch_limit_ratio_high"],
-                         f"interval inside [{lo:g}, {hi:g}] at every B")
+    p1_holds = bool(((counted["batch_limit_ratio_low"] >= lo) & (counted["batch_limit_ratio_high"] <= hi)).all())
+    p1_pred = _at_row("P1", p1_holds, "batch sharpness / (2/eta), the B farthest from 1",
+                      counted.loc[(counted["batch_limit_ratio"] - 1).abs().idxmax()], "batch_limit_ratio",
+                      f"interval inside [{lo:g}, {hi:g}] at every B")
     small = counted[counted["batch_size"] <= p2_max_batch]
-    top = small.loc[small["limit_ratio_high"].idxmax()] if len(small) else None
-    p2_holds = bool(len(small)) and bool((small["limit_ratio_high"] < 1).all())
-    p2_pred = Prediction("P2", p2_holds if len(small) else None,
-                         f"lambda_max / (2/eta), the highest upper end at B <= {p2_max_batch}",
-                         top["limit_ratio"] if top is not None else math.nan,
-                         top["limit_ratio_low"] if top is not None else math.nan,
-                         top["limit_ratio_high"] if top is not None else math.nan,
-                         f"upper end below 1 at every B <= {p2_max_batch}")
+    p2_pred = _at_row("P2", bool((small["limit_ratio_high"] < 1).all()) if len(small) else None,
+                      f"lambda_max / (2/eta), the highest upper end at B <= {p2_max_batch}",
+                      small.loc[small["limit_ratio_high"].idxmax()] if len(small) else None, "limit_ratio",
+                      f"upper end below 1 at every B <= {p2_max_batch}")
     in_counted = per_seed[(per_seed["arm"] == "sgd") & per_seed["batch_size"].isin(counted["batch_size"])]
-    slopes = _slopes(in_counted)
-    s_mean, s_low, s_high = _interval(slopes) if len(slopes) else (math.nan,) * 3
-    p3_pred = Prediction("P3", bool(s_low > 0) if s_low == s_low else None,
+    s_mean, s_low, s_high = _interval(_slopes(in_counted))
+    p3_pred = Prediction("P3", bool(s_low > 0) if not math.isnan(s_low) else None,
                          "slope of log2(lambda_max eta / 2) on log2 B, per seed", s_mean, s_low, s_high,
                          "interval above 0")
     core = [p1_pred, p2_pred, p3_pred]
@@ -202,25 +201,23 @@ def eoss_test(runs: pd.DataFrame, history: pd.DataFrame, eta: float, adam_lr: fl
     return EossTest(eta, per_seed, per_batch, tuple(core + predictions), left_out, verdict, why)
 
 
-def _adam_prediction(per_batch: pd.DataFrame, band: tuple[float, float]) -> list[Prediction]:
+def _adam_prediction(per_batch: pd.DataFrame, band: tuple[float, float]) -> Prediction:
     """P4 (beside the verdict): Adam's preconditioned sharpness over its limit 38/lr, inside the band at the
     largest B and with its upper end below 1 at the smallest."""
-    adam = per_batch[per_batch["arm"] == "adam"] if len(per_batch) else per_batch
-    adam = adam[adam["counted"]] if len(adam) else adam
-    if len(adam) < 2:
-        return [Prediction("P4", None, "Adam: preconditioned sharpness / 38/lr", math.nan, math.nan, math.nan,
-                           "needs the Adam arm at two batch sizes")]
-    large, small = adam.loc[adam["batch_size"].idxmax()], adam.loc[adam["batch_size"].idxmin()]
+    adam = per_batch[(per_batch["arm"] == "adam") & per_batch["counted"]] if len(per_batch) else per_batch
     lo, hi = band
-    at_large = large["precond_limit_ratio_low"] >= lo and large["precond_limit_ratio_high"] <= hi
-    at_small = small["precond_limit_ratio_high"] < 1
-    return [Prediction("P4", bool(at_large and at_small),
-                       f"Adam: preconditioned sharpness / (38/lr) at B = {int(large['batch_size'])} "
-                       f"(at B = {int(small['batch_size'])}: {small['precond_limit_ratio']:.3f} "
-                       f"[{small['precond_limit_ratio_low']:.3f}, {small['precond_limit_ratio_high']:.3f}])",
-                       large["precond_limit_ratio"], large["precond_limit_ratio_low"],
-                       large["precond_limit_ratio_high"],
-                       f"inside [{lo:g}, {hi:g}] at the largest B, upper end below 1 at the smallest")]
+    criterion = f"inside [{lo:g}, {hi:g}] at the largest B, upper end below 1 at the smallest"
+    if len(adam) < 2:
+        return _at_row("P4", None, "Adam: preconditioned sharpness / (38/lr) (needs two batch sizes)", None,
+                       "precond_limit_ratio", criterion)
+    large, small = adam.loc[adam["batch_size"].idxmax()], adam.loc[adam["batch_size"].idxmin()]
+    holds = (large["precond_limit_ratio_low"] >= lo and large["precond_limit_ratio_high"] <= hi
+             and small["precond_limit_ratio_high"] < 1)
+    return _at_row("P4", bool(holds),
+                   f"Adam: preconditioned sharpness / (38/lr) at B = {int(large['batch_size'])} "
+                   f"(at B = {int(small['batch_size'])}: {small['precond_limit_ratio']:.3f} "
+                   f"[{small['precond_limit_ratio_low']:.3f}, {small['precond_limit_ratio_high']:.3f}])",
+                   large, "precond_limit_ratio", criterion)
 
 
 def test_table(test: EossTest) -> pd.DataFrame:
