@@ -360,10 +360,7 @@ class Meter:
     def _write_if_due(self) -> None:
         if len(self.rows) % self.options.write_every == 0:
             self.write()
-        if self.writer is not None:
-            for row in self.rows[self._logged_to_run:-1]:   # the latest row may still be annotated
-                self.writer.log(**row)
-            self._logged_to_run = max(self._logged_to_run, len(self.rows) - 1)
+        self._log_to_run(len(self.rows) - 1)   # the latest row may still be annotated
 
     def write(self) -> None:
         """history.csv in out_dir (rank 0 only)."""
@@ -391,9 +388,7 @@ class Meter:
             from .summary import write_summary
             write_summary(self.history, self.options.out_dir)
         if self.writer is not None:
-            for row in self.rows[self._logged_to_run:]:
-                self.writer.log(**row)
-            self._logged_to_run = len(self.rows)
+            self._log_to_run(len(self.rows))
             last = {k: v for k, v in (self.rows[-1] if self.rows else {}).items() if k not in final}
             self.writer.finish(**{**last, **final})
 
@@ -405,10 +400,15 @@ class Meter:
         if self.rows:
             self.write()
         if self.writer is not None:
-            for row in self.rows[self._logged_to_run:]:   # every finished update's row, the last one too
-                self.writer.log(**row)
-            self._logged_to_run = len(self.rows)
+            self._log_to_run(len(self.rows))   # every finished update's row, the last one too
             self.writer.fail(error)
+
+    def _log_to_run(self, upto: int) -> None:
+        """Pass the run directory's writer the rows before row `upto` that it has not had yet."""
+        if self.writer is not None:
+            for row in self.rows[self._logged_to_run:upto]:
+                self.writer.log(**row)
+            self._logged_to_run = max(self._logged_to_run, upto)
 
 
 def _noise_columns(sample: Any) -> dict[str, Any]:
