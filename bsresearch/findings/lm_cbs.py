@@ -365,8 +365,7 @@ def v6_cbs_test(runs: pd.DataFrame, metric: str = "test_loss") -> V6CBSTest:
     cbs = critical_batch_sizes(branches)
     long = long_cbs_test(cbs, stalls)
     problems = list(long.problems)
-    unfinished = [r for r in (kinds["branches"], kinds["cooldowns"]) if len(r)]
-    open_runs = sum(int((~r["state"].isin(FINISHED)).sum()) for r in unfinished)
+    open_runs = int((~pd.concat([kinds["branches"], kinds["cooldowns"]])["state"].isin(FINISHED)).sum())
     if open_runs:
         problems.append(f"{open_runs} branch or cooldown runs have not ended ok or diverged")
     last = cbs[cbs["checkpoint"] == cbs["checkpoint"].max()]
@@ -377,7 +376,6 @@ def v6_cbs_test(runs: pd.DataFrame, metric: str = "test_loss") -> V6CBSTest:
     ewa = None
     if len(kinds["ewa"]):
         ewa = cbs_test(critical_batch_sizes(branch_losses(kinds["ewa"], metric)))
-    problems = list(dict.fromkeys(problems))
     verdict = Verdict.NOT_TESTABLE if problems else long.verdict
     why = "; ".join(problems) if problems else long.why
     return V6CBSTest(long, stalls, seeds, cbs, ewa, extend_last, verdict, why, tuple(problems))
