@@ -9,8 +9,8 @@ EndWatch is armed, and the first of these that happens records the run as failed
 - a notebook cell ends with an exception (IPython's post_run_cell event), under its own name;
 - the process exits with the measurement still open (atexit): "the process ended before training did".
 
-Lightning calls on_exception, and a plain loop's `with` block sees its own exception, so there the watch
-only backs them up. A process killed outright (SIGKILL) runs none of these; its status stays `running`.
+Lightning calls on_exception (Meter.fail), so there the watch only backs it up; a plain loop on the Meter
+gets the same watch. A process killed outright (SIGKILL) runs none of these; its status stays `running`.
 The watch changes nothing of the training: it reads an exception that is already propagating.
 """
 from __future__ import annotations
