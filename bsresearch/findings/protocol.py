@@ -30,7 +30,7 @@ PROTOCOL_VERSION: dict[str, str] = {
     "bn_budget_goyal": "5", "lr_over_b_mnist1d": "5", "lr_over_b_fashion": "5", "lm_cbs_long": "5",
     "lm_small_batch_v5": "5",
     # version 6: tests sized by power, the predictor against its rival, beta2 with held-out lrs (GPU specs: gpu_*)
-    "lr_over_b_v6_mnist1d": "6", "bn_budget_hoffer_v6": "6", "gpu_lr_over_b_v6_fashion": "6",
+    "lr_over_b_v6_mnist1d": "6", "bn_budget_hoffer_v6": "6", "lr_over_b_v6_fashion": "6.3",
     "gpu_bn_budget_goyal_v6": "6", "gpu_bn_budget_bcrit_v6": "6", "gpu_lm_small_batch_v6": "6",
     # version 6.1: the edge of stochastic stability's settings; 6.2: the CBS with an annealed reference
     "eoss_v6_mnist1d": "6.1", "gpu_eoss_v6_fashion": "6.1", "gpu_lm_cbs_v6": "6.2",
