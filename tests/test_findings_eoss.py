@@ -121,3 +121,15 @@ def test_the_lr_rule_picks_the_largest_eta_that_trains_on_every_seed():
     assert trains == {0.01: False, 0.02: True, 0.05: True, 0.1: False}
     none = pd.DataFrame(rows).assign(state="failed")
     assert math.isnan(eoss.eta_rule(none, pd.DataFrame(hist)).eta)
+
+
+def test_the_lr_rule_in_descending_order_reads_only_the_largest_eta_when_it_trains():
+    """Protocol 6.4 runs eta = 0.1 first and no smaller eta when it trains: the etas with no runs do not train,
+    and the rule picks what the full grid would have picked."""
+    rows = [{"run_id": f"r{s}", "optimizer": "sgd", "lr": 0.1, "batch_size": 1024, "seed": s, "state": "ok",
+             "train_loss": 0.01} for s in SEEDS]
+    hist = pd.DataFrame({"run_id": [f"r{s}" for s in SEEDS], "step": 0, "train_loss": 2.3})
+    rule = eoss.eta_rule(pd.DataFrame(rows), hist)
+    assert rule.eta == 0.1
+    assert rule.table.set_index("eta")["seeds"].to_dict() == {0.01: 0, 0.02: 0, 0.05: 0, 0.1: len(SEEDS)}
+    assert not rule.table.set_index("eta").loc[[0.01, 0.02, 0.05], "trains"].any()

@@ -66,7 +66,7 @@ def eta_rule(runs: pd.DataFrame, history: pd.DataFrame, batch: int = RULE_BATCH,
     for eta in sorted(etas):
         g = sgd[np.isclose(sgd["lr"].astype(float), eta)]
         ok = g["state"].eq("ok")
-        first = g["run_id"].map(start)
+        first = g["run_id"].map(start).astype(float)   # an eta with no runs: an empty float column, not strings
         trained = ok & (pd.to_numeric(g["train_loss"], errors="coerce") < ratio * first)
         rows.append({"eta": eta, "seeds": len(g), "ok": int(ok.sum()), "trained": int(trained.sum()),
                      "trains": bool(len(g)) and bool(trained.all())})
