@@ -52,6 +52,7 @@ from .losses import Task
 from .rundir import RunDir
 from .runtime import is_out_of_memory, oom_message, synchronize
 from .state import TrainState, save_checkpoint
+from .step import AfterBackward, Size
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Member:
 @dataclass
 class StepHooks:
     """Called inside one member's update: after micro-batch i's backward pass, and before the update."""
-    after_backward: Callable[[int], None] | None = None
+    after_backward: AfterBackward | None = None   # (i, micro-batch i's size, the batch's): step.optimizer_update
     before_update: Callable[[], None] | None = None
 
     @staticmethod
@@ -123,9 +124,9 @@ class StepHooks:
         backward = [h.after_backward for h in hooks if h.after_backward is not None]
         update = [h.before_update for h in hooks if h.before_update is not None]
 
-        def after_backward(i: int) -> None:
+        def after_backward(i: int, n_micro: Size, n_batch: Size) -> None:
             for fn in backward:
-                fn(i)
+                fn(i, n_micro, n_batch)
 
         def before_update() -> None:
             for fn in update:

@@ -22,6 +22,8 @@ from .runtime import autocast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Count = Callable[[torch.Tensor], torch.Tensor]  # targets -> how many the loss averages over (Task.count)
+Size = int | torch.Tensor   # a micro-batch's or a batch's examples, or (token-level) its real tokens, 0-d
+AfterBackward = Callable[[int, Size, Size], None]   # (i, micro-batch i's size, the batch's): its share is their ratio
 
 
 def optimizer_for(name: str, params: Iterable[torch.Tensor], lr: float = 0.0, momentum: float = 0.9,
@@ -43,7 +45,7 @@ def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
                          schedule.adam_beta2_at(cfg, cfg.batch_size))
 
 
-def micro_batch_loss(loss: torch.Tensor, n_micro: int | torch.Tensor, n_batch: int | torch.Tensor) -> torch.Tensor:
+def micro_batch_loss(loss: torch.Tensor, n_micro: Size, n_batch: Size) -> torch.Tensor:
     """A micro-batch's mean loss weighted by its share of the batch, `loss * (n_micro / n_batch)`, so that the
     gradients accumulated over a batch's micro-batches are the whole batch's mean-loss gradient; the loss
     itself when the micro-batch is the whole batch (no accumulation). The one place this rule is written:
@@ -55,15 +57,27 @@ def micro_batch_loss(loss: torch.Tensor, n_micro: int | torch.Tensor, n_batch: i
     token share is computed in float64 and rounded to the loss's dtype, as a Python float share is, so where
     no target is ignored the result is the example share's bit for bit."""
     if isinstance(n_micro, torch.Tensor) or isinstance(n_batch, torch.Tensor):
-        share = torch.as_tensor(n_micro, dtype=torch.float64) / torch.as_tensor(n_batch, dtype=torch.float64)
-        return loss * share.to(device=loss.device, dtype=loss.dtype)
+        return loss * _token_share(n_micro, n_batch).to(device=loss.device, dtype=loss.dtype)
     return loss if n_micro == n_batch else loss * (n_micro / n_batch)
+
+
+def _token_share(n_micro: Size, n_batch: Size) -> torch.Tensor:
+    return torch.as_tensor(n_micro, dtype=torch.float64) / torch.as_tensor(n_batch, dtype=torch.float64)
+
+
+def share_of(n_micro: Size, n_batch: Size) -> float:
+    """The weight micro_batch_loss gives a micro-batch of `n_micro` in a batch of `n_batch` (examples, or real
+    tokens as 0-d tensors), as a Python float: the example share is the same float micro_batch_loss multiplies by;
+    a token share is its float64 value (micro_batch_loss rounds it to the loss's dtype)."""
+    if isinstance(n_micro, torch.Tensor) or isinstance(n_batch, torch.Tensor):
+        return float(_token_share(n_micro, n_batch))
+    return 1.0 if n_micro == n_batch else n_micro / n_batch
 
 
 def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer,
                      batches: Sequence[tuple[Inputs, torch.Tensor]], precision: str = "fp32",
                      scaler: torch.amp.GradScaler | None = None, loss_fn: LossFn = F.cross_entropy,
-                     after_backward: Callable[[int], None] | None = None,
+                     after_backward: AfterBackward | None = None,
                      before_update: Callable[[], None] | None = None, count: Count | None = None,
                      no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
                      total: torch.Tensor | None = None) -> torch.Tensor:
@@ -74,7 +88,8 @@ def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     mean loss is weighted by its share of the batch (micro_batch_loss), so the accumulated gradient equals the
     whole batch's mean-loss gradient (BatchNorm aside: its statistics then come from micro-batches). The model stays in
     its current mode. Gradients are set to None first and kept after the update, so a step's memory is
-    the trainer's. `after_backward(i)` runs after micro-batch i's backward pass, `before_update()` after
+    the trainer's. `after_backward(i, n_micro, n_batch)` runs after micro-batch i's backward pass (with the sizes
+its share was computed from: share_of), `before_update()` after
     the last one, before the optimizer (and GradScaler, for fp16) update: the in-loop noise-scale
     estimator reads gradient norms there. With `count` (a token-level loss: Task.count) micro-batches are
     weighted by their share of the batch's real tokens instead of its examples. The inputs may be named
@@ -87,9 +102,9 @@ def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     optimizer.zero_grad(set_to_none=True)
     loss_of = loss_for(loss_fn).of
     by_count = count is not None and (len(batches) > 1 or total is not None)
-    sizes: list[int | torch.Tensor] = [count(y) for _, y in batches] if by_count and count is not None \
+    sizes: list[Size] = [count(y) for _, y in batches] if by_count and count is not None \
         else [len(y) for _, y in batches]
-    n_batch: int | torch.Tensor = sum(sizes) if total is None or not by_count else total
+    n_batch: Size = sum(sizes) if total is None or not by_count else total
     total_loss = torch.zeros((), device=batches[0][0].device)
     for i, ((x, y), size) in enumerate(zip(batches, sizes)):
         with no_sync() if no_sync is not None and i < len(batches) - 1 else contextlib.nullcontext():
@@ -98,7 +113,7 @@ def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer,
             loss = micro_batch_loss(loss, size, n_batch)
             (scaler.scale(loss) if scaler is not None else loss).backward()
         if after_backward is not None:
-            after_backward(i)
+            after_backward(i, size, n_batch)
         total_loss += loss.detach().float()
     if before_update is not None:
         before_update()

@@ -426,7 +426,7 @@ class OutOfMemoryAt(KillAt):
 
     def step_hooks(self, loop, member):
         if member.state.step == self.step and torch.distributed.get_rank() == self.rank:
-            def fail(i):
+            def fail(i, n_micro, n_batch):
                 raise MemoryError("simulated: out of memory on one device")
             return StepHooks(after_backward=fail)
         return None

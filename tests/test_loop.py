@@ -34,7 +34,7 @@ class Recorder(Callback):
 
     def step_hooks(self, loop: Loop, member: Member) -> StepHooks | None:
         self.calls.append(("step_hooks", loop.step))
-        return StepHooks(after_backward=lambda i: self.calls.append((f"after_backward {i}", loop.step)),
+        return StepHooks(after_backward=lambda i, *_: self.calls.append((f"after_backward {i}", loop.step)),
                          before_update=lambda: self.calls.append(("before_update", loop.step)))
 
     def after_step(self, loop: Loop, losses: torch.Tensor) -> None:
@@ -207,7 +207,7 @@ class Hooked(Callback):
         def before_update() -> None:
             self.calls.append((self.tag, "update"))
             self.squared.append(sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None))
-        return StepHooks(after_backward=lambda i: self.calls.append((self.tag, i)), before_update=before_update)
+        return StepHooks(after_backward=lambda i, *_: self.calls.append((self.tag, i)), before_update=before_update)
 
 
 def test_several_step_hooks_are_composed_in_the_callbacks_order():
@@ -232,12 +232,12 @@ def test_compose_of_none_and_of_one_hook():
     one = StepHooks(before_update=lambda: None)
     assert StepHooks.compose([]) is None and StepHooks.compose([one]) is one
     seen: list[int] = []
-    composed = StepHooks.compose([StepHooks(after_backward=seen.append),
+    composed = StepHooks.compose([StepHooks(after_backward=lambda i, n, total: seen.extend([i, n, total])),
                                   StepHooks(before_update=lambda: seen.append(-1))])
     assert composed is not None and composed.after_backward is not None and composed.before_update is not None
-    composed.after_backward(3)
+    composed.after_backward(3, 4, 10)
     composed.before_update()
-    assert seen == [3, -1]
+    assert seen == [3, 4, 10, -1]
 
 
 # ----------------------------------------------------------------------------- on_error and close

@@ -1,6 +1,7 @@
 """noise.microbatch: the loop's micro-batch pair against the two-batch estimate computed by hand on the same
 micro-batches at the same weights; its EMA columns and their resume; the config that switches it on."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,11 +10,14 @@ from conftest import killed_at, tiny_config
 from bsresearch.config import ConfigError, RunConfig
 from bsresearch.data import load_dataset
 from bsresearch.engine import train_next_batch
+from bsresearch.losses import Task, cross_entropy
+from bsresearch.model_io import IGNORE_INDEX
 from bsresearch.noise.estimators import two_batch_estimate
 from bsresearch.noise.meter import NoiseMeter
 from bsresearch.noise.microbatch import micro_batch_hooks
 from bsresearch.rundir import RunDir
 from bsresearch.state import new_state
+from bsresearch.step import optimizer_update
 from bsresearch.train import run
 
 
@@ -69,3 +73,40 @@ def test_training_records_the_ema_columns_and_resumes_them(tmp_path):
 def test_noise_scale_config_is_validated(changes, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         RunConfig(batch_size=32, **changes)
+
+
+def test_a_token_level_step_s_pair_is_the_two_means_over_real_tokens():
+    """Sequences padded with -100 to unequal real lengths, accumulation 2: the first micro-batch's share is of
+    the batch's real tokens, so its own mean-loss gradient is the hook's |g|^2 over that share squared and its
+    size is b_big times that share. Oracle: the two means over real tokens computed by hand at the same weights.
+    The example share (one half) would give another estimate: the test can tell the two apart."""
+    torch.manual_seed(0)
+    vocab, length = 11, 6
+    model = torch.nn.Sequential(torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab))
+    x = torch.randint(0, vocab, (4, length))
+    y = torch.randint(0, vocab, (4, length))
+    y[0, 2:] = IGNORE_INDEX   # the first micro-batch: 2 + 3 real tokens; the second: 6 + 6
+    y[1, 3:] = IGNORE_INDEX
+    task = Task("sequence", True, length, "nats per token", token_level=True)
+    cfg = RunConfig(batch_size=4, micro_batch_size=2, noise_scale_every=1)
+    state = SimpleNamespace(step=0, model=model, scaler=None, indices=SimpleNamespace(size_at=lambda step: 4))
+    meter = NoiseMeter(cfg.noise_scale_ema)
+    hooks = micro_batch_hooks(cfg, state, meter)   # type: ignore[arg-type]
+    assert hooks is not None
+    optimizer_update(model, torch.optim.SGD(model.parameters(), lr=0.0), [(x[:2], y[:2]), (x[2:], y[2:])],
+                     loss_fn=cross_entropy, after_backward=hooks.after_backward, before_update=hooks.before_update,
+                     count=task.count)
+
+    def sq_norm(rows):
+        model.zero_grad()
+        cross_entropy(model(x[rows]), y[rows]).backward()
+        return float(sum((p.grad ** 2).sum() for p in model.parameters()))
+    share = 5 / 17
+    grad_sq, trace = two_batch_estimate(sq_norm(slice(0, 2)), sq_norm(slice(0, 4)), 4 * share, 4)
+    sample = meter.last
+    assert sample is not None and sample.b_small == pytest.approx(4 * share) and sample.b_big == 4
+    assert sample.grad_sq_norm == pytest.approx(grad_sq, rel=1e-4)
+    assert sample.trace_cov == pytest.approx(trace, rel=1e-4)
+    # what weighing the first micro-batch by its examples (one half) gave before: far from the oracle
+    _, by_examples = two_batch_estimate(sq_norm(slice(0, 2)) * (share / 0.5) ** 2, sq_norm(slice(0, 4)), 2, 4)
+    assert abs(by_examples - trace) > 0.2 * abs(trace)

@@ -153,10 +153,12 @@ def test_hooks_run_after_each_backward_and_before_the_update():
     weights = model[0].weight
     before = weights.detach().clone()
     seen: list[object] = []
+    sizes: list[tuple[int, int]] = []
 
-    def after_backward(i: int) -> None:
+    def after_backward(i: int, n_micro: int, n_batch: int) -> None:
         assert weights.grad is not None
         seen.append((i, weights.grad.clone()))
+        sizes.append((n_micro, n_batch))
 
     def before_update() -> None:
         assert torch.equal(weights.detach(), before)   # not updated yet
@@ -164,6 +166,7 @@ def test_hooks_run_after_each_backward_and_before_the_update():
     step.optimizer_update(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 4),
                        after_backward=after_backward, before_update=before_update)
     assert [s if s == "update" else s[0] for s in seen] == [0, 1, 2, "update"]   # 4 + 4 + 2 examples
+    assert sizes == [(4, 10), (4, 10), (2, 10)]   # the sizes each micro-batch's share was computed from
     # the gradient accumulates across micro-batches (it is read after each backward)
     assert not torch.equal(seen[0][1], seen[2][1])   # type: ignore[index]
 
@@ -178,7 +181,7 @@ def test_no_sync_wraps_every_micro_batch_but_the_last():
         entered.append(calls)
         yield
 
-    def after_backward(i: int) -> None:
+    def after_backward(i: int, *_: object) -> None:
         nonlocal calls
         calls += 1
     step.optimizer_update(model, torch.optim.SGD(model.parameters(), lr=LR), split(x, y, 3), no_sync=no_sync,

@@ -34,7 +34,7 @@ PROTOCOL_VERSION: dict[str, str] = {
     "gpu_bn_budget_goyal_v6": "6", "gpu_bn_budget_bcrit_v6": "6", "gpu_lm_small_batch_v6": "6",
     # version 6.1: the edge of stochastic stability's settings; 6.2: the CBS with an annealed reference
     "eoss_v6_mnist1d": "6.1", "gpu_eoss_v6_fashion": "6.1", "gpu_lm_cbs_v6": "6.2",
-    "eoss_v6_fashion": "6.4",   # 6.3: lr_over_b_v6_fashion on the CPU; 6.4: the second data set of the eoss test on the CPU
+    "eoss_v6_fashion": "6.4",   # 6.3: lr_over_b_v6_fashion on the CPU; 6.4: eoss's second data set on the CPU
 }
 
 ALSO: dict[str, str] = {   # a second test a report carries, under a later version

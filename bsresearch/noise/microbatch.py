@@ -12,26 +12,35 @@ import torch
 from ..config import RunConfig
 from ..loop import Callback, Loop, Member, Order, StepHooks
 from ..state import TrainState
+from ..step import Size, share_of
 from .estimators import NoiseScaleEMA, noise_ema_columns, squared_grad_norm
 from .meter import NoiseMeter
 
 
 def micro_batch_hooks(cfg: RunConfig, state: TrainState, meter: NoiseMeter) -> StepHooks | None:
     """The hooks that feed `meter` at this step (every cfg.noise_scale_every steps; else None): |G_small|^2 of
-    the first micro-batch alone and |G_big|^2 of the whole batch, at the same parameters, in examples."""
+    the first micro-batch alone and |G_big|^2 of the whole batch, at the same parameters, in examples.
+
+    The first micro-batch's gradient is divided by the weight the step gave it (step.share_of: its examples'
+    share of the batch, or for a token-level loss its real tokens' share), which gives its own mean-loss
+    gradient. Its size is b_big times that share: its examples, or for a token-level loss its real tokens in
+    units of the batch's mean tokens per example (sequences of unequal real length: one with padding weighs
+    less), so that the pair's two sizes are those of the two means."""
     if not cfg.noise_scale_every or state.step % cfg.noise_scale_every:
         return None
     b_big = state.indices.size_at(state.step)
-    b_small = cfg.micro_batch_size or b_big
-    small_sq_norm: list[torch.Tensor] = []
+    small: list[tuple[torch.Tensor, float]] = []   # |g_small|^2 of the first micro-batch's own mean, its size
 
-    def after_backward(i: int) -> None:
+    def after_backward(i: int, n_micro: Size, n_batch: Size) -> None:
         if i == 0:  # undo the micro-batch weight: the small batch's own mean-loss gradient
-            small_sq_norm.append(squared_grad_norm(state.model) / (b_small / b_big) ** 2)
+            share = share_of(n_micro, n_batch)
+            size = n_micro if isinstance(n_micro, int) and isinstance(n_batch, int) else share * b_big
+            small.append((squared_grad_norm(state.model) / share ** 2, size))
 
     def before_update() -> None:
         grad_scale_sq = state.scaler.get_scale() ** 2 if state.scaler else 1.0   # .grad holds scaled gradients
-        meter.pair(float(small_sq_norm[0]) / grad_scale_sq, float(squared_grad_norm(state.model)) / grad_scale_sq,
+        (sq_norm, b_small), = small
+        meter.pair(float(sq_norm) / grad_scale_sq, float(squared_grad_norm(state.model)) / grad_scale_sq,
                    b_small, b_big, estimator="micro_batch", step=state.step)
     return StepHooks(after_backward, before_update)
 
