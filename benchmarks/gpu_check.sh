@@ -19,8 +19,7 @@
 #   oom     a real out-of-memory in a sweep, then the accumulation plan at that batch (gpu_oom.py);
 #   reproduce  the sweeps of the specs in GPU_SPECS, in order of value per minute (default: gpu_lm_small_batch_v5, the
 #           beta2 test's batch 64 with 1024 updates, one fused group of 40 runs that decides a pre-registered row of
-#           version 5.1; then protocol version 6's: gpu_lm_small_batch_v6, beta2 at batch 4 and 16 with held-out
-#           lrs, 256 runs; gpu_lm_cbs_v6, the CBS with an annealed reference, 816 runs, the branches starting from
+#           version 5.1; then protocol version 6's: gpu_lm_cbs_v6, the CBS with an annealed reference, 816 runs, the branches starting from
 #           their seed's trunk; gpu_eoss_v6_fashion, the edge of stochastic stability on 10 000 Fashion-MNIST images
 #           (a replication of the CPU test's 4000), 200 MLP runs; the large ones, gpu_bn_budget_goyal_v6
 #           (2184 runs) and gpu_bn_budget_bcrit_v6 (3600), belong to a machine of one's own: GPU_SPECS="..."),
@@ -119,7 +118,7 @@ wanted fused && stage fused_runs 60 $PY benchmarks/fused_runs.py --device cuda -
   --batch-sizes 32,256 --ks 1,8,64 --seconds 0.3 --repeats 3 --stem fused_runs_cuda --out-dir "$OUT"
 wanted oom && stage gpu_oom 150 $PY benchmarks/gpu_oom.py --out "$OUT"
 if wanted reproduce; then
-  for spec in ${GPU_SPECS:-gpu_lm_small_batch_v5 gpu_lm_small_batch_v6 gpu_lm_cbs_v6 gpu_eoss_v6_fashion}; do
+  for spec in ${GPU_SPECS:-gpu_lm_small_batch_v5 gpu_lm_cbs_v6 gpu_eoss_v6_fashion}; do
     # Ctrl-C (SIGINT) 45 s before the deadline, so the sweep records its runs as interrupted before it is killed
     grace=$(( $(left) - 45 ))
     if (( grace < 10 )); then echo "== sweep_$spec: skipped, $(left) s left"; continue; fi

@@ -121,7 +121,7 @@ def test_each_cpu_spec_runs_the_seeds_its_power_asks_for():
     assert len(load_spec(ROOT / "experiments" / "bn_budget_hoffer_v6.yaml").seeds) >= max(table[hoffer])
     lr_b = table[[name for name in table.index if name.startswith("lr_over_b mnist1d")]]
     assert len(load_spec(ROOT / "experiments" / "lr_over_b_v6_mnist1d.yaml").seeds) >= max(lr_b)
-    beta2 = load_spec(ROOT / "experiments" / "gpu_lm_small_batch_v6.yaml").seeds
+    beta2 = load_spec(ROOT / "experiments" / "lm_small_batch_v6.yaml").seeds
     assert len(beta2) >= table["beta2 v6: d_beta2(16) beyond 0"]
 
 
@@ -129,6 +129,6 @@ def test_the_detectable_effect_is_where_the_power_reaches_its_target():
     from bsresearch.findings.power import detectable_effect
     d = detectable_effect(16, 0.1141)
     assert power(16, 0.1141, d) == pytest.approx(0.8, abs=1e-6)
-    assert d == pytest.approx(0.086, abs=0.0005)      # the figure gpu_lm_small_batch_v6.yaml's header states
+    assert d == pytest.approx(0.086, abs=0.0005)      # the figure lm_small_batch_v6.yaml's header states
     assert seeds_for_power(0.1141, d * 1.001) == 16 and seeds_for_power(0.1141, d * 0.99) == 17
     assert detectable_effect(2, 1.0) > 5 * detectable_effect(16, 1.0)      # two seeds: t(0.975, 1) = 12.7
