@@ -170,3 +170,36 @@ def test_the_lr_grid_table_is_the_sgd_tests_grid_cell_by_cell():
         2.776445 * 0.0031623 / 5 ** 0.5, rel=1e-4)
     test = lm_small_batch.sgd_test(runs)
     assert test.best_lr == 1.0 and set(test.held_out_lrs) == {1.0}
+
+
+def earlier_per_seed(d_at_1=0.07, d_at_4=-0.05):
+    """Version 5's committed per_seed.csv in miniature: d_beta2 rows at batch 1 and 4, and an SGD row."""
+    rows = [{"batch_size": b, "seed": 40 + i, "a": 2.0 + d + 0.003 * (i - 2), "b": 2.0, "statistic": "d_beta2"}
+            for b, d in ((1, d_at_1), (4, d_at_4)) for i in range(5)]
+    rows.append({"batch_size": 1, "seed": 40, "a": 2.4, "b": 2.0, "statistic": "sgd_gap"})
+    return pd.DataFrame(rows).assign(diff=lambda t: t["a"] - t["b"])
+
+
+@pytest.mark.parametrize("d4, d16, verdict, readings", [
+    (0.02, 0.03, Verdict.REPRODUCED, ["the half-life rule is better"] * 3),
+    (-0.03, 0.0, Verdict.PARTLY, ["the half-life rule is better", "the fixed beta2 is better", "no difference shown"]),
+])
+def test_version_6_rows_replace_version_5_s_at_4_and_16_and_batch_1_is_kept(d4, d16, verdict, readings):
+    seeds = tuple(range(50, 66))
+    runs = pd.concat([lr_grid_runs(d4, {3e-4: 2.6, 1e-3: 2.5, 3e-3: 2.55, 1e-2: 2.7}, b=4, seeds=seeds),
+                      lr_grid_runs(d16, {3e-4: 2.6, 1e-3: 2.5, 3e-3: 2.55, 1e-2: 2.7}, b=16, seeds=seeds)])
+    test = lm_small_batch.beta2_v6_test(runs, earlier_per_seed(d_at_4=-0.05))
+    per = test.per_batch.set_index("batch_size")
+    assert list(per.index) == [1, 4, 16] and list(per["source"]) == ["version 5", "version 6", "version 6"]
+    assert per.loc[1, "diff"] == pytest.approx(0.07) and per.loc[1, "n"] == 5      # the SGD row is not a d_beta2 row
+    assert per.loc[4, "diff"] == pytest.approx(d4) and per.loc[4, "n"] == 16        # v5's -0.05 at 4 replaced
+    assert test.rows.per_batch["lr_half_life"].tolist() == [" ".join(["0.001"] * 16)] * 2
+    assert test.verdict == verdict and list(per["reading"]) == readings
+
+
+def test_version_6_on_its_grid_s_edge_is_not_testable():
+    seeds = tuple(range(50, 56))
+    runs = pd.concat([lr_grid_runs(0.02, {3e-4: 2.4, 1e-3: 2.5, 3e-3: 2.55}, b=4, seeds=seeds),
+                      lr_grid_runs(0.02, {3e-4: 2.6, 1e-3: 2.5, 3e-3: 2.55}, b=16, seeds=seeds)])
+    test = lm_small_batch.beta2_v6_test(runs, earlier_per_seed())
+    assert test.verdict == Verdict.NOT_TESTABLE and "batch 4" in test.why and "smallest" in test.why

@@ -339,17 +339,63 @@ def beta2_by_batch_test(runs: pd.DataFrame, metric: str = "test_loss", min_updat
     if problems or per.empty:
         return Beta2ByBatchTest(per, per_seed, small, Verdict.NOT_TESTABLE, "; ".join(problems) or "no runs", False,
                                 tuple(problems))
-    first = per.iloc[0]
+    verdict, why = _beta2_verdict(per)
+    return Beta2ByBatchTest(per, per_seed, small, verdict, why, straddle and n_seeds < max_seeds)
+
+
+def _beta2_verdict(per: pd.DataFrame) -> tuple[Verdict, str]:
+    """Version 5's test (1) on per-batch rows (batch_size, low, high), smallest batch first: reproduced when the
+    smallest batch's d_beta2 interval lies above 0 and no batch's below 0; partly when some batch's lies below 0;
+    not reproduced when the smallest batch's reaches 0."""
+    per = per.sort_values("batch_size")
+    first, small = per.iloc[0], int(per["batch_size"].iloc[0])
     worse = per[per["high"] < 0]["batch_size"].tolist()
     if not first["low"] > 0:
-        verdict, why = Verdict.NOT_REPRODUCED, f"at batch {small} d_beta2's interval reaches 0 ({first['low']:+.4f})"
-    elif worse:
-        verdict, why = Verdict.PARTLY, (f"the half-life beta2 wins at batch {small}, but the fixed beta2 is better at "
-                                        f"batch {', '.join(map(str, worse))}")
-    else:
-        verdict, why = Verdict.REPRODUCED, (f"the half-life beta2 wins at batch {small} and is never worse "
-                                            f"(batches {', '.join(map(str, per['batch_size']))})")
-    return Beta2ByBatchTest(per, per_seed, small, verdict, why, straddle and n_seeds < max_seeds)
+        return Verdict.NOT_REPRODUCED, f"at batch {small} d_beta2's interval reaches 0 ({first['low']:+.4f})"
+    if worse:
+        return Verdict.PARTLY, (f"the half-life beta2 wins at batch {small}, but the fixed beta2 is better at "
+                                f"batch {', '.join(map(str, worse))}")
+    return Verdict.REPRODUCED, (f"the half-life beta2 wins at batch {small} and is never worse "
+                                f"(batches {', '.join(map(str, per['batch_size']))})")
+
+
+def beta2_reading(low: float, high: float) -> str:
+    """What one batch size's d_beta2 interval shows (docs/protocols.md#v6-beta2)."""
+    return "the fixed beta2 is better" if high < 0 else "the half-life rule is better" if low > 0 else \
+        "no difference shown"
+
+
+@dataclass(frozen=True)
+class Beta2V6Test(PreregisteredTest):
+    """docs/protocols.md#v6-beta2: d_beta2 at batch 4 and 16, each rule's lr held out per seed, then version 5's
+    test (1) recomputed with these rows in place of its own at those batch sizes."""
+    rows: Beta2ByBatchTest      # this version's batch sizes: per_batch, per_seed, held-out lrs, problems
+    per_batch: pd.DataFrame     # every batch size of the recomputed test: batch_size, diff, low, high, n, source,
+                                # reading
+    verdict: Verdict            # of the recomputed test (1)
+    why: str
+
+
+def beta2_v6_test(runs: pd.DataFrame, earlier: pd.DataFrame, metric: str = "test_loss") -> Beta2V6Test:
+    """`runs`: version 6's (batch 4 and 16 on an lr grid, every seed at the lr best on the other seeds: held_out).
+    `earlier`: version 5's committed per-seed table (reports/lm_small_batch_v5/per_seed.csv, its d_beta2 rows),
+    whose batch sizes that version 6 does not run (batch 1) keep their rows. Not testable as beta2_by_batch_test
+    says of version 6's cells (a best lr on all seeds on the grid's edge, a chosen run not ok, fewer than 2 seeds)."""
+    rows = beta2_by_batch_test(runs, metric, max_seeds=0)
+    mine = set(rows.per_batch["batch_size"]) if len(rows.per_batch) else set()
+    kept = earlier[(earlier.get("statistic", "d_beta2") == "d_beta2") & ~earlier["batch_size"].isin(mine)]
+    before = []
+    for b, g in kept.groupby("batch_size", sort=True):
+        p = Paired.of(g)
+        before.append({"batch_size": int(b), "diff": p.diff, "low": p.low, "high": p.high, "n": p.n,
+                       "source": "version 5"})
+    per = pd.concat([pd.DataFrame(before), rows.per_batch.assign(source="version 6")], ignore_index=True) \
+        .sort_values("batch_size", ignore_index=True)
+    per = per.assign(reading=[beta2_reading(lo, hi) for lo, hi in zip(per["low"], per["high"], strict=True)])
+    if rows.verdict == Verdict.NOT_TESTABLE:
+        return Beta2V6Test(rows, per, Verdict.NOT_TESTABLE, rows.why)
+    verdict, why = _beta2_verdict(per)
+    return Beta2V6Test(rows, per, verdict, why)
 
 
 @dataclass(frozen=True)
