@@ -264,7 +264,8 @@ class Stability(Callback):
     measure.stability.edge_of_stability in its history row: the training loss's top Hessian eigenvalue
     (`sharpness`, over the first measure_train_size examples, all by default; `sharpness_converged`), Adam's
     `preconditioned_sharpness`, the optimizer's `sharpness_limit`, the `batch_sharpness` averaged over
-    cfg.stability_batches mini-batches of batch_size (each drawn without replacement from the training set) and
+    cfg.stability_batches mini-batches of batch_size (each drawn without replacement from the training set; the
+    ratio of their means in `batch_sharpness_pooled`) and
     the variance of their gradients along the top eigenvector (`noise_along_top`; `grad_along_top` the full
     gradient's component). The draws and the Lanczos start vector come from a generator of the seed and the
     step, so a resumed run measures as the uninterrupted one."""

@@ -17,7 +17,7 @@ from bsresearch.fused.compat import unsupported_reason
 from bsresearch.train import run
 
 COLUMNS = ("sharpness", "sharpness_converged", "preconditioned_sharpness", "sharpness_limit", "batch_sharpness",
-           "noise_along_top", "grad_along_top")
+           "batch_sharpness_pooled", "noise_along_top", "grad_along_top")
 
 
 def full_batch_run(**changes):
@@ -43,6 +43,7 @@ def test_the_columns_against_a_dense_hessian_at_the_final_weights():
     g = torch.autograd.functional.jacobian(f, point)
     # every draw is the whole set (batch_size = train_size), so the batch sharpness is the full loss's
     assert last["batch_sharpness"] == pytest.approx(float(g @ hessian @ g / (g @ g)), rel=1e-4)
+    assert last["batch_sharpness_pooled"] == pytest.approx(last["batch_sharpness"], rel=1e-6)   # all draws alike
     assert last["noise_along_top"] == pytest.approx(0.0, abs=1e-10)
     # u from Lanczos at a 1e-3 relative residual (float32) is close to the dense top eigenvector, not equal
     assert abs(last["grad_along_top"]) == pytest.approx(abs(float(g @ vectors[:, -1])), rel=5e-2, abs=1e-8)
@@ -79,3 +80,30 @@ def test_the_config_refuses_what_it_cannot_measure():
         RunConfig(dataset="synthetic", model="mlp", batch_size=32, devices=2, stability=True)
     assert "fused group" in unsupported_reason(RunConfig(stability=True))
     assert unsupported_reason(RunConfig()) is None
+
+
+def test_the_pooled_batch_sharpness_is_the_ratio_of_the_means_and_the_other_the_mean_of_the_ratios():
+    """Three mini-batches of unequal gradient norms, each's g and H from a dense Hessian: batch_sharpness is the
+    mean of g^T H g / |g|^2, batch_sharpness_pooled the sum of g^T H g over the sum of |g|^2; they differ here."""
+    from measure_oracles import tiny_mlp
+
+    from bsresearch.measure.stability import edge_of_stability
+    model, x, y = tiny_mlp(train_steps=20)
+    model = model.double()
+    x = x.double()
+    parts = [slice(0, 4), slice(4, 20), slice(20, 64)]
+
+    def closure(rows):
+        return lambda: torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+    readings = []
+    for rows in parts:
+        f, point = flat_loss(model, x[rows], y[rows])
+        g = torch.autograd.functional.jacobian(f, point)
+        h = dense_hessian(model, x[rows], y[rows])
+        readings.append((float(g @ h @ g), float(g @ g)))
+    out = edge_of_stability(model, closure(slice(0, 64)), [closure(rows) for rows in parts])
+    mean_of_ratios = sum(c / n for c, n in readings) / len(readings)
+    ratio_of_means = sum(c for c, _ in readings) / sum(n for _, n in readings)
+    assert out["batch_sharpness"] == pytest.approx(mean_of_ratios, rel=1e-6)
+    assert out["batch_sharpness_pooled"] == pytest.approx(ratio_of_means, rel=1e-6)
+    assert abs(mean_of_ratios - ratio_of_means) > 0.05 * abs(ratio_of_means)

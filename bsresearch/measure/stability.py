@@ -170,20 +170,31 @@ def batch_sharpness(model: nn.Module, loss: LossClosure) -> float:
     """g^T H g / |g|^2 for the gradient g and Hessian H of loss() (a mini-batch's loss as the trainer computed
     it, the model in the mode it is in; BatchNorm statistics restored): one Hessian-vector product. NaN for a
     zero gradient."""
-    return batch_reading(model, loss)[0]
+    return batch_reading(model, loss).sharpness
 
 
-def batch_reading(model: nn.Module, loss: LossClosure, direction: torch.Tensor | None = None) -> tuple[float, float]:
-    """(the batch sharpness g^T H g / |g|^2, the gradient's component g . direction) of loss(), from one gradient
-    graph (NaN sharpness for a zero gradient; NaN component without a direction)."""
+@dataclass(frozen=True)
+class BatchReading:
+    """One mini-batch's g^T H g, |g|^2 and the gradient's component g . direction (NaN without a direction)."""
+    curvature: float
+    norm_sq: float
+    along: float
+
+    @property
+    def sharpness(self) -> float:
+        """g^T H g / |g|^2 (NaN for a zero gradient)."""
+        return self.curvature / self.norm_sq if self.norm_sq else math.nan
+
+
+def batch_reading(model: nn.Module, loss: LossClosure, direction: torch.Tensor | None = None) -> BatchReading:
+    """loss()'s BatchReading from one gradient graph (no Hessian-vector product for a zero gradient)."""
     with measuring(model, "train" if model.training else "eval"):
         hessian = ClosureHessian(loss, trainable(model))
         g = hessian.gradient()
         along = float(g @ direction.to(g.dtype)) if direction is not None else math.nan
         norm_sq = float(g @ g)
-        if norm_sq == 0:
-            return math.nan, along
-        return float(g @ hessian.hvp(g)) / norm_sq, along
+        curvature = float(g @ hessian.hvp(g)) if norm_sq else 0.0
+        return BatchReading(curvature, norm_sq, along)
 
 
 def edge_of_stability(model: nn.Module, full_loss: LossClosure, batch_losses: Sequence[LossClosure],
@@ -193,19 +204,23 @@ def edge_of_stability(model: nn.Module, full_loss: LossClosure, batch_losses: Se
     2022), at the model's current weights: `sharpness` (lambda_max of full_loss, its Lanczos convergence in
     `sharpness_converged`), `preconditioned_sharpness` (Adam/AdamW with state, else NaN), `sharpness_limit`
     (the optimizer's), `batch_sharpness` (the mean over batch_losses of each mini-batch's g^T H g / |g|^2),
+    `batch_sharpness_pooled` (the ratio of their means, sum g^T H g / sum |g|^2: Andreyev and Beneventano's
+    E[g^T H g] / E[|g|^2]),
     `noise_along_top` (the variance, over the same mini-batches, of their gradients' component along the full
     loss's top eigenvector; unbiased, NaN for fewer than 2) and `grad_along_top` (the full gradient's)."""
     curvature = stability_curvature(model, full_loss, optimizer, tol, max_iter, generator)
     u, g = curvature.vector, curvature.gradient
     full_along = float(g @ u.to(g.dtype)) if u is not None and g is not None else math.nan
     readings = [batch_reading(model, loss, u) for loss in batch_losses]
-    sharp = [r[0] for r in readings if math.isfinite(r[0])]
-    along = [r[1] for r in readings]
+    sharp = [r.sharpness for r in readings if math.isfinite(r.sharpness)]
+    along = [r.along for r in readings]
+    norm_sq = sum(r.norm_sq for r in readings)
     n = len(along)
     mean_along = sum(along) / n if n else math.nan
     return {"sharpness": curvature.sharpness, "sharpness_converged": float(curvature.sharpness_converged),
             "preconditioned_sharpness": curvature.preconditioned_sharpness,
             "sharpness_limit": sharpness_limit(optimizer),
             "batch_sharpness": sum(sharp) / len(sharp) if sharp else math.nan,
+            "batch_sharpness_pooled": sum(r.curvature for r in readings) / norm_sq if norm_sq else math.nan,
             "noise_along_top": sum((a - mean_along) ** 2 for a in along) / (n - 1) if n >= 2 else math.nan,
             "grad_along_top": full_along}

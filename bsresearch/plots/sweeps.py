@@ -78,6 +78,7 @@ LABELS = {"batch_size": "batch size (examples per update)", "lr": "learning rate
           "sharpness_limit": "stability limit of the sharpness (loss per parameter²)",
           "preconditioned_sharpness": "preconditioned sharpness (1 / learning rate)",
           "batch_sharpness": "batch sharpness (loss per parameter²)",
+          "batch_sharpness_pooled": "batch sharpness, ratio of means (loss per parameter²)",
           "train_seconds": "training time (s)"}
 
 
