@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bsresearch.config import ConfigError
 from bsresearch.findings import eoss
 from bsresearch.findings.verdict import Verdict
 
@@ -33,7 +34,8 @@ def run_history(run_id: str, early: float, late: dict[str, float], jitter: float
 
 
 def sweep(eta: float = 0.1, batch_ratio=lambda b: 1.0, top_ratio=lambda b: 0.3 * (b / 8) ** 0.25,
-          adam_ratio=lambda b: 0.9 if b >= 1024 else 0.5, jitter: float = 0.01, diverged: tuple = ()):
+          adam_ratio=lambda b: 0.9 if b >= 1024 else 0.5, jitter: float = 0.01, diverged: tuple = (),
+          pooled_ratio=None):
     """Runs and histories: SGD at eta with batch sharpness batch_ratio(B) x 2/eta and lambda_max top_ratio(B) x
     2/eta; Adam at 1e-3 with preconditioned sharpness adam_ratio(B) x 38/lr. `diverged`: (B, seed) pairs."""
     rng = np.random.default_rng(0)
@@ -48,6 +50,8 @@ def sweep(eta: float = 0.1, batch_ratio=lambda b: 1.0, top_ratio=lambda b: 0.3 *
                 if arm == "sgd":
                     late = {"sharpness": top_ratio(b) * 2 / lr, "batch_sharpness": batch_ratio(b) * 2 / lr,
                             "noise_along_top": 0.1}
+                    if pooled_ratio is not None:   # runs that record the ratio of means too
+                        late["batch_sharpness_pooled"] = pooled_ratio(b) * 2 / lr
                 else:
                     late = {"sharpness": 10.0, "batch_sharpness": 5.0, "noise_along_top": 0.1,
                             "preconditioned_sharpness": adam_ratio(b) * 38 / lr}
@@ -133,3 +137,19 @@ def test_the_lr_rule_in_descending_order_reads_only_the_largest_eta_when_it_trai
     assert rule.eta == 0.1
     assert rule.table.set_index("eta")["seeds"].to_dict() == {0.01: 0, 0.02: 0, 0.05: 0, 0.1: len(SEEDS)}
     assert not rule.table.set_index("eta").loc[[0.01, 0.02, 0.05], "trains"].any()
+
+
+def test_p1_reads_the_pooled_batch_sharpness_when_asked_and_runs_without_it_are_not_testable():
+    """Version 6.6: P1 on the ratio of means. Here the mean of ratios sits at 0.5 x 2/eta (P1 fails on it) and
+    the ratio of means at 1.0 x 2/eta (P1 holds on it); runs that did not record it are not testable on it."""
+    runs, history = sweep(batch_ratio=lambda b: 0.5, pooled_ratio=lambda b: 1.0)
+    by_ratios = eoss.eoss_test(runs, history, 0.1, 1e-3)
+    pooled = eoss.eoss_test(runs, history, 0.1, 1e-3, batch_column="batch_sharpness_pooled")
+    assert not by_ratios.predictions[0].holds and pooled.predictions[0].holds
+    assert pooled.predictions[0].estimate == pytest.approx(1.0, abs=0.01)
+    assert pooled.predictions[0].statistic.startswith("batch sharpness (ratio of means)")
+    old_runs, old_history = sweep()
+    unrecorded = eoss.eoss_test(old_runs, old_history, 0.1, 1e-3, batch_column="batch_sharpness_pooled")
+    assert unrecorded.verdict == Verdict.NOT_TESTABLE and "batch_sharpness_pooled was not recorded" in unrecorded.why
+    with pytest.raises(ConfigError, match="batch_column must be one of"):
+        eoss.eoss_test(runs, history, 0.1, batch_column="sharpness")

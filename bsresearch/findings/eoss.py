@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..config import ConfigError
 from ..stats import t_interval
 from .verdict import PreregisteredTest, Verdict
 
@@ -29,7 +30,10 @@ BAND = (0.8, 1.2)            # P1, P4: the settled value's interval inside this 
 P2_MAX_BATCH = 256           # P2: lambda_max below 2/eta at every counted B up to this
 ADAM_BETA1 = 0.9
 MIN_BATCHES = 5              # not testable with fewer counted batch sizes
-STABILITY_COLUMNS = ("sharpness", "batch_sharpness", "noise_along_top", "preconditioned_sharpness")
+STABILITY_COLUMNS = ("sharpness", "batch_sharpness", "batch_sharpness_pooled", "noise_along_top",
+                     "preconditioned_sharpness")
+BATCH_COLUMNS = {"batch_sharpness": "batch sharpness",                          # P1's: the mean of ratios (6.1)
+                 "batch_sharpness_pooled": "batch sharpness (ratio of means)"}  # the paper's (6.6)
 
 
 def settled(history: pd.DataFrame, columns: Sequence[str] = STABILITY_COLUMNS,
@@ -140,11 +144,14 @@ def _slopes(sgd: pd.DataFrame) -> pd.Series:
 
 def eoss_test(runs: pd.DataFrame, history: pd.DataFrame, eta: float, adam_lr: float | None = None,
               band: tuple[float, float] = BAND, p2_max_batch: int = P2_MAX_BATCH,
-              min_batches: int = MIN_BATCHES) -> EossTest:
+              min_batches: int = MIN_BATCHES, batch_column: str = "batch_sharpness") -> EossTest:
     """The pre-registered test on the SGD runs at lr `eta` and the Adam runs (at `adam_lr`, or any) of `runs`,
     their histories in `history` (results.load_history with run_id). A batch size of the SGD arm counts when
     all its seeds end `ok`; one that does not is left out and named. Reproduced: P1, P2 and P3 hold; partly:
-    some; not reproduced: none. Not testable: no eta, fewer than `min_batches` counted batch sizes."""
+    some; not reproduced: none. Not testable: no eta, fewer than `min_batches` counted batch sizes. P1 reads
+    `batch_column` (BATCH_COLUMNS: the mean of the mini-batches' ratios, or their ratio of means)."""
+    if batch_column not in BATCH_COLUMNS:
+        raise ConfigError(f"batch_column must be one of {', '.join(BATCH_COLUMNS)}; got {batch_column!r}")
     rows = runs[["run_id", "optimizer", "lr", "batch_size", "seed", "state"]].join(
         settled(history).set_index("run_id"), on="run_id")
     lr = rows["lr"].astype(float)
@@ -153,7 +160,7 @@ def eoss_test(runs: pd.DataFrame, history: pd.DataFrame, eta: float, adam_lr: fl
     rows = rows[rows["arm"] != ""].copy()                                   # a NaN eta matches no SGD run
     lr = rows["lr"].astype(float)
     rows["limit_ratio"] = rows["sharpness"] * lr / 2                       # lambda_max / (2 / eta)
-    rows["batch_limit_ratio"] = rows["batch_sharpness"] * lr / 2
+    rows["batch_limit_ratio"] = rows[batch_column] * lr / 2
     rows["precond_limit_ratio"] = rows["preconditioned_sharpness"] * (1 - ADAM_BETA1) * lr / (2 + 2 * ADAM_BETA1)
     per_seed = rows.sort_values(["arm", "batch_size", "seed"]).reset_index(drop=True)
     per_batch = _per_batch(per_seed)
@@ -167,13 +174,15 @@ def eoss_test(runs: pd.DataFrame, history: pd.DataFrame, eta: float, adam_lr: fl
     if len(counted) < min_batches:
         problems.append(f"{len(counted)} batch sizes count (needs {min_batches})" +
                         (f"; left out: {'; '.join(left_out)}" if left_out else ""))
+    elif counted["batch_limit_ratio"].isna().all():
+        problems.append(f"P1's {batch_column} was not recorded by these runs")
     predictions = [_adam_prediction(per_batch, band)]
     if problems:
         return EossTest(eta, per_seed, per_batch, tuple(predictions), left_out, Verdict.NOT_TESTABLE,
                         "; ".join(problems), tuple(problems))
     lo, hi = band
     p1_holds = bool(((counted["batch_limit_ratio_low"] >= lo) & (counted["batch_limit_ratio_high"] <= hi)).all())
-    p1_pred = _at_row("P1", p1_holds, "batch sharpness / (2/eta), the B farthest from 1",
+    p1_pred = _at_row("P1", p1_holds, f"{BATCH_COLUMNS[batch_column]} / (2/eta), the B farthest from 1",
                       counted.loc[(counted["batch_limit_ratio"] - 1).abs().idxmax()], "batch_limit_ratio",
                       f"interval inside [{lo:g}, {hi:g}] at every B")
     small = counted[counted["batch_size"] <= p2_max_batch]
