@@ -153,3 +153,12 @@ def test_p1_reads_the_pooled_batch_sharpness_when_asked_and_runs_without_it_are_
     assert unrecorded.verdict == Verdict.NOT_TESTABLE and "batch_sharpness_pooled was not recorded" in unrecorded.why
     with pytest.raises(ConfigError, match="batch_column must be one of"):
         eoss.eoss_test(runs, history, 0.1, batch_column="sharpness")
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots.findings.eoss import along_training
+    fig, ax = plt.subplots()
+    along_training(ax, old_history, old_runs, 0.1, "batch_sharpness_pooled")   # a panel that says so
+    assert "not recorded" in ax.texts[0].get_text()
+    along_training(ax, history, runs, 0.1, "batch_sharpness_pooled")
+    assert len(ax.lines) == len(BATCHES) + 1      # one line per batch size and the limit
+    plt.close(fig)

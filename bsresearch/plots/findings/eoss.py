@@ -29,8 +29,13 @@ def settled_vs_batch(ax: Axes, test: EossTest) -> None:
 
 
 def along_training(ax: Axes, history: pd.DataFrame, runs: pd.DataFrame, eta: float, column: str) -> None:
-    """The SGD runs at eta: `column` x eta / 2 along training (mean over seeds), one line per batch size."""
+    """The SGD runs at eta: `column` x eta / 2 along training (mean over seeds), one line per batch size (an empty
+    panel that says so where the runs did not record `column`)."""
     sgd = runs[(runs["optimizer"] == "sgd") & (runs["lr"].astype(float) == eta)][["run_id", "batch_size"]]
+    if column not in history:
+        ax.text(0.5, 0.5, f"{column}: not recorded by these runs", ha="center", va="center", transform=ax.transAxes)
+        ax.set(title=column)
+        return
     h = history.merge(sgd, on="run_id", suffixes=("_h", ""))
     h = h[h[column].notna() & (h["step"] > 0)]
     for batch, g in h.groupby("batch_size", sort=True):
