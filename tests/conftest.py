@@ -5,6 +5,8 @@ import contextlib
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,17 @@ from bsresearch.loop import Callback
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def torchrun(script: Path, out: Path, mode: str) -> None:
+    """`torchrun --standalone --nproc-per-node 2 SCRIPT OUT MODE` in OUT (made), one torch thread a process, the
+    repository on PYTHONPATH and the Hugging Face hub offline; fails with the end of its stderr."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLES.parent), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", "2",
+                           str(script), str(out), mode], env=env, capture_output=True, text=True, timeout=400,
+                          cwd=out)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def load_example(name: str) -> ModuleType:

@@ -4,34 +4,22 @@ directly at the same weights, and the final weights with and without it (the cur
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from conftest import torchrun
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve().parent / "integrations_ddp.py"
-
-
-def torchrun(out: Path, mode: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", "2",
-                           str(SCRIPT), str(out), mode], env=env, capture_output=True, text=True, timeout=400,
-                          cwd=out)
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.slow
 def test_ddp_noise_scale_from_the_hook_and_training_unchanged_bit_for_bit(tmp_path):
-    torchrun(tmp_path / "plain", "plain")
-    torchrun(tmp_path / "measured", "measured")
+    torchrun(SCRIPT, tmp_path / "plain", "plain")
+    torchrun(SCRIPT, tmp_path / "measured", "measured")
     plain = torch.load(tmp_path / "plain" / "weights.pt")
     measured = torch.load(tmp_path / "measured" / "weights.pt")
     assert plain.keys() == measured.keys()
