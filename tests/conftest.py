@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -32,6 +33,20 @@ def torchrun(script: Path, out: Path, mode: str) -> None:
                            str(script), str(out), mode], env=env, capture_output=True, text=True, timeout=400,
                           cwd=out)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def ddp_plain_and_measured(script: Path, tmp_path: Path, history: str) -> tuple[pd.DataFrame, list]:
+    """SCRIPT under torchrun `plain` (no callback) and `measured` (the callback and its oracle): the final weights
+    of both, bit for bit equal (asserted); the measured run's history (OUT/`history`) and the oracle's
+    (|G|^2, tr(Sigma)) pairs (OUT/expected.json)."""
+    torchrun(script, tmp_path / "plain", "plain")
+    torchrun(script, tmp_path / "measured", "measured")
+    plain = torch.load(tmp_path / "plain" / "weights.pt")
+    measured = torch.load(tmp_path / "measured" / "weights.pt")
+    assert plain.keys() == measured.keys()
+    assert all(torch.equal(plain[k], measured[k]) for k in plain)
+    expected = json.loads((tmp_path / "measured" / "expected.json").read_text())
+    return pd.read_csv(tmp_path / "measured" / history), expected
 
 
 def load_example(name: str) -> ModuleType:

@@ -3,13 +3,10 @@ noise scale from the communication hook against the two-batch estimator on the d
 directly at the same weights, and the final weights with and without it (the curvature measured) bit for bit."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
-import torch
-from conftest import torchrun
+from conftest import ddp_plain_and_measured
 
 pytest.importorskip("transformers")
 
@@ -18,14 +15,8 @@ SCRIPT = Path(__file__).resolve().parent / "integrations_ddp.py"
 
 @pytest.mark.slow
 def test_ddp_noise_scale_from_the_hook_and_training_unchanged_bit_for_bit(tmp_path):
-    torchrun(SCRIPT, tmp_path / "plain", "plain")
-    torchrun(SCRIPT, tmp_path / "measured", "measured")
-    plain = torch.load(tmp_path / "plain" / "weights.pt")
-    measured = torch.load(tmp_path / "measured" / "weights.pt")
-    assert plain.keys() == measured.keys()
-    assert all(torch.equal(plain[k], measured[k]) for k in plain)
-    history = pd.read_csv(tmp_path / "measured" / "trainer" / "bsresearch" / "history.csv")
-    expected = json.loads((tmp_path / "measured" / "expected.json").read_text())
+    # training bit for bit with the callback, then its rows against the oracle
+    history, expected = ddp_plain_and_measured(SCRIPT, tmp_path, "trainer/bsresearch/history.csv")
     assert len(history) == len(expected) == 3
     assert list(history["estimator"]) == ["devices"] * 3
     assert list(history["grad_sq_norm"]) == pytest.approx([g for g, _ in expected], rel=1e-5)
