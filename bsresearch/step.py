@@ -58,7 +58,7 @@ def micro_batch_loss(loss: torch.Tensor, n_micro: Size, n_batch: Size) -> torch.
     no target is ignored the result is the example share's bit for bit."""
     if isinstance(n_micro, torch.Tensor) or isinstance(n_batch, torch.Tensor):
         return loss * _token_share(n_micro, n_batch).to(device=loss.device, dtype=loss.dtype)
-    return loss if n_micro == n_batch else loss * (n_micro / n_batch)
+    return loss if n_micro == n_batch else loss * share_of(n_micro, n_batch)
 
 
 def _token_share(n_micro: Size, n_batch: Size) -> torch.Tensor:

@@ -383,7 +383,7 @@ def beta2_v6_test(runs: pd.DataFrame, earlier: pd.DataFrame, metric: str = "test
     says of version 6's cells (a best lr on all seeds on the grid's edge, a chosen run not ok, fewer than 2 seeds)."""
     rows = beta2_by_batch_test(runs, metric, max_seeds=0)
     mine = set(rows.per_batch["batch_size"]) if len(rows.per_batch) else set()
-    kept = earlier[(earlier.get("statistic", "d_beta2") == "d_beta2") & ~earlier["batch_size"].isin(mine)]
+    kept = earlier[earlier["statistic"].eq("d_beta2") & ~earlier["batch_size"].isin(mine)]
     before = []
     for b, g in kept.groupby("batch_size", sort=True):
         p = Paired.of(g)
