@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOTEBOOK = "01_train"
+# How long a step may take before the test calls it hung: a guard, not a speed claim (the run takes about a
+# minute on 2 quiet cores, several under a loaded machine)
+HANG = 600_000
 EDIT = '\n# typed by the browser test\nbudget = "steps"\nbudget_amount = 40\nruns_dir = {runs!r}\n'
 
 pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (`make test-browser` installs it)")
@@ -94,7 +97,6 @@ def lab(tmp_path):
 def test_run_all_of_the_training_template_in_jupyterlab(lab, tmp_path):
     from playwright.sync_api import sync_playwright
     url, token, project = lab
-    started = time.monotonic()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -124,7 +126,7 @@ def test_run_all_of_the_training_template_in_jupyterlab(lab, tmp_path):
                     const prompts = [...document.querySelectorAll(
                         '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')];
                     return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
-                }""", timeout=150_000)
+                }""", timeout=HANG)
             page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=30_000)
 
             outputs = notebook.locator(".jp-OutputArea-output")
@@ -136,7 +138,10 @@ def test_run_all_of_the_training_template_in_jupyterlab(lab, tmp_path):
             page.screenshot(path=str(SCREENSHOTS / f"{NOTEBOOK}.png"))
 
             page.keyboard.press("Control+s")
-            page.wait_for_timeout(2000)
+            # saved when the notebook's tab no longer shows unsaved changes (jupytext writes the .py in the same
+            # request as the .ipynb)
+            page.wait_for_function(
+                "() => document.querySelectorAll('.lm-TabBar-tab.jp-mod-dirty').length === 0", timeout=HANG)
         finally:
             browser.close()
 
@@ -147,4 +152,3 @@ def test_run_all_of_the_training_template_in_jupyterlab(lab, tmp_path):
     assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs)
     assert "budget_amount = 40" in (project / "notebooks" / f"{NOTEBOOK}.py").read_text()   # jupytext pairing
     assert list((tmp_path / "runs" / "notebook").glob("*/metrics.json")), "the run was not written to runs_dir"
-    assert time.monotonic() - started < 180
