@@ -133,12 +133,10 @@ def categorical(data: pd.DataFrame, column: str | None) -> tuple[pd.DataFrame, l
     return data.assign(**{column: data[column].map(labels)}), [labels[v] for v in order]
 
 
-def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: str | None = None,
-                    errorbar: Any = CI, seeds: bool = True, unit: str | None = None, x: str = "batch_size",
-                    log_y: bool = False, **kwargs: Any) -> plt.Axes:
-    """Mean of `y` over seeds against batch size (`x`, log2 axis), with a 95% interval (an accuracy's clipped to
-    [0, 1]); one line per `hue`; a loss labelled with its `unit`. log_y: a log y axis, the geometric mean
-    and the t interval of the logs (positive values only)."""
+def mean_with_bars(ax: plt.Axes, runs: pd.DataFrame, x: str, y: str, hue: str | None, errorbar: Any, log_y: bool,
+                   **kwargs: Any) -> pd.DataFrame:
+    """One line per `hue` of `y`'s mean over seeds against `x`, marked, its interval as bars (log_y: the geometric
+    mean, positive values only); the rows drawn are returned."""
     import seaborn as sns
     data = runs.dropna(subset=[y])
     data = data[data[y] > 0] if log_y else data
@@ -146,6 +144,16 @@ def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: 
     estimator, errorbar = interval_for(y, errorbar, log_y)
     sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, estimator=estimator, errorbar=errorbar, marker="o",
                  err_style="bars", seed=0, ax=ax, **kwargs)
+    return data
+
+
+def metric_vs_batch(ax: plt.Axes, runs: pd.DataFrame, y: str = "test_acc", hue: str | None = None,
+                    errorbar: Any = CI, seeds: bool = True, unit: str | None = None, x: str = "batch_size",
+                    log_y: bool = False, **kwargs: Any) -> plt.Axes:
+    """Mean of `y` over seeds against batch size (`x`, log2 axis), with a 95% interval (an accuracy's clipped to
+    [0, 1]); one line per `hue`; a loss labelled with its `unit`. log_y: a log y axis, the geometric mean
+    and the t interval of the logs (positive values only)."""
+    data = mean_with_bars(ax, runs, x, y, hue, errorbar, log_y, **kwargs)
     if seeds:
         ax.scatter(data[x], data[y], s=10, color="0.3", alpha=0.35, zorder=3, linewidths=0)
     log2_batch_axis(ax, "x", [int(b) for b in runs[x].unique()])
@@ -163,13 +171,7 @@ def metric_vs_lr(ax: plt.Axes, runs: pd.DataFrame, y: str, hue: str | None = "ba
                  **kwargs: Any) -> plt.Axes:
     """Mean of `y` over seeds against the learning rate (`x`, log axis), one line per `hue` (batch size); log_y
     as metric_vs_batch's."""
-    import seaborn as sns
-    data = runs.dropna(subset=[y])
-    data = data[data[y] > 0] if log_y else data
-    data, order = categorical(data, hue)
-    estimator, errorbar = interval_for(y, errorbar, log_y)
-    sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, estimator=estimator, errorbar=errorbar, marker="o",
-                 err_style="bars", seed=0, ax=ax, **kwargs)
+    mean_with_bars(ax, runs, x, y, hue, errorbar, log_y, **kwargs)
     ax.set_xscale("log")
     if log_y:
         ax.set_yscale("log")
