@@ -85,20 +85,17 @@ def measure(batch_size: int, batchnorm: bool, device: torch.device, seconds: flo
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--batch-sizes", default="32,256,1000,4000")
-    parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = benchmark_parser(__doc__, batch_sizes="32,256,1000,4000", seconds=0.5, repeats=7)
     parser.add_argument("--ghost-batch-size", type=int,
                         help="time ghost BatchNorm of this size instead: the library's (the ghost batches as one "
                              "BatchNorm call) against one call per ghost batch; writes cnn1d_layers_ghost_bn")
     args = parser.parse_args()
     device = start(args)
     if args.ghost_batch_size:
-        rows = [row for b in map(int, args.batch_sizes.split(","))
+        rows = [row for b in args.batch_sizes
                 for row in measure(b, True, device, args.seconds, args.repeats, args.ghost_batch_size)]
     else:
-        rows = [row for batchnorm in (False, True) for b in map(int, args.batch_sizes.split(","))
+        rows = [row for batchnorm in (False, True) for b in args.batch_sizes
                 for row in measure(b, batchnorm, device, args.seconds, args.repeats)]
     stem = "cnn1d_layers_ghost_bn" if args.ghost_batch_size else "cnn1d_layers"
     write_results(pd.DataFrame(rows), stem, device, args.out_dir)

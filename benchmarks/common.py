@@ -72,12 +72,25 @@ def write_results(df: pd.DataFrame, name: str, device: torch.device, out_dir: st
     return out
 
 
-def benchmark_parser(doc: str) -> argparse.ArgumentParser:
-    """The options every benchmark takes (--device, --threads, --out-dir); each benchmark adds its own."""
+def int_list(text: str) -> list[int]:
+    """'32,256,4000' as [32, 256, 4000] (an argparse type)."""
+    return [int(v) for v in text.split(",")]
+
+
+def benchmark_parser(doc: str, batch_sizes: str | None = None, seconds: float | None = None,
+                     repeats: int | None = None, seconds_help: str = "per timing") -> argparse.ArgumentParser:
+    """The options every benchmark takes (--device, --threads, --out-dir) and, with their defaults given, the
+    timing ones (--batch-sizes as a list of ints, --seconds, --repeats); each benchmark adds its own."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: the setting of sweeps)")
     parser.add_argument("--out-dir", default=str(RESULTS), help="where the CSV goes")
+    if batch_sizes is not None:
+        parser.add_argument("--batch-sizes", type=int_list, default=batch_sizes, help=f"[{batch_sizes}]")
+    if seconds is not None:
+        parser.add_argument("--seconds", type=float, default=seconds, help=seconds_help)
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=repeats)
     return parser
 
 

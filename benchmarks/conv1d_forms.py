@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
+from common import benchmark_parser, int_list, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 from cpu_step import cpu_name  # noqa: E402
 
 from bsresearch.models import conv1d_as_matmul, window_rows_by_slices, window_rows_by_unfold  # noqa: E402
@@ -151,16 +151,13 @@ def measure(batch_size: int, device: torch.device, seconds: float, repeats: int,
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--batch-sizes", help="[32,256,1000,4000; with --evaluate 256,2048]")
-    parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = benchmark_parser(__doc__, seconds=0.5, repeats=7)
+    parser.add_argument("--batch-sizes", type=int_list, help="[32,256,1000,4000; with --evaluate 256,2048]")
     parser.add_argument("--evaluate", action="store_true", help="time the forward pass under no_grad (evaluation)")
     args = parser.parse_args()
     device = start(args)
-    sizes = args.batch_sizes or ("256,2048" if args.evaluate else "32,256,1000,4000")
-    rows = [row for b in map(int, sizes.split(",")) for row in measure(b, device, args.seconds, args.repeats,
-                                                                       args.evaluate)]
+    sizes = args.batch_sizes or ([256, 2048] if args.evaluate else [32, 256, 1000, 4000])
+    rows = [row for b in sizes for row in measure(b, device, args.seconds, args.repeats, args.evaluate)]
     write_results(pd.DataFrame(rows), "conv1d_forms_eval" if args.evaluate else "conv1d_forms", device,
                   args.out_dir)
 

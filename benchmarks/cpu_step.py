@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
+from common import benchmark_parser, int_list, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig
 from bsresearch.data import DatasetUnavailable, dataset_for  # noqa: E402
@@ -149,13 +149,11 @@ def measure(model: str, batch_size: int, device: torch.device, seconds: float, r
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
+    parser = benchmark_parser(__doc__, seconds=1.0, repeats=7, seconds_help="per step timing")
     parser.add_argument("--models", default="cnn1d,mlp,convnet")
-    parser.add_argument("--batch-sizes", default="256,4000", help="for cnn1d and mlp")
-    parser.add_argument("--convnet-batch-sizes", default="256")
-    parser.add_argument("--seconds", type=float, default=1.0, help="per step timing")
+    parser.add_argument("--batch-sizes", type=int_list, default="256,4000", help="for cnn1d and mlp")
+    parser.add_argument("--convnet-batch-sizes", type=int_list, default="256")
     parser.add_argument("--gemm-seconds", type=float, default=0.3, help="per GEMM timing")
-    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     device = start(args)
     print(f"{cpu_name()}, {torch.get_num_threads()} thread(s), torch {torch.__version__}")
@@ -164,7 +162,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         sizes = args.convnet_batch_sizes if model == "convnet" else args.batch_sizes
-        for b in map(int, sizes.split(",")):
+        for b in sizes:
             row = measure(model, b, device, args.seconds, args.repeats, gemm)
             if row is not None:
                 rows.append(row)

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_parser, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
+from common import benchmark_parser, int_list, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
 
 from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
@@ -128,7 +128,7 @@ def measure(model: str, batch_size: int, k: int, device: torch.device, seconds: 
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
+    parser = benchmark_parser(__doc__, batch_sizes="32,256", seconds=0.5, repeats=3)
     parser.add_argument("--models", default="mlp,cnn1d", help="built-in names, or one FILE.py:NAME")
     parser.add_argument("--dataset", help="the dataset of every model [mnist1d]")
     parser.add_argument("--model-kwargs", default="{}", help="JSON: keyword arguments of a model factory")
@@ -138,10 +138,7 @@ def main() -> None:
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--lr", type=float, default=0.04, help="the members' lrs are this x 1/4, 2/4, ... 8/4")
     parser.add_argument("--stem", default="fused_runs", help="the result file's name")
-    parser.add_argument("--batch-sizes", default="32,256")
-    parser.add_argument("--ks", default="1,4,16,32,64")
-    parser.add_argument("--seconds", type=float, default=0.5, help="per timing")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ks", type=int_list, default="1,4,16,32,64")
     parser.add_argument("--compare-attention", action="store_true",
                         help="a model through the vmap path: also time the fused step with scaled_dot_product_"
                              "attention left to vmap's per-member loop (fused/attention.py's A/B)")
@@ -156,8 +153,8 @@ def main() -> None:
             fields[key] = json.loads(getattr(args, key))
     models = [args.models] if ":" in args.models else args.models.split(",")
     for model in models:
-        for b in map(int, args.batch_sizes.split(",")):
-            for k in map(int, args.ks.split(",")):
+        for b in args.batch_sizes:
+            for k in args.ks:
                 rows += measure(model, b, k, device, args.seconds, args.repeats, args.compare_attention, **fields)
     df = pd.DataFrame(rows)
     write_results(df, args.stem, device, args.out_dir)

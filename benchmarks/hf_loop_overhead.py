@@ -92,14 +92,12 @@ def measure(batch_size: int, device: torch.device, seconds: float, repeats: int)
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--batch-sizes", default="16,256")
-    parser.add_argument("--seconds", type=float, default=5.0, help="target length of one timed run")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = benchmark_parser(__doc__, batch_sizes="16,256", seconds=5.0, repeats=3,
+                              seconds_help="target length of one timed run")
     args = parser.parse_args()
     device = start(args)
     rows = []
-    for b in (int(v) for v in args.batch_sizes.split(",")):
+    for b in args.batch_sizes:
         rows += measure(b, device, args.seconds, args.repeats)
     import transformers
     df = pd.DataFrame(rows)

@@ -71,14 +71,11 @@ def measure(batch_size: int, device: torch.device, seconds: float, repeats: int)
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--batch-sizes", default="32,256,4000")
-    parser.add_argument("--seconds", type=float, default=1.0, help="per timing")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = benchmark_parser(__doc__, batch_sizes="32,256,4000", seconds=1.0, repeats=5)
     args = parser.parse_args()
     device = start(args)
     rows = []
-    for b in map(int, args.batch_sizes.split(",")):
+    for b in args.batch_sizes:
         rows += measure(b, device, args.seconds, args.repeats)
     df = pd.DataFrame(rows)
     base = df[df.loop == "tutorial DataLoader"].set_index("batch_size").steps_per_s
