@@ -142,7 +142,7 @@ V5_SWEEPS := bn_budget_bcrit bn_budget_hoffer $(V5_SPECS) lm_small_batch_sgd_v5 
 # Protocol v6 (docs/protocols.md#v6), its CPU specs (with the sweep of the edge-of-stability test's lr rule, which
 # its report reads); the GPU ones are in benchmarks/gpu_check.sh's reproduce stage
 V6_SPECS := lr_over_b_v6_mnist1d lr_over_b_v6_fashion bn_budget_hoffer_v6 eoss_v6_mnist1d eoss_v6_fashion \
-    eoss_pooled_mnist1d eoss_pooled_fashion lm_small_batch_v6
+    eoss_pooled_mnist1d eoss_pooled_fashion lm_small_batch_v6 lm_cbs_v6
 V6_SWEEPS := eoss_v6_mnist1d_eta eoss_v6_fashion_eta $(V6_SPECS)
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \

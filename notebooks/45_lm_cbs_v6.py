@@ -12,15 +12,16 @@
 # docs/protocols.md#v6-cbs. Branches one octave apart on the wsd schedule from checkpoints of a constant-lr
 # trunk; the reference's improvement is judged against the annealed loss at the checkpoint (a cooldown run), and a
 # checkpoint is stalled only when an interval says so (`findings.lm_cbs.v6_cbs_test`). The EWA arm (constant lr,
-# the weights averaged) is reported beside the verdict.
+# the weights averaged) is reported beside the verdict when the sweep has its runs (the GPU spec does; the CPU
+# spec, lm_cbs_v6, runs the primary arms only: protocol version 6.7).
 
 # %% tags=["parameters"]
 from typing import Optional
 
-sweep: str = "gpu_lm_cbs_v6"                       # the sweep's name: its runs are in RUNS_DIR/SWEEP/
+sweep: str = "lm_cbs_v6"                           # the sweep's name: its runs are in RUNS_DIR/SWEEP/
 runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
-out_dir: str = "reports/gpu_lm_cbs_v6"             # figures and tables are written here (relative: to the project)
-spec_path: Optional[str] = "experiments/gpu_lm_cbs_v6.yaml"   # the spec: which variant each run belongs to
+out_dir: str = "reports/lm_cbs_v6"                 # figures and tables are written here (relative: to the project)
+spec_path: Optional[str] = "experiments/lm_cbs_v6.yaml"   # the spec: which variant each run belongs to
 
 # %%
 import matplotlib.pyplot as plt
@@ -46,6 +47,8 @@ if test.ewa is not None:
     ewa.to_csv(out / "secondary_ewa.csv", index=False)
     print(f"secondary, the EWA arm: D = {test.ewa.d:+.2f} [{test.ewa.d_low:+.2f}, {test.ewa.d_high:+.2f}], "
           f"G = {test.ewa.g:+.2f} [{test.ewa.g_low:+.2f}, {test.ewa.g_high:+.2f}]: {test.ewa.verdict}")
+else:
+    print("secondary, the EWA arm: no runs in this sweep (gpu_lm_cbs_v6.yaml has them, for a GPU)")
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))

@@ -36,6 +36,7 @@ PROTOCOL_VERSION: dict[str, str] = {
     "eoss_v6_mnist1d": "6.1", "gpu_eoss_v6_fashion": "6.1", "gpu_lm_cbs_v6": "6.2",
     # 6.3-6.5: lr/B on Fashion-MNIST, eoss's second data set and beta2 moved to the CPU; 6.6: P1 on the ratio of means
     "eoss_v6_fashion": "6.4", "eoss_pooled_mnist1d": "6.6", "eoss_pooled_fashion": "6.6",
+    "lm_cbs_v6": "6.7",   # the CBS's primary arms moved to the CPU
 }
 
 ALSO: dict[str, str] = {   # a second test a report carries, under a later version
