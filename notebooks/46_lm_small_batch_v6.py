@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bsresearch import results
-from bsresearch.findings import lm_small_batch, power
+from bsresearch.findings import lm_small_batch
 from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 
@@ -40,12 +40,13 @@ before = pd.read_csv(project_path(earlier))
 test = lm_small_batch.beta2_v6_test(runs, before)
 print(f"VERDICT (version 5's test (1) with version 6's rows at 4 and 16): {test.verdict.upper()} - {test.why}")
 print(test.per_batch.to_string(index=False))
-# the effect each batch size's 16 seeds detect with 80% power at version 5's per-seed sd (the protocol's power table)
-v5 = before[before["statistic"].eq("d_beta2")].groupby("batch_size")["diff"].std()
-for b, row in test.rows.per_batch.set_index("batch_size").iterrows():
-    print(f"batch {b}: {row['n']} seeds detect |d_beta2| >= {power.detectable_effect(int(row['n']), float(v5[b])):.3f}"
-          f" nats with 80% power at version 5's sd {v5[b]:.3f}; held-out lrs: fixed {row['lr_fixed']}, half-life "
+# the effect each batch size's seeds detect with 80% power at version 5's per-seed sd (the protocol's power table)
+detectable = lm_small_batch.detectable_by_batch(test, before)
+for _, row in detectable.iterrows():
+    print(f"batch {row['batch_size']}: {row['n']} seeds detect |d_beta2| >= {row['detectable']:.3f} nats with 80% "
+          f"power at version 5's sd {row['sd_v5']:.3f}; held-out lrs: fixed {row['lr_fixed']}, half-life "
           f"{row['lr_half_life']}")
+detectable.to_csv(out / "power.csv", index=False)
 test.per_batch.to_csv(out / "beta2_by_batch.csv", index=False)
 test.rows.per_seed.assign(statistic="d_beta2", a_is="adam_fixed", b_is="adam_half_life") \
     .to_csv(out / "per_seed.csv", index=False)

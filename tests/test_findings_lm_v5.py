@@ -1,10 +1,12 @@
 """The language-model tests of protocol v5: the stall criterion of the branching test, beta2 at every batch
 size, SGD at its held-out best lr; each verdict on made-up runs."""
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from bsresearch.findings import lm_cbs, lm_small_batch
+from bsresearch.findings import lm_cbs, lm_small_batch, power
 from bsresearch.findings.verdict import Verdict
 
 CHECKPOINTS = (131072.0, 524288.0, 2097152.0, 8388608.0)
@@ -203,3 +205,21 @@ def test_version_6_on_its_grid_s_edge_is_not_testable():
                       lr_grid_runs(0.02, {3e-4: 2.6, 1e-3: 2.5, 3e-3: 2.55}, b=16, seeds=seeds)])
     test = lm_small_batch.beta2_v6_test(runs, earlier_per_seed())
     assert test.verdict == Verdict.NOT_TESTABLE and "batch 4" in test.why and "smallest" in test.why
+
+
+def test_a_batch_size_its_held_out_rule_empties_is_not_testable_and_has_no_power_statement():
+    # batch 4 with 16 seeds, batch 16 with 1 (a partial sweep): batch 16's one seed has no other seed to choose its
+    # lr on, so it has 0 paired seeds and the test is not testable (it once dropped the batch size and judged the
+    # rest); the detectable effect at v5's per-seed sd, as power.detectable_effect computes it, at batch 4 only
+    grid = {3e-4: 2.6, 1e-3: 2.5, 3e-3: 2.55, 1e-2: 2.7}
+    runs = pd.concat([lr_grid_runs(0.02, grid, b=4, seeds=tuple(range(50, 66))),
+                      lr_grid_runs(0.02, grid, b=16, seeds=(50,))])
+    earlier = earlier_per_seed()
+    test = lm_small_batch.beta2_v6_test(runs, earlier)
+    assert test.verdict == Verdict.NOT_TESTABLE and test.why == "batch 16: 0 paired seeds"
+    table = lm_small_batch.detectable_by_batch(test, earlier).set_index("batch_size")
+    sd4 = earlier[(earlier["statistic"] == "d_beta2") & (earlier["batch_size"] == 4)]["diff"].std()
+    assert table.loc[4, "n"] == 16 and table.loc[4, "sd_v5"] == pytest.approx(sd4)
+    assert table.loc[4, "detectable"] == pytest.approx(power.detectable_effect(16, sd4))
+    assert 0 < table.loc[4, "detectable"] < 3 * sd4
+    assert table.loc[16, "n"] == 0 and math.isnan(table.loc[16, "detectable"])

@@ -314,9 +314,10 @@ def beta2_by_batch_test(runs: pd.DataFrame, metric: str = "test_loss", min_updat
         cells.append(cell)
         problems += [f"{r.setting} batch {r.batch_size} seed {r.seed}: run {r.state}" for r in cell.itertuples()
                      if r.state != "ok"]
+    batches = sorted(data["batch_size"].unique())   # every batch size run: one its held-out rule empties stays
     data = pd.concat(cells) if cells else data
     rows, seeds = [], []
-    for b in sorted(data["batch_size"].unique()):
+    for b in batches:
         seeds.append(paired_per_seed(data, ("adam_fixed", int(b)), ("adam_half_life", int(b)))
                      .assign(batch_size=int(b)))
         p = Paired.of(seeds[-1])
@@ -397,6 +398,22 @@ def beta2_v6_test(runs: pd.DataFrame, earlier: pd.DataFrame, metric: str = "test
     verdict, why = _beta2_verdict(per)
     return Beta2V6Test(rows, per, verdict, why)
 
+
+
+def detectable_by_batch(test: Beta2V6Test, earlier: pd.DataFrame, target: float = 0.8) -> pd.DataFrame:
+    """Per batch size of version 6's rows: its seeds, version 5's per-seed sd of d_beta2 there (from `earlier`,
+    its committed per-seed table), the smallest |d_beta2| those seeds detect with `target` power at that sd (the
+    protocol's power statement; NaN with fewer than 2 seeds, as in a partial report), and the held-out lrs."""
+    from .power import detectable_effect
+    sd = earlier[earlier["statistic"].eq("d_beta2")].groupby("batch_size")["diff"].std()
+    rows = []
+    for _, row in test.rows.per_batch.iterrows():
+        b, n = int(row["batch_size"]), int(row["n"])
+        rows.append({"batch_size": b, "n": n, "sd_v5": float(sd.get(b, math.nan)),
+                     "detectable": detectable_effect(n, float(sd[b]), target=target)
+                     if n >= 2 and b in sd.index else math.nan,
+                     "lr_fixed": row["lr_fixed"], "lr_half_life": row["lr_half_life"]})
+    return pd.DataFrame(rows, columns=["batch_size", "n", "sd_v5", "detectable", "lr_fixed", "lr_half_life"])
 
 @dataclass(frozen=True)
 class SgdTest(PreregisteredTest):
