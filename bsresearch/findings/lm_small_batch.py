@@ -356,8 +356,8 @@ def _beta2_verdict(per: pd.DataFrame) -> tuple[Verdict, str]:
     if worse:
         return Verdict.PARTLY, (f"the half-life beta2 wins at batch {small}, but the fixed beta2 is better at "
                                 f"batch {', '.join(map(str, worse))}")
-    return Verdict.REPRODUCED, (f"the half-life beta2 wins at batch {small} and is never worse "
-                                f"(batches {', '.join(map(str, per['batch_size']))})")
+    return Verdict.REPRODUCED, (f"the half-life beta2 wins at batch {small}, and at no batch is the fixed beta2 "
+                                f"shown better (batches {', '.join(map(str, per['batch_size']))})")
 
 
 def beta2_reading(low: float, high: float) -> str:
