@@ -25,6 +25,7 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
+from . import power
 from .verdict import PreregisteredTest, Verdict
 
 SETTINGS = ("adam_fixed", "adam_half_life", "sgd")
@@ -399,21 +400,20 @@ def beta2_v6_test(runs: pd.DataFrame, earlier: pd.DataFrame, metric: str = "test
     return Beta2V6Test(rows, per, verdict, why)
 
 
-
 def detectable_by_batch(test: Beta2V6Test, earlier: pd.DataFrame, target: float = 0.8) -> pd.DataFrame:
     """Per batch size of version 6's rows: its seeds, version 5's per-seed sd of d_beta2 there (from `earlier`,
     its committed per-seed table), the smallest |d_beta2| those seeds detect with `target` power at that sd (the
     protocol's power statement; NaN with fewer than 2 seeds, as in a partial report), and the held-out lrs."""
-    from .power import detectable_effect
-    sd = earlier[earlier["statistic"].eq("d_beta2")].groupby("batch_size")["diff"].std()
+    sd = power.d_beta2_by_batch(earlier)["sd"]
     rows = []
     for _, row in test.rows.per_batch.iterrows():
         b, n = int(row["batch_size"]), int(row["n"])
-        rows.append({"batch_size": b, "n": n, "sd_v5": float(sd.get(b, math.nan)),
-                     "detectable": detectable_effect(n, float(sd[b]), target=target)
-                     if n >= 2 and b in sd.index else math.nan,
+        known = n >= 2 and b in sd.index
+        rows.append({"batch_size": b, "n": n, "sd_v5": float(sd[b]) if b in sd.index else math.nan,
+                     "detectable": power.detectable_effect(n, float(sd[b]), target=target) if known else math.nan,
                      "lr_fixed": row["lr_fixed"], "lr_half_life": row["lr_half_life"]})
     return pd.DataFrame(rows, columns=["batch_size", "n", "sd_v5", "detectable", "lr_fixed", "lr_half_life"])
+
 
 @dataclass(frozen=True)
 class SgdTest(PreregisteredTest):

@@ -120,6 +120,13 @@ BETA2_MIN_EFFECT = 0.05         # nats: d_beta2 (batch 1's effect at v5 was 0.07
 LOG2_MARGIN = 1.0               # an octave (the CBS test's G threshold)
 
 
+def d_beta2_by_batch(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """Per batch size (the index), the `mean` and per-seed `sd` of d_beta2 in a per-seed table of the beta2 test
+    (reports/lm_small_batch_v5/per_seed.csv: its rows whose statistic is d_beta2)."""
+    diff = per_seed[per_seed["statistic"] == "d_beta2"].groupby("batch_size")["diff"]
+    return pd.DataFrame({"mean": diff.mean(), "sd": diff.std(ddof=1)})
+
+
 def _gaps(root: Path) -> pd.DataFrame:
     return pd.read_csv(root / "reports" / "bn_budget_goyal" / "gaps.csv").set_index("n")
 
@@ -162,12 +169,11 @@ def power_table(root: Path) -> pd.DataFrame:
     sd = contrast_sd({"long": sb_sd, "short": sb_sd}, {"long": 1.0, "short": -1.0})
     rows.append({"test": "hoffer v6: ladder U_4 above 0", "sd": sd, "effect": LADDER_MIN_EFFECT, "bound": 0.0,
                  "kind": "superiority", "measured": math.nan, "seeds": seeds_for_power(sd, LADDER_MIN_EFFECT)})
-    per_seed = pd.read_csv(root / "reports" / "lm_small_batch_v5" / "per_seed.csv")
+    beta2 = d_beta2_by_batch(pd.read_csv(root / "reports" / "lm_small_batch_v5" / "per_seed.csv"))
     for batch in (4, 16):
-        diff = per_seed[(per_seed["statistic"] == "d_beta2") & (per_seed["batch_size"] == batch)]["diff"]
-        sd = float(diff.std(ddof=1))
+        sd = float(beta2.loc[batch, "sd"])
         rows.append({"test": f"beta2 v6: d_beta2({batch}) beyond 0", "sd": sd, "effect": BETA2_MIN_EFFECT,
-                     "bound": 0.0, "kind": "superiority", "measured": float(diff.mean()),
+                     "bound": 0.0, "kind": "superiority", "measured": float(beta2.loc[batch, "mean"]),
                      "seeds": seeds_for_power(sd, BETA2_MIN_EFFECT)})
     cbs = pd.read_csv(root / "reports" / "lm_cbs_long" / "cbs_per_seed.csv").pivot(
         index="seed", columns="checkpoint", values="log2_cbs")
