@@ -152,6 +152,22 @@ def test_stall_per_seed_holds_what_the_stall_table_averages_and_the_figure_draws
     plt.close(fig)
 
 
+def test_the_stall_figure_of_a_partial_sweep_draws_what_is_measured_and_says_what_is_not():
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots.findings.lm_cbs import stall_vs_tokens
+    runs = branching(GROWS.get, lambda c: 3.0, lambda c: 2.8)
+    branches, at = lm_cbs.branch_losses(runs), lm_cbs.checkpoint_losses(runs)
+    seeds, table = lm_cbs.stall_per_seed(branches, at), lm_cbs.stall_table(branches, at)
+    seeds["improvement"], table["improvement"] = np.nan, np.nan       # no reference loss at any checkpoint yet
+    fig, axes = plt.subplots(1, 2)
+    stall_vs_tokens((axes[0], axes[1]), seeds, table)
+    fig.canvas.draw()                                                 # a log axis over no data raised here
+    assert [t.get_text() for t in axes[0].texts] == ["not measured yet"] and not axes[0].collections
+    assert len(axes[1].collections) == 1 and not axes[1].texts
+    plt.close(fig)
+
+
 def test_a_not_testable_long_test_names_the_stalled_checkpoint_not_those_dropped_after_it():
     end = {c: 2.8 for c in CHECKPOINTS} | {CHECKPOINTS[1]: 2.99}      # only the second checkpoint stalls
     test = analyse(branching(GROWS.get, lambda c: 3.0, end.get))

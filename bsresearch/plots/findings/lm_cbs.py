@@ -52,12 +52,18 @@ def ratio_vs_k(ax: plt.Axes, ratios: pd.DataFrame, eps: float = EPS) -> plt.Axes
 def stall_vs_tokens(axes: tuple[plt.Axes, plt.Axes], per_seed: pd.DataFrame, stalls: pd.DataFrame) -> None:
     """The stall criterion of protocol v5 against the tokens at each checkpoint, each seed and the mean over seeds
     (what the criterion reads): left, the reference's improvement over its window against its 2% floor; right,
-    the smallest L_k / L_1 over k >= 2 against its 0.995 floor. A stalled checkpoint's mean is drawn in red."""
+    the smallest L_k / L_1 over k >= 2 against its 0.995 floor. A stalled checkpoint's mean is drawn in red.
+    Only measured values are drawn (a partial sweep may lack the runs a column needs); a panel with none says so."""
     for ax, column, floor, label in ((axes[0], "improvement", STALL_IMPROVEMENT, "1 - L_1(T0 + W) / L(T0)"),
                                      (axes[1], "min_ratio", 1 - STALL_BEATEN, "min over k >= 2 of L_k / L_1")):
-        ax.plot(per_seed["checkpoint"], per_seed[column], ".", color="0.6", label="each seed")
-        colours = np.where(stalls["stalled"].astype(bool), "tab:red", "tab:blue")
-        ax.scatter(stalls["checkpoint"], stalls[column], c=colours, s=40, zorder=3, label="mean (red: stalled)")
+        seeds, means = per_seed[per_seed[column].notna()], stalls[stalls[column].notna()]
+        ax.set(xlabel="tokens at the checkpoint", ylabel=label)
+        if seeds.empty and means.empty:
+            ax.text(0.5, 0.5, "not measured yet", transform=ax.transAxes, ha="center", va="center")
+        else:
+            ax.plot(seeds["checkpoint"], seeds[column], ".", color="0.6", label="each seed")
+            colours = np.where(means["stalled"].astype(bool), "tab:red", "tab:blue")
+            ax.scatter(means["checkpoint"], means[column], c=colours, s=40, zorder=3, label="mean (red: stalled)")
+            ax.set_xscale("log")
         ax.axhline(floor, color="k", ls="--", lw=1, label=f"floor {floor:g}")
-        ax.set(xscale="log", xlabel="tokens at the checkpoint", ylabel=label)
         ax.legend(fontsize=7)
