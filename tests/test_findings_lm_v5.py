@@ -168,6 +168,14 @@ def test_the_stall_figure_of_a_partial_sweep_draws_what_is_measured_and_says_wha
     plt.close(fig)
 
 
+def test_a_long_test_with_too_few_checkpoints_and_none_stalled_says_so_not_that_one_stalled():
+    runs = branching(GROWS.get, lambda c: 3.0, lambda c: 2.8)
+    runs = runs[runs["budget_amount"] >= CHECKPOINTS[2]]              # a partial sweep: the last two checkpoints
+    test = analyse(runs)
+    assert test.verdict == Verdict.NOT_TESTABLE and not test.stalls["stalled"].any()
+    assert test.why == "2 checkpoint(s) have branch losses, fewer than the 3 the test needs"
+
+
 def test_a_not_testable_long_test_names_the_stalled_checkpoint_not_those_dropped_after_it():
     end = {c: 2.8 for c in CHECKPOINTS} | {CHECKPOINTS[1]: 2.99}      # only the second checkpoint stalls
     test = analyse(branching(GROWS.get, lambda c: 3.0, end.get))

@@ -294,9 +294,12 @@ def long_cbs_test(cbs: pd.DataFrame, stalls: pd.DataFrame) -> LongCBSTest:
         usable = [c for c in usable if c < min(stalled_before)]
     if len(usable) < 3:
         stalled = [c for c in ordered if c not in set(fine)]
-        why = (f"the reference stalled at {', '.join(f'{c:,.0f}' for c in stalled)} tokens (stall table); the test "
-               f"may use only the checkpoints before the first stalled one: {len(usable)} of {len(ordered)}, fewer "
-               f"than 3")
+        if stalled:
+            why = (f"the reference stalled at {', '.join(f'{c:,.0f}' for c in stalled)} tokens (stall table); the "
+                   f"test may use only the checkpoints before the first stalled one: {len(usable)} of "
+                   f"{len(ordered)}, fewer than 3")
+        else:
+            why = f"{len(ordered)} checkpoint(s) have branch losses, fewer than the 3 the test needs"
         return LongCBSTest(None, planned, usable[-1] if usable else math.nan, stalls, Verdict.NOT_TESTABLE, why,
                            (why,))
     test = cbs_test(cbs[cbs["checkpoint"].isin(usable)])
