@@ -105,6 +105,8 @@ def test_the_table_beside_b_simple_and_the_figures():
     cbs_vs_tokens(axes[0], table, cbs)
     ratio_vs_k(axes[1], ratios)
     assert len(axes[0].get_legend().get_texts()) == 3
+    bars = [c for c in axes[1].containers if c.has_yerr]           # the interval the caption promises, per checkpoint
+    assert len(bars) == ratios["checkpoint"].nunique()
     plt.close(fig)
 
 

@@ -38,10 +38,13 @@ def cbs_vs_tokens(ax: plt.Axes, table: pd.DataFrame, cbs: pd.DataFrame, unit: st
 
 
 def ratio_vs_k(ax: plt.Axes, ratios: pd.DataFrame, eps: float = EPS) -> plt.Axes:
-    """L_k / L_1 against k, one line per checkpoint (mean over seeds), and the tolerance 1 + eps."""
+    """L_k / L_1 against k, one line per checkpoint (mean over seeds, its t interval as bars: loss_ratios'
+    `ratio_low` and `ratio_high`), and the tolerance 1 + eps."""
     for i, (checkpoint, g) in enumerate(ratios.groupby("checkpoint", sort=True)):
-        ax.plot(g["k"], g["ratio_mean"], "o-", color=plt.cm.viridis(i / max(1, ratios["checkpoint"].nunique() - 1)),
-                label=f"{checkpoint:,.0f} tokens")
+        mean = g["ratio_mean"].to_numpy(float)
+        yerr = np.nan_to_num(np.vstack([mean - g["ratio_low"].to_numpy(float), g["ratio_high"].to_numpy(float) - mean]))
+        colour = plt.cm.viridis(i / max(1, ratios["checkpoint"].nunique() - 1))
+        ax.errorbar(g["k"], mean, yerr=yerr, fmt="o-", capsize=3, color=colour, label=f"{checkpoint:,.0f} tokens")
     ax.axhline(1 + eps, color="0.3", linestyle="--", linewidth=0.8, label=f"tolerance 1 + {eps:g}")
     log2_batch_axis(ax, "x")
     ax.set(xlabel="k (branch batch / original batch)", ylabel="loss after the window / loss at k = 1")
