@@ -52,12 +52,15 @@ def ratio_vs_k(ax: plt.Axes, ratios: pd.DataFrame, eps: float = EPS) -> plt.Axes
     return ax
 
 
-def stall_vs_tokens(axes: tuple[plt.Axes, plt.Axes], per_seed: pd.DataFrame, stalls: pd.DataFrame) -> None:
+def stall_vs_tokens(axes: tuple[plt.Axes, plt.Axes], per_seed: pd.DataFrame, stalls: pd.DataFrame,
+                    reference: str = "L(T0)") -> None:
     """The stall criterion of protocol v5 against the tokens at each checkpoint, each seed and the mean over seeds
     (what the criterion reads): left, the reference's improvement over its window against its 2% floor; right,
     the smallest L_k / L_1 over k >= 2 against its 0.995 floor. A stalled checkpoint's mean is drawn in red.
-    Only measured values are drawn (a partial sweep may lack the runs a column needs); a panel with none says so."""
-    for ax, column, floor, label in ((axes[0], "improvement", STALL_IMPROVEMENT, "1 - L_1(T0 + W) / L(T0)"),
+    `reference`: the loss at the checkpoint the improvement is judged against, as the y label names it (protocol v6:
+    the cooldown's L_cool(T0)). Only measured values are drawn (a partial sweep may lack the runs a column needs);
+    a panel with none says so."""
+    for ax, column, floor, label in ((axes[0], "improvement", STALL_IMPROVEMENT, f"1 - L_1(T0 + W) / {reference}"),
                                      (axes[1], "min_ratio", 1 - STALL_BEATEN, "min over k >= 2 of L_k / L_1")):
         seeds, means = per_seed[per_seed[column].notna()], stalls[stalls[column].notna()]
         ax.set(xlabel="tokens at the checkpoint", ylabel=label)
