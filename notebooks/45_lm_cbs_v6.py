@@ -61,8 +61,16 @@ caption = ("The stall criterion (protocol v6), computed on the annealed referenc
 save_figure(fig, out / "stall", caption, runs=runs)
 plt.show()
 
+# %% [markdown]
+# Beside the test, no verdict: the CBS's geometric mean over seeds (with its t interval) at each checkpoint, at the
+# test's tolerance (0.01) and at 0.005 and 0.02, and the loss ratios it is read from.
+
 # %%
-ratios = lm_cbs.loss_ratios(lm_cbs.branch_losses(lm_cbs.v6_kinds(runs)["branches"]))
+branches = lm_cbs.branch_losses(lm_cbs.v6_kinds(runs)["branches"])
+tolerances = lm_cbs.cbs_by_tolerance(branches)
+tolerances.to_csv(out / "cbs_by_tolerance.csv", index=False)
+print(tolerances.pivot(index="checkpoint", columns="eps", values="cbs_gmean").round(1).to_string())
+ratios = lm_cbs.loss_ratios(branches)
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 for ax in axes:
     figures.ratio_vs_k(ax, ratios)

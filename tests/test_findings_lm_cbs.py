@@ -8,7 +8,15 @@ import pandas as pd
 import pytest
 
 from bsresearch.config import ConfigError
-from bsresearch.findings.lm_cbs import branch_losses, cbs_by_checkpoint, cbs_test, critical_batch_sizes, loss_ratios
+from bsresearch.findings.lm_cbs import (
+    EPS,
+    branch_losses,
+    cbs_by_checkpoint,
+    cbs_by_tolerance,
+    cbs_test,
+    critical_batch_sizes,
+    loss_ratios,
+)
 from bsresearch.findings.verdict import Verdict
 from bsresearch.plots.findings.lm_cbs import cbs_vs_tokens, ratio_vs_k
 
@@ -140,3 +148,17 @@ def test_version_6_stalls_only_when_the_interval_is_below_the_floor():
     assert table["stalled"].tolist() == [False, True, True, False]
     assert table.loc[1.0, "improvement_low"] < 0.02 < table.loc[1.0, "improvement_high"]
     assert table.loc[1.0, "improvement"] == pytest.approx(0.0192)
+
+
+def test_the_cbs_by_tolerance_holds_the_tests_cbs_at_eps_and_moves_with_the_tolerance():
+    data = runs(lambda s, c: GROWS[c])
+    losses = branch_losses(data)
+    k = losses["k"].to_numpy(float)
+    losses["ratio"] = np.where(k == 1, 1.0, 1.0 + 0.003 * np.log2(np.maximum(k, 1)))   # 1.003 at k = 2 ... 1.012 at 16
+    table = cbs_by_tolerance(losses)
+    assert sorted(table["eps"].unique()) == [0.005, EPS, 0.02]
+    at_eps = table[table["eps"] == EPS].drop(columns="eps").reset_index(drop=True)
+    pd.testing.assert_frame_equal(at_eps, cbs_by_checkpoint(critical_batch_sizes(losses)))
+    # ratios 1.003, 1.006, 1.009, 1.012 at k = 2, 4, 8, 16 (b0 = 4): eps 0.005 keeps k <= 2, 0.01 k <= 8, 0.02 all
+    assert table.groupby("eps")["cbs_gmean"].first().tolist() == pytest.approx([8, 32, 64])
+    assert table.loc[table["eps"] == 0.02, "censored"].tolist() == [5, 5, 5]

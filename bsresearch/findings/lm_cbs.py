@@ -166,6 +166,13 @@ def cbs_by_checkpoint(cbs: pd.DataFrame, runs: pd.DataFrame | None = None, noise
     return pd.DataFrame(rows)
 
 
+def cbs_by_tolerance(branches: pd.DataFrame, tolerances: Sequence[float] = (0.005, EPS, 0.02)) -> pd.DataFrame:
+    """cbs_by_checkpoint at each tolerance eps (a column), the pre-registered EPS among them: how much the CBS
+    depends on the tolerance, reported beside a test, never deciding it."""
+    return pd.concat([cbs_by_checkpoint(critical_batch_sizes(branches, eps=eps)).assign(eps=eps)
+                      for eps in tolerances], ignore_index=True)
+
+
 def loss_ratios(branches: pd.DataFrame) -> pd.DataFrame:
     """Per (checkpoint, k): the mean over seeds of L_k / L_1 (finite ratios) with its t interval."""
     finite = branches[np.isfinite(branches["ratio"])]
