@@ -22,10 +22,12 @@ import matplotlib
 if "ipykernel" not in sys.modules and not os.environ.get("MPLBACKEND"):
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
 if TYPE_CHECKING:
     import pandas as pd
+    from numpy.typing import ArrayLike
 
 
 def log2_batch_axis(ax: plt.Axes, axis: str = "x", values: list[int] | None = None) -> None:
@@ -45,6 +47,13 @@ def log2_batch_axis(ax: plt.Axes, axis: str = "x", values: list[int] | None = No
 
 PNG_DPI = 200          # the resolution of a saved PNG ...
 PNG_MAX_WIDTH = 1600   # ... lowered for a wide figure, so that the PNG opens whole in a viewer (pixels)
+
+
+def interval_err(estimate: ArrayLike, low: ArrayLike, high: ArrayLike) -> np.ndarray:
+    """Error bars for `ax.errorbar` from an estimate and its interval's ends (arrays or Series alike): the 2 x n
+    array [estimate - low, high - estimate], a missing end drawn as no bar."""
+    estimate = np.asarray(estimate, dtype=float)
+    return np.nan_to_num(np.vstack([estimate - np.asarray(low, dtype=float), np.asarray(high, dtype=float) - estimate]))
 
 
 def save_figure(fig: plt.Figure, stem: str | Path, caption: str, runs: pd.DataFrame | None = None) -> list[Path]:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ...findings.lm_cbs import EPS, STALL_BEATEN, STALL_IMPROVEMENT
-from .. import log2_batch_axis
+from .. import interval_err, log2_batch_axis
 
 
 def cbs_vs_tokens(ax: plt.Axes, table: pd.DataFrame, cbs: pd.DataFrame, unit: str = "sequences") -> plt.Axes:
@@ -23,11 +23,11 @@ def cbs_vs_tokens(ax: plt.Axes, table: pd.DataFrame, cbs: pd.DataFrame, unit: st
                label="CBS, each seed")
     x = table["checkpoint"].to_numpy(float)
     mean = table["cbs_gmean"].to_numpy(float)
-    ax.errorbar(x, mean, yerr=np.vstack([mean - table["cbs_low"], table["cbs_high"] - mean]), fmt="o-", color="C0",
+    ax.errorbar(x, mean, yerr=interval_err(mean, table["cbs_low"], table["cbs_high"]), fmt="o-", color="C0",
                 capsize=3, label="CBS by branching: geometric mean, t interval")
     if "b_simple_mean" in table:
         b = table["b_simple_mean"].to_numpy(float)
-        yerr = np.nan_to_num(np.vstack([b - table["b_simple_low"], table["b_simple_high"] - b]))
+        yerr = interval_err(b, table["b_simple_low"], table["b_simple_high"])
         ax.errorbar(x * 1.03, b, yerr=yerr, fmt="s--", color="C1", capsize=3,
                     label="B_simple (noise scale): mean, t interval")
     ax.set_xscale("log")
@@ -42,7 +42,7 @@ def ratio_vs_k(ax: plt.Axes, ratios: pd.DataFrame, eps: float = EPS) -> plt.Axes
     `ratio_low` and `ratio_high`), and the tolerance 1 + eps."""
     for i, (checkpoint, g) in enumerate(ratios.groupby("checkpoint", sort=True)):
         mean = g["ratio_mean"].to_numpy(float)
-        yerr = np.nan_to_num(np.vstack([mean - g["ratio_low"].to_numpy(float), g["ratio_high"].to_numpy(float) - mean]))
+        yerr = interval_err(mean, g["ratio_low"], g["ratio_high"])
         colour = plt.cm.viridis(i / max(1, ratios["checkpoint"].nunique() - 1))
         ax.errorbar(g["k"], mean, yerr=yerr, fmt="o-", capsize=3, color=colour, label=f"{checkpoint:,.0f} tokens")
     ax.axhline(1 + eps, color="0.3", linestyle="--", linewidth=0.8, label=f"tolerance 1 + {eps:g}")

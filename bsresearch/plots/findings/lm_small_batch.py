@@ -8,11 +8,10 @@ Setting and pre-registered test: docs/protocols.md#lm-small-batch.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from ...findings.lm_small_batch import SETTINGS
-from .. import log2_batch_axis
+from .. import interval_err, log2_batch_axis
 from ..sweeps import axis_label
 
 
@@ -22,7 +21,7 @@ def loss_vs_batch(ax: plt.Axes, table: pd.DataFrame, metric: str = "test_loss", 
                                 if s in set(table["setting"])):
         g = table[table["setting"] == setting].sort_values("batch_size")
         mean = g[f"{metric}_mean"].to_numpy(float)
-        yerr = np.nan_to_num(np.vstack([mean - g[f"{metric}_low"], g[f"{metric}_high"] - mean]))
+        yerr = interval_err(mean, g[f"{metric}_low"], g[f"{metric}_high"])
         ax.errorbar(g["batch_size"], mean, yerr=yerr, fmt="o-" if "accumulated" not in setting else "D",
                     color=f"C{i}", capsize=3, label=setting.replace("_", " "))
     log2_batch_axis(ax, "x", sorted(int(b) for b in table["batch_size"].unique()))

@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
-from .. import log2_batch_axis
+from .. import interval_err, log2_batch_axis
 
 
 def steps_by_optimizer(ax: plt.Axes, table: pd.DataFrame, fits: dict[str, Any] | None = None,
@@ -42,7 +41,7 @@ def critical_batch_vs_power(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
     for i, (momentum, group) in enumerate(table.groupby("momentum", sort=True)):
         group = group.sort_values("power")
         b = group["b_crit"].to_numpy(float)
-        err = np.vstack([b - group["b_crit_low"].to_numpy(float), group["b_crit_high"].to_numpy(float) - b])
+        err = interval_err(b, group["b_crit_low"], group["b_crit_high"])
         ax.errorbar(group["power"], b, yerr=err, fmt="o-", capsize=3, color=f"C{i}",
                     label="momentum tuned in {0, 0.5, 0.9, 0.99}" if momentum else "no momentum")
     ax.set_yscale("log")

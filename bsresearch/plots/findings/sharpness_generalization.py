@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullFormatter
 
+from .. import interval_err
 from ..sweeps import axis_label
 
 
@@ -22,8 +23,8 @@ def correlation_plot(ax: plt.Axes, table: pd.DataFrame) -> plt.Axes:
     for j, scope in enumerate(scopes):
         part = table[table["scope"] == scope].set_index("measure").reindex(measures)
         y = np.arange(len(measures)) + (j - (len(scopes) - 1) / 2) * 0.22
-        err = np.vstack([part["tau"] - part["low"], part["high"] - part["tau"]])
-        ax.errorbar(part["tau"], y, xerr=np.nan_to_num(err), fmt="o", ms=4, capsize=2, label=scope)
+        err = interval_err(part["tau"], part["low"], part["high"])
+        ax.errorbar(part["tau"], y, xerr=err, fmt="o", ms=4, capsize=2, label=scope)
     ax.axvline(0, color="0.5", lw=0.8)
     ax.set_yticks(np.arange(len(measures)), measures)
     ax.invert_yaxis()

@@ -25,7 +25,7 @@ from ...findings.smith_le import (
     _included_runs,
     sgd_noise_scale,
 )
-from .. import log2_batch_axis
+from .. import interval_err, log2_batch_axis
 from ..sweeps import (
     CI,
     axis_label,
@@ -86,7 +86,7 @@ def optimum_scaling(ax: plt.Axes, optimum: Optimum, fit: PowerLaw | None = None,
     table = optimum.table.sort_values(optimum.by)
     x = table[optimum.by].to_numpy(float)
     b = table["x_opt"].to_numpy(float)
-    err = np.vstack([b - table["x_opt_low"].to_numpy(float), table["x_opt_high"].to_numpy(float) - b])
+    err = interval_err(b, table["x_opt_low"], table["x_opt_high"])
     interior = table["interior"].to_numpy(bool)
     ax.errorbar(x[interior], b[interior], yerr=err[:, interior], fmt="o", color="C0", capsize=3,
                 label=f"B_opt, {optimum.confidence:.0%} bootstrap")
