@@ -1,3 +1,9 @@
+import sys
+
 from .cli import main
 
-raise SystemExit(main())
+code = main()
+place = sys.modules.get("bsresearch.devices.place")
+if place is not None:   # a device process (torchrun, srun) that joined a group ends there, its results written
+    place.leave_process(code)
+raise SystemExit(code)

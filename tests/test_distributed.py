@@ -167,6 +167,27 @@ def test_torchrun_starts_the_same_command_and_it_joins_the_group(tmp_path):
     assert json.loads((tmp_path / "run" / "status.json").read_text())["devices"]["count"] == 2
 
 
+@pytest.mark.parametrize("joined", [True, False])
+def test_a_process_that_joined_a_group_leaves_after_its_atexit_handlers_and_flushed_output(tmp_path, joined):
+    """leave_process (the end of python -m bsresearch in a device process): the user's atexit handlers run, what
+    was printed is flushed, the exit code is the command's, and nothing after it runs (no teardown); a process
+    that joined no group returns from it."""
+    script = f"""
+import atexit, sys
+from bsresearch.devices import place
+place.JOINED = {joined}
+atexit.register(lambda: open({str(tmp_path / "atexit")!r}, "w").write("ran"))
+sys.stdout.write("printed, not flushed")
+place.leave_process(3)
+print(" and after")
+"""
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    expected = (3, "printed, not flushed") if joined else (0, "printed, not flushed and after\n")
+    assert (done.returncode, done.stdout) == expected
+    assert (tmp_path / "atexit").read_text() == "ran"
+
+
 def test_settle_waits_until_the_thread_that_ran_the_hooks_callback_lets_go_of_it():
     """The cause of the abort at exit (noise/device.py): the thread that completes an all-reduce lets go of the
     hook's Python callback, taking the GIL, after DDP has its result. Oracle: a thread holding a callback until

@@ -4,8 +4,10 @@ to report). Not a command for people: `bsresearch train` and `bsresearch sweep` 
 import sys
 
 from .launch import step_task_main
+from .place import leave_process
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m bsresearch.devices FOLDER (started by the srun launcher)")
     step_task_main(sys.argv[1])
+    leave_process(0)

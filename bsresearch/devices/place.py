@@ -4,11 +4,13 @@
 A collective waits at most COLLECTIVE_TIMEOUT seconds."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -94,6 +96,21 @@ def group_device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+JOINED = False   # whether this process joined a device group (its entry point then ends it by leave_process)
+
+
+def leave_process(code: int) -> None:
+    """End a process that joined a device group, its results written: run its atexit handlers (a user's too),
+    flush, and exit without the interpreter's teardown. DDP keeps gloo's worker threads running after the group
+    is destroyed, and a teardown beside them can still abort a finished run ("terminate called without an active
+    exception", SIGABRT; docs/testing.md#the-abort-at-exit). A process that joined no group returns."""
+    if JOINED:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 @contextlib.contextmanager
 def process_group(place: GroupPlace, device: torch.device) -> Iterator[None]:
     """Join the group (gloo on the CPU, NCCL on CUDA) for the duration; collectives time out after
@@ -103,6 +120,8 @@ def process_group(place: GroupPlace, device: torch.device) -> Iterator[None]:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=place.init_method,
                             rank=place.rank, world_size=place.world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
+    global JOINED
+    JOINED = True
     try:
         yield
     finally:
