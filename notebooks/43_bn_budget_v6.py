@@ -35,15 +35,13 @@ from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 
 runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
-if bcrit_sweep in results.sweeps_run(bcrit_sweep, runs_dir):
-    c = bn_budget.octaves(bn_budget.bcrit_shift(bn_budget.critical_batch_by_n(results.load(bcrit_sweep,
-                                                                                             runs_root=runs_dir))))
-    c_source = f"B_crit in the design's own setting ({bcrit_sweep})"
-else:
-    row = pd.read_csv(project_path(fallback_c)).iloc[0]
-    c = (float(row["c"]), float(row["c_low"]), float(row["c_high"]))
-    c_source = f"plain-SGD c of version 5 ({fallback_c}: {bcrit_sweep} has not run)"
+row = pd.read_csv(project_path(fallback_c)).iloc[0]
+own = results.load(bcrit_sweep, runs_root=runs_dir) if results.sweeps_run(bcrit_sweep, runs_dir) else None
+c, c_source, bcrit = bn_budget.predictor_c(own, (float(row["c"]), float(row["c_low"]), float(row["c_high"])),
+                                           bcrit_sweep)
 print(f"c = {c[0]:+.2f} [{c[1]:+.2f}, {c[2]:+.2f}] octaves: {c_source}")
+if not bcrit.empty:
+    bcrit.to_csv(out / "b_crit_own_setting.csv", index=False)
 
 # %%
 test = bn_budget.predictor_gap_test(runs, c)

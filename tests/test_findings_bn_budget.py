@@ -255,6 +255,29 @@ def test_the_v6_break_test_is_not_testable_without_a_break_or_with_an_edge():
     assert "arms" in bn_budget.predictor_break_test(two[two["arm"] != "examples"], None).why
 
 
+def test_the_v6_break_figure_draws_the_three_arms_and_the_lines_through_the_examples_arm():
+    """Notebook 47: the B/N and B/B_crit lines go through the examples arm's smallest-N break (s_X is its slope);
+    a break beyond the grid is an open marker at 2x the largest batch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots.findings.bn_budget import break_vs_n
+    test = bn_budget.predictor_break_test(v6_breaks((500, 1000, 2000), (1000, 2000, 4000), (250, 1000, math.inf)),
+                                          (0.0, -0.3, 0.3))
+    bcrit = pd.DataFrame({"n": list(NS), "b_crit": [100.0, 100.0, 400.0]})
+    fig, ax = plt.subplots()
+    break_vs_n(ax, test, bcrit, anchor_arms=("examples", "steps", "epochs"))
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert {"break, epochs arm", "break, steps arm", "break, examples arm",
+            "examples arm: no break up to 4000 (drawn at 2x)"} <= set(lines)
+    assert list(lines["break, examples arm"].get_ydata()) == pytest.approx([250, 1000, 8000])
+    through = "through the examples arm's break at N = 10000"
+    assert list(lines[f"B/N fixed, {through}"].get_ydata()) == pytest.approx([250 * n / NS[0] for n in NS])
+    assert list(lines[f"B/B_crit fixed, {through}"].get_ydata()) == pytest.approx([250, 250, 1000])
+    plt.close(fig)
+
+
 def test_goyal_breaks_reads_the_examples_arm_of_the_v6_design():
     rows = goyal_rows(by_n((500, 1000, 2000), (math.inf,) * 3))
     examples = rows[rows["arm"] == "steps"].assign(arm="examples")
@@ -308,3 +331,18 @@ def test_own_setting_bcrit_recovers_a_known_critical_batch_and_its_shift():
     flat, c_flat = bn_budget.own_setting_bcrit(bn_budget.own_setting_steps(own_setting_runs(
         {10000: 200.0, 40000: 200.0})), resamples=200)
     assert abs(c_flat[0]) < 0.5
+
+
+def test_predictor_c_is_the_own_setting_c_where_it_is_measured_and_version_5s_plain_sgd_c_otherwise():
+    plain = (-0.06, -0.40, 0.29)
+    runs = own_setting_runs({10000: 100.0, 40000: 400.0}, spread=0.3)
+    c, source, table = bn_budget.predictor_c(runs, plain, "bcrit_v6", resamples=200)
+    _, expected = bn_budget.own_setting_bcrit(bn_budget.own_setting_steps(runs), resamples=200)
+    assert c == expected and source == "B_crit in the designs' own setting (bcrit_v6)" and table["valid"].all()
+    # too few batch sizes reach the target at 10k (the largest need more than the 32-epoch rung): not measured
+    short = own_setting_runs({10000: 100.0, 40000: 400.0}, s_min=1200)
+    c, source, table = bn_budget.predictor_c(short, plain, "bcrit_v6", resamples=50)
+    assert c == plain and source.startswith("plain-SGD c of version 5 (the own-setting c is not measured: N = 10000:")
+    assert not table["valid"].iloc[0]
+    c, source, table = bn_budget.predictor_c(None, plain, "bcrit_v6")
+    assert (c, source) == (plain, "plain-SGD c of version 5 (bcrit_v6 has not run)") and table.empty

@@ -409,6 +409,24 @@ def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = 3, min_batches: in
     return table, c
 
 
+def predictor_c(own: pd.DataFrame | None, fallback: tuple[float, float, float], own_name: str = "own setting",
+                resamples: int = 2000) -> tuple[tuple[float, float, float], str, pd.DataFrame]:
+    """c for version 6's predictor tests (docs/protocols.md#v6-predictors): B_crit's shift 10k -> 40k measured in
+    the designs' own setting (`own`: the runs of gpu_bn_budget_bcrit_v6, through own_setting_steps and
+    own_setting_bcrit) where it is measured (valid at the smallest and largest N); otherwise `fallback`, version
+    5's plain-SGD c, as the protocol says. Returns c, where it comes from (in words, naming why the own-setting c
+    is not used) and the own-setting table (empty when `own` has no runs)."""
+    if own is None or own.empty:
+        return fallback, f"plain-SGD c of version 5 ({own_name} has not run)", pd.DataFrame()
+    table, c = own_setting_bcrit(own_setting_steps(own), resamples=resamples)
+    if all(math.isfinite(v) for v in c):
+        return c, f"B_crit in the designs' own setting ({own_name})", table
+    why = "; ".join(f"N = {r.n}: {r.n_batches} batch sizes in the fit" + (", a best lr on its grid's edge"
+                                                                          if r.edge else "")
+                    for r in table.itertuples() if not r.valid)
+    return fallback, f"plain-SGD c of version 5 (the own-setting c is not measured: {why})", table
+
+
 # ----------------------------------------------------------------------------- version 6: Goyal's break, three arms
 V6_ARMS = ("epochs", "steps", "examples")   # gpu_bn_budget_goyal_v6's variants e*, s*, x*
 

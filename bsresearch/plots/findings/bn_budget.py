@@ -1,21 +1,27 @@
-"""Figures of the B/N-or-steps test (protocol v5): the break against N per arm, beside what B/N and B_crit
-predict; the gap against N per arm."""
+"""Figures of the B/N-or-steps tests (protocol versions 5 and 6): the break against N per arm, beside what B/N
+and B_crit predict; the gap against N per arm."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from ...findings.bn_budget import PredictorTest
+from ...findings.bn_budget import BreakPredictorTest, PredictorTest
+
+ARM_MARKERS = {"epochs": "o", "steps": "s", "examples": "^"}
 
 
-def break_vs_n(ax: Axes, test: PredictorTest, bcrit: pd.DataFrame | None = None) -> None:
-    """b(N, arm) (a break beyond the grid drawn at 2x the largest batch, open marker), the B/N line through the
-    smallest N's steps-arm break and, if given, B_crit(N) scaled to it: the deciding statistic is the slope. When
-    the steps arm breaks at no N, the two lines go through the epochs arm's smallest-N break instead (the label
-    says which), so the predictions are drawn whenever some arm breaks."""
+def break_vs_n(ax: Axes, test: PredictorTest | BreakPredictorTest, bcrit: pd.DataFrame | None = None,
+               anchor_arms: tuple[str, ...] = ("steps", "epochs")) -> None:
+    """b(N, arm) for each arm of the test's table (a break beyond the grid drawn at 2x the largest batch, open
+    marker), the B/N line through the smallest N's break of the first of `anchor_arms` that breaks somewhere and,
+    if given, B_crit(N) scaled to it: the deciding statistic is the slope (version 5: the steps arm; version 6:
+    the examples arm). The label says which arm the lines go through, so the predictions are drawn whenever some
+    arm breaks."""
     table = test.table
-    for arm, marker in (("epochs", "o"), ("steps", "s")):
+    for arm, marker in ARM_MARKERS.items():
+        if arm not in set(table["arm"]):
+            continue
         mine = table[table["arm"] == arm].sort_values("n")
         top = 2 * mine["largest"].max() if len(mine) else np.nan
         beyond = ~np.isfinite(mine["b_break"])
@@ -24,13 +30,13 @@ def break_vs_n(ax: Axes, test: PredictorTest, bcrit: pd.DataFrame | None = None)
         if beyond.any():
             ax.plot(mine["n"][beyond], [top] * int(beyond.sum()), marker, color=line.get_color(), mfc="none",
                     label=f"{arm} arm: no break up to {mine['largest'].max():g} (drawn at 2x)")
-    anchor = next(((arm, broke) for arm in ("steps", "epochs")
+    anchor = next(((arm, broke) for arm in anchor_arms
                    if len(broke := table[(table["arm"] == arm) & np.isfinite(table["b_break"])].sort_values("n"))),
                   None)
     if anchor is not None:
         arm, broke = anchor
         n0, b0 = broke["n"].iloc[0], broke["b_break"].iloc[0]
-        through = "" if arm == "steps" else f", through the {arm} arm's break at N = {n0:g}"
+        through = f", through the {arm} arm's break at N = {n0:g}"
         ns = np.array(sorted(table["n"].unique()), dtype=float)
         ax.plot(ns, b0 * ns / n0, "k--", lw=1, label=f"B/N fixed{through}")
         if bcrit is not None and len(bcrit):
