@@ -31,14 +31,10 @@ import pandas as pd
 
 from bsresearch import results
 from bsresearch.findings import bn_budget
-from bsresearch.paths import project_path
 from bsresearch.plots import save_figure
 
 runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
-row = pd.read_csv(project_path(fallback_c)).iloc[0]
-own = results.load(bcrit_sweep, runs_root=runs_dir) if results.sweeps_run(bcrit_sweep, runs_dir) else None
-c, c_source, bcrit = bn_budget.predictor_c(own, (float(row["c"]), float(row["c_low"]), float(row["c_high"])),
-                                           bcrit_sweep)
+c, c_source, bcrit = bn_budget.read_predictor_c(bcrit_sweep, runs_dir, fallback_c)
 print(f"c = {c[0]:+.2f} [{c[1]:+.2f}, {c[2]:+.2f}] octaves: {c_source}")
 if not bcrit.empty:
     bcrit.to_csv(out / "b_crit_own_setting.csv", index=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,7 @@ from scipy import stats as scipy_stats
 
 from .. import results, stats
 from ..config import ConfigError
+from ..paths import project_path
 from ..stats import welch_interval
 from . import goyal
 from .adam_vs_sgd import CriticalBatchRatio, critical_batch_ratio
@@ -425,6 +427,15 @@ def predictor_c(own: pd.DataFrame | None, fallback: tuple[float, float, float], 
                                                                           if r.edge else "")
                     for r in table.itertuples() if not r.valid)
     return fallback, f"plain-SGD c of version 5 (the own-setting c is not measured: {why})", table
+
+
+def read_predictor_c(bcrit_sweep: str, runs_dir: str | Path, fallback_csv: str | Path
+                     ) -> tuple[tuple[float, float, float], str, pd.DataFrame]:
+    """predictor_c for an analysis notebook: the own-setting sweep's runs under `runs_dir` (None when it has not
+    run) and version 5's c from its committed report's test.csv (`fallback_csv`, columns c, c_low, c_high)."""
+    row = pd.read_csv(project_path(fallback_csv)).iloc[0]
+    own = results.load(bcrit_sweep, runs_root=runs_dir) if results.sweeps_run(bcrit_sweep, runs_dir) else None
+    return predictor_c(own, (float(row["c"]), float(row["c_low"]), float(row["c_high"])), bcrit_sweep)
 
 
 # ----------------------------------------------------------------------------- version 6: Goyal's break, three arms
