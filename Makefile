@@ -139,11 +139,12 @@ V5_SPECS := bn_budget_goyal lr_over_b_mnist1d lr_over_b_fashion lm_cbs_long lm_s
 V5_SWEEPS := bn_budget_bcrit bn_budget_hoffer $(V5_SPECS) lm_small_batch_sgd_v5 \
              bn_budget_goyal_ext bn_budget_goyal_seeds bn_budget_goyal_seeds_ext \
              lm_small_batch_sgd_v5_ext lm_small_batch_v5_seeds lm_small_batch_sgd_v5_seeds bn_budget_goyal_ext2
-# Protocol v6 (docs/protocols.md#v6), its CPU specs (with the sweep of the edge-of-stability test's lr rule, which
-# its report reads); the GPU ones are in benchmarks/gpu_check.sh's reproduce stage
+# Protocol v6 (docs/protocols.md#v6), its CPU specs (with the sweeps of the edge-of-stability test's lr rule and of
+# the own-setting B_crit, which its reports read); the GPU ones are in benchmarks/gpu_check.sh's reproduce stage
 V6_SPECS := lr_over_b_v6_mnist1d lr_over_b_v6_fashion bn_budget_hoffer_v6 eoss_v6_mnist1d eoss_v6_fashion \
-    eoss_pooled_mnist1d eoss_pooled_fashion lm_small_batch_v6 lm_cbs_v6
-V6_SWEEPS := eoss_v6_mnist1d_eta eoss_v6_fashion_eta $(V6_SPECS)
+    eoss_pooled_mnist1d eoss_pooled_fashion lm_small_batch_v6 lm_cbs_v6 bn_budget_goyal_v6
+# (bn_budget_bcrit_v6, on the CPU since version 6.8, gives the predictor tests their c: first)
+V6_SWEEPS := bn_budget_bcrit_v6 eoss_v6_mnist1d_eta eoss_v6_fashion_eta $(V6_SPECS)
 REPRODUCE_SWEEPS := keskar keskar_epochs keskar_fashion keskar_fashion_epochs hoffer hoffer_large goyal goyal_large \
                     steps_to_target steps_to_target_seeds steps_to_target_noise \
                     steps_to_target_fashion steps_to_target_fashion_seeds steps_to_target_large steps_to_target_large_seeds \

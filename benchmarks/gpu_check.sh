@@ -21,8 +21,8 @@
 #           beta2 test's batch 64 with 1024 updates, one fused group of 40 runs that decides a pre-registered row of
 #           version 5.1; then protocol version 6's: gpu_lm_cbs_v6, the CBS with an annealed reference, 816 runs, the branches starting from
 #           their seed's trunk; gpu_eoss_v6_fashion, the edge of stochastic stability on 10 000 Fashion-MNIST images
-#           (a replication of the CPU test's 4000), 200 MLP runs; the large ones, gpu_bn_budget_goyal_v6
-#           (2184 runs) and gpu_bn_budget_bcrit_v6 (3600), belong to a machine of one's own: GPU_SPECS="..."),
+#           (a replication of the CPU test's 4000), 200 MLP runs; the predictors' large specs run on the CPU
+#           since protocol 6.8; other specs: GPU_SPECS="..."),
 #           2 workers, into OUT/runs, until 45 s before the deadline; a sweep cut off is stopped as Ctrl-C stops
 #           it, and its runs resume from their checkpoints when the same command is run again on that folder. Its
 #           report is made from OUT/runs anywhere (`bsresearch report experiments/SPEC.yaml --runs OUT/runs`).

@@ -21,7 +21,7 @@ sweep: str = "bn_budget_hoffer_v6"                 # the sweep's name: its runs 
 runs_dir: str = "runs"                             # root folder of run directories (relative: to the project)
 out_dir: str = "reports/bn_budget_hoffer_v6"       # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = "experiments/bn_budget_hoffer_v6.yaml"   # the spec: which variant each run belongs to
-bcrit_sweep: str = "gpu_bn_budget_bcrit_v6"        # B_crit in the design's own setting (when it has run)
+bcrit_sweep: str = "bn_budget_bcrit_v6"            # B_crit in the design's own setting (when it has run)
 # version 5's c (plain SGD, train loss 0.3), from its committed report, when the own-setting B_crit has not run
 fallback_c: str = "reports/bn_budget_goyal/test.csv"
 

@@ -331,7 +331,7 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
 # ------------------------------------------------------------------------------ version 6: own-setting B_crit
 def own_setting_steps(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", rung: str = "budget_amount",
                       margin: float = MARGIN, target_batch: int = 32, target_epochs: float = 16) -> pd.DataFrame:
-    """gpu_bn_budget_bcrit_v6's steps to the designs' "holds", per (N, B, seed): target(N) = the mean `metric` of
+    """bn_budget_bcrit_v6's steps to the designs' "holds", per (N, B, seed): target(N) = the mean `metric` of
     B = target_batch at target_epochs at its best lr (highest mean, a run not ok the worst) minus `margin`; at each
     rung (epochs budget) every seed is taken at the lr best on the other seeds; E* = the smallest rung whose run
     ended ok at or above the target; steps = E* x (N // B). Columns: n, batch_size, seed, epochs (NaN: never),
@@ -414,7 +414,7 @@ def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = 3, min_batches: in
 def predictor_c(own: pd.DataFrame | None, fallback: tuple[float, float, float], own_name: str = "own setting",
                 resamples: int = 2000) -> tuple[tuple[float, float, float], str, pd.DataFrame]:
     """c for version 6's predictor tests (docs/protocols.md#v6-predictors): B_crit's shift 10k -> 40k measured in
-    the designs' own setting (`own`: the runs of gpu_bn_budget_bcrit_v6, through own_setting_steps and
+    the designs' own setting (`own`: the runs of bn_budget_bcrit_v6, through own_setting_steps and
     own_setting_bcrit) where it is measured (valid at the smallest and largest N); otherwise `fallback`, version
     5's plain-SGD c, as the protocol says. Returns c, where it comes from (in words, naming why the own-setting c
     is not used) and the own-setting table (empty when `own` has no runs)."""
@@ -439,7 +439,7 @@ def read_predictor_c(bcrit_sweep: str, runs_dir: str | Path, fallback_csv: str |
 
 
 # ----------------------------------------------------------------------------- version 6: Goyal's break, three arms
-V6_ARMS = ("epochs", "steps", "examples")   # gpu_bn_budget_goyal_v6's variants e*, s*, x*
+V6_ARMS = ("epochs", "steps", "examples")   # bn_budget_goyal_v6's variants e*, s*, x*
 
 
 @dataclass(frozen=True)
@@ -460,7 +460,7 @@ class BreakPredictorTest(PreregisteredTest):
 
 
 def predictor_break_test(breaks: pd.DataFrame, c: tuple[float, float, float] | None) -> BreakPredictorTest:
-    """Version 6's test of Goyal's break on goyal_breaks of gpu_bn_budget_goyal_v6's runs (arm: epochs, steps,
+    """Version 6's test of Goyal's break on goyal_breaks of bn_budget_goyal_v6's runs (arm: epochs, steps,
     examples). Not testable: a row's problems (runs unfinished, a deciding best lr on the grid's edge), an arm
     missing, or the epochs arm breaking at no N. `c`: B_crit's shift 10k -> 40k (octaves, interval); None: B/B_crit
     cannot be named."""

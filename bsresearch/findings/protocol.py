@@ -31,12 +31,13 @@ PROTOCOL_VERSION: dict[str, str] = {
     "lm_small_batch_v5": "5",
     # version 6: tests sized by power, the predictor against its rival, beta2 with held-out lrs (GPU specs: gpu_*)
     "lr_over_b_v6_mnist1d": "6", "bn_budget_hoffer_v6": "6", "lr_over_b_v6_fashion": "6.3",
-    "gpu_bn_budget_goyal_v6": "6", "gpu_bn_budget_bcrit_v6": "6", "lm_small_batch_v6": "6.5",
+    "lm_small_batch_v6": "6.5",
     # version 6.1: the edge of stochastic stability's settings; 6.2: the CBS with an annealed reference
     "eoss_v6_mnist1d": "6.1", "gpu_eoss_v6_fashion": "6.1", "gpu_lm_cbs_v6": "6.2",
     # 6.3-6.5: lr/B on Fashion-MNIST, eoss's second data set and beta2 moved to the CPU; 6.6: P1 on the ratio of means
     "eoss_v6_fashion": "6.4", "eoss_pooled_mnist1d": "6.6", "eoss_pooled_fashion": "6.6",
     "lm_cbs_v6": "6.7",   # the CBS's primary arms moved to the CPU
+    "bn_budget_bcrit_v6": "6.8", "bn_budget_goyal_v6": "6.8",   # the predictors' B_crit and Goyal's break, on the CPU
 }
 
 ALSO: dict[str, str] = {   # a second test a report carries, under a later version
