@@ -66,11 +66,10 @@ plt.show()
 # test's tolerance (0.01) and at 0.005 and 0.02, and the loss ratios it is read from.
 
 # %%
-branches = lm_cbs.branch_losses(lm_cbs.v6_kinds(runs)["branches"])
-tolerances = lm_cbs.cbs_by_tolerance(branches)
+tolerances = lm_cbs.cbs_by_tolerance(test.branches)
 tolerances.to_csv(out / "cbs_by_tolerance.csv", index=False)
 print(tolerances.pivot(index="checkpoint", columns="eps", values="cbs_gmean").round(1).to_string())
-ratios = lm_cbs.loss_ratios(branches)
+ratios = lm_cbs.loss_ratios(test.branches)
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 for ax in axes:
     figures.ratio_vs_k(ax, ratios)

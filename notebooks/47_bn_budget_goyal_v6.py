@@ -28,6 +28,8 @@ bcrit_sweep: str = "bn_budget_bcrit_v6"            # B_crit in the design's own 
 fallback_c: str = "reports/bn_budget_goyal/test.csv"
 
 # %%
+import math
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -61,7 +63,7 @@ print(breaks.to_string(index=False))
 # %%
 fig, ax = plt.subplots(figsize=(6, 4))
 figures.break_vs_n(ax, test, bcrit if not bcrit.empty else None, anchor_arms=("examples", "steps", "epochs"))
-shift = "undefined" if test.shift != test.shift else f"{test.shift:+g}" + (" (a lower bound)" if test.shift_censored
+shift = "undefined" if math.isnan(test.shift) else f"{test.shift:+g}" + (" (a lower bound)" if test.shift_censored
                                                                            else "")
 caption = ("The smallest batch that fails at its held-out best lr against N, per arm (equal epochs, equal steps, "
            "equal examples; a break beyond the grid drawn at 2x the largest batch, open marker), with the B/N line "

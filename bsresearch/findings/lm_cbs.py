@@ -354,6 +354,7 @@ class V6CBSTest(PreregisteredTest):
     """docs/protocols.md#v6-cbs: long_cbs_test on the wsd branches with the annealed reference's stall
     criterion judged per checkpoint with its interval (stall_intervals), and the EWA arm's test beside it."""
     long: LongCBSTest
+    branches: pd.DataFrame        # branch_losses of the wsd branches
     stalls: pd.DataFrame          # stall_intervals
     stall_seeds: pd.DataFrame     # stall_per_seed (against L_cool)
     cbs: pd.DataFrame             # critical_batch_sizes of the wsd branches
@@ -388,4 +389,4 @@ def v6_cbs_test(runs: pd.DataFrame, metric: str = "test_loss") -> V6CBSTest:
         ewa = cbs_test(critical_batch_sizes(branch_losses(kinds["ewa"], metric)))
     verdict = Verdict.NOT_TESTABLE if problems else long.verdict
     why = "; ".join(problems) if problems else long.why
-    return V6CBSTest(long, stalls, seeds, cbs, ewa, extend_last, verdict, why, tuple(problems))
+    return V6CBSTest(long, branches, stalls, seeds, cbs, ewa, extend_last, verdict, why, tuple(problems))

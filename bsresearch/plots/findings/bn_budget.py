@@ -19,8 +19,9 @@ def break_vs_n(ax: Axes, test: PredictorTest | BreakPredictorTest, bcrit: pd.Dat
     the examples arm). The label says which arm the lines go through, so the predictions are drawn whenever some
     arm breaks."""
     table = test.table
+    present = set(table["arm"])
     for arm, marker in ARM_MARKERS.items():
-        if arm not in set(table["arm"]):
+        if arm not in present:
             continue
         mine = table[table["arm"] == arm].sort_values("n")
         top = 2 * mine["largest"].max() if len(mine) else np.nan
