@@ -45,7 +45,7 @@ def break_vs_n(ax: Axes, test: PredictorTest | BreakPredictorTest, bcrit: pd.Dat
             ax.plot(bcrit["n"], b0 * bcrit["b_crit"] / ref, "k:", lw=1, label=f"B/B_crit fixed{through}")
     ax.set(xscale="log", yscale="log", xlabel="N (training examples)", ylabel="smallest batch that fails",
            title=f"break: {test.predictor} ({test.verdict})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))   # below: the breaks fill the panel
 
 
 def gap_vs_n(ax: Axes, test: PredictorTest) -> None:
