@@ -25,7 +25,8 @@ bcrit_sweep: str = "bn_budget_bcrit"               # B_crit at each N (steps to 
 hoffer_sweep: str = "bn_budget_hoffer"             # the Hoffer design's sweep
 # the Goyal design's lr grid extended at its edges and its seeds extended (protocol rules, each once), read with
 # `sweep` (a sweep not run yet is skipped)
-extension_sweeps: str = "bn_budget_goyal_ext,bn_budget_goyal_seeds,bn_budget_goyal_seeds_ext,bn_budget_goyal_ext2"
+extension_sweeps: str = ("bn_budget_goyal_ext,bn_budget_goyal_seeds,bn_budget_goyal_seeds_ext,bn_budget_goyal_ext2,"
+                         "bn_budget_goyal_ext3")
 
 # %%
 import matplotlib.pyplot as plt
