@@ -139,7 +139,7 @@ V5_SPECS := bn_budget_goyal lr_over_b_mnist1d lr_over_b_fashion lm_cbs_long lm_s
 V5_SWEEPS := bn_budget_bcrit bn_budget_hoffer $(V5_SPECS) lm_small_batch_sgd_v5 \
              bn_budget_goyal_ext bn_budget_goyal_seeds bn_budget_goyal_seeds_ext \
              lm_small_batch_sgd_v5_ext lm_small_batch_v5_seeds lm_small_batch_sgd_v5_seeds bn_budget_goyal_ext2 \
-             bn_budget_goyal_ext3
+             bn_budget_goyal_ext3 bn_budget_bcrit_ext
 # Protocol v6 (docs/protocols.md#v6), its CPU specs (with the sweeps of the edge-of-stability test's lr rule and of
 # the own-setting B_crit, which its reports read); the GPU ones are in benchmarks/gpu_check.sh's reproduce stage
 V6_SPECS := lr_over_b_v6_mnist1d lr_over_b_v6_fashion bn_budget_hoffer_v6 eoss_v6_mnist1d eoss_v6_fashion \

@@ -22,6 +22,7 @@ runs_dir: str = "runs"                             # root folder of run director
 out_dir: str = "reports/bn_budget_goyal"           # figures and tables are written here (relative: to the project)
 spec_path: Optional[str] = "experiments/bn_budget_goyal.yaml"   # the spec: which variant each run belongs to
 bcrit_sweep: str = "bn_budget_bcrit"               # B_crit at each N (steps to target)
+bcrit_extension_sweeps: str = "bn_budget_bcrit_ext"  # its edge rule's runs (read with it when run)
 hoffer_sweep: str = "bn_budget_hoffer"             # the Hoffer design's sweep
 # the Goyal design's lr grid extended at its edges and its seeds extended (protocol rules, each once), read with
 # `sweep` (a sweep not run yet is skipped)
@@ -39,7 +40,7 @@ from bsresearch.plots.findings import bn_budget as figures
 
 runs_dir, out, goyal_runs = results.start_report(sweep, runs_dir, out_dir, also=extension_sweeps)
 goyal_runs = goyal_runs.assign(arm=goyal_runs["variant"].str[0].map({"e": "epochs", "s": "steps"}))
-stt_runs = results.load(bcrit_sweep, runs_root=runs_dir)
+stt_runs = results.load([bcrit_sweep, *results.sweeps_run(bcrit_extension_sweeps, runs_dir)], runs_root=runs_dir)
 hoffer_runs = results.load(hoffer_sweep, runs_root=runs_dir)
 for name, table in ((sweep, goyal_runs), (bcrit_sweep, stt_runs), (hoffer_sweep, hoffer_runs)):
     print(f"{name}: {len(table)} runs", dict(table["state"].value_counts()))
@@ -56,8 +57,12 @@ shift = bn_budget.bcrit_shift(bcrit)
 breaks = bn_budget.goyal_breaks(goyal_runs)
 brk = bn_budget.break_test(breaks, shift)
 gap = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_runs), shift)
-if not bcrit["valid"].all():
-    print("B_crit is not valid at every N (an lr on its window's edge or < 6 batch sizes): B/B_crit is not testable")
+ends = bcrit.sort_values("n").iloc[[0, -1]]
+for row in bcrit[~bcrit["valid"]].itertuples():   # valid: every best lr interior, >= 6 batch sizes in the fit
+    print(f"B_crit is not valid at N = {row.n}" + ("" if row.n in set(ends["n"]) else " (secondary: c reads the "
+                                                   "smallest and largest N)"))
+if not ends["valid"].all():
+    print("B_crit is not valid at the smallest or largest N: B/B_crit is not testable (protocol v5)")
 tests = pd.DataFrame([{"test": t.effect, "predictor": t.predictor, "verdict": t.verdict, "why": t.why,
                        "shift": t.shift, "shift_low": t.shift_low, "shift_high": t.shift_high, "c": t.c,
                        "c_low": t.c_low, "c_high": t.c_high, "separable": t.separable, "extend_seeds": t.extend_seeds}
