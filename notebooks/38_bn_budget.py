@@ -55,14 +55,13 @@ display_bcrit.to_csv(out / "b_crit_by_n.csv", index=False)
 print(display_bcrit.to_string(index=False))
 shift = bn_budget.bcrit_shift(bcrit)
 breaks = bn_budget.goyal_breaks(goyal_runs)
-brk = bn_budget.break_test(breaks, shift)
-gap = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_runs), shift)
-ends = bcrit.sort_values("n").iloc[[0, -1]]
-for row in bcrit[~bcrit["valid"]].itertuples():   # valid: every best lr interior, >= 6 batch sizes in the fit
-    print(f"B_crit is not valid at N = {row.n}" + ("" if row.n in set(ends["n"]) else " (secondary: c reads the "
-                                                   "smallest and largest N)"))
-if not ends["valid"].all():
-    print("B_crit is not valid at the smallest or largest N: B/B_crit is not testable (protocol v5)")
+testable = bn_budget.valid_at_ends(bcrit)        # valid: every best lr interior, >= 6 batch sizes in the fit
+brk = bn_budget.break_test(breaks, shift, bcrit_valid=testable)
+gap = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_runs), shift, bcrit_valid=testable)
+for row in bcrit[~bcrit["valid"]].itertuples():
+    print(f"B_crit is not valid at N = {row.n}")
+print("B/B_crit " + ("can be tested: B_crit is valid at the smallest and largest N, which c reads" if testable else
+                     "is not testable: B_crit is not valid at the smallest or largest N (protocol v5)"))
 tests = pd.DataFrame([{"test": t.effect, "predictor": t.predictor, "verdict": t.verdict, "why": t.why,
                        "shift": t.shift, "shift_low": t.shift_low, "shift_high": t.shift_high, "c": t.c,
                        "c_low": t.c_low, "c_high": t.c_high, "separable": t.separable, "extend_seeds": t.extend_seeds}

@@ -102,6 +102,34 @@ def test_a_straddling_contrast_is_undecided_and_adds_seeds():
     assert test.predictor == "undecided" and test.extend_seeds and test.verdict == Verdict.INCONCLUSIVE
 
 
+@pytest.mark.parametrize("epochs, steps, predictor, verdict", [
+    ((500, 1000, 2000), (500, 1000, 2000), "B/N", Verdict.REPRODUCED),           # its alternative untested
+    ((1000, 1000, 1000), (1000, 1000, 1000), "undecided", Verdict.INCONCLUSIVE),  # would be B/B_crit if valid
+    ((500, 1000, 2000), (math.inf,) * 3, "steps", Verdict.NOT_REPRODUCED),
+])
+def test_without_a_valid_b_crit_at_the_ends_the_break_test_never_names_b_over_b_crit(epochs, steps, predictor,
+                                                                                       verdict):
+    test = bn_budget.break_test(bn_budget.goyal_breaks(goyal_rows(by_n(epochs, steps))), ratio(0.0),
+                                bcrit_valid=False)
+    assert (test.predictor, test.verdict, test.separable) == (predictor, verdict, False), test.why
+
+
+@pytest.mark.parametrize("at_steps, predictor", [
+    ((-0.05, -0.025, 0.0), "B/N"), ((-0.03, -0.03, -0.03), "undecided"), ((0.0, 0.0, 0.0), "steps")])
+def test_without_a_valid_b_crit_at_the_ends_the_gap_test_never_names_b_over_b_crit(at_steps, predictor):
+    test = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_rows((-0.05, -0.04, -0.03), at_steps)), ratio(0.0),
+                              bcrit_valid=False)
+    assert test.predictor == predictor and not test.separable, test.why
+
+
+@pytest.mark.parametrize("v10k, v20k, v40k, expected", [
+    (True, False, True, True), (False, True, True, False), (True, True, False, False)])
+def test_b_crit_can_be_tested_when_it_is_valid_at_the_smallest_and_largest_n(v10k, v20k, v40k, expected):
+    table = pd.DataFrame({"n": [40000, 10000, 20000], "valid": [v40k, v10k, v20k]})   # unsorted: the ends are by N
+    assert bn_budget.valid_at_ends(table) is expected
+    assert not bn_budget.valid_at_ends(table[table["n"] == 10000])                      # one N: no shift to read
+
+
 def test_bcrit_by_n_fits_each_n_and_the_shift_is_their_ratio():
     rows = []
     for n, b_crit in ((10000, 40.0), (40000, 40.0)):

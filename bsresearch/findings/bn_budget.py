@@ -81,6 +81,13 @@ def bcrit_shift(bcrit: pd.DataFrame) -> CriticalBatchRatio:
     return critical_batch_ratio(large, small)
 
 
+def valid_at_ends(bcrit: pd.DataFrame) -> bool:
+    """B/B_crit can be tested (protocol v5; v6's own-setting c too): B_crit is valid at the smallest and the
+    largest N, the two that c reads (a table's `valid` column, by N)."""
+    table = bcrit.sort_values("n")
+    return len(table) >= 2 and bool(table["valid"].iloc[[0, -1]].all())
+
+
 def octaves(ratio: CriticalBatchRatio) -> tuple[float, float, float]:
     """c = log2 of B_crit's ratio, with its interval (octaves)."""
     return math.log2(ratio.ratio), math.log2(ratio.low), math.log2(ratio.high)
@@ -177,14 +184,16 @@ class PredictorTest(PreregisteredTest):
     problems: tuple[str, ...] = ()
 
 
-def break_test(breaks: pd.DataFrame, ratio: CriticalBatchRatio) -> PredictorTest:
+def break_test(breaks: pd.DataFrame, ratio: CriticalBatchRatio, bcrit_valid: bool = True) -> PredictorTest:
     """Goyal's break. steps: the epochs arm breaks at every N and the steps arm at none. Otherwise, from the
     steps arm's break at the smallest and largest N, s = log2 b(N_large)/b(N_small) (a break beyond the grid
     at N_large: s >= log2(2 B_max / b(N_small))): B/N when s = 2, B/B_crit when |s - c| < 1, none otherwise.
     Verdict (Goyal's rule read as a limit in B/N, as in v4): B/N reproduced, B/B_crit partly, steps or none
-    not reproduced; undecided (B/N and B/B_crit not separable, or both fit) inconclusive."""
+    not reproduced; undecided (B/N and B/B_crit not separable, or both fit) inconclusive. Without a valid
+    B_crit at the smallest and largest N (`bcrit_valid`: valid_at_ends) B/B_crit is not testable: the predictor
+    is steps, B/N ("the break follows N", its alternative untested) or undecided."""
     c, c_low, c_high = octaves(ratio)
-    sep = separable(ratio)
+    sep = bcrit_valid and separable(ratio)
     problems = [f"N = {r.n} {r.arm}: {p}" for r in breaks.itertuples() for p in r.problems]
     if set(breaks["arm"]) != set(ARMS):
         problems.append(f"arms {sorted(set(breaks['arm']))}, not {list(ARMS)}")
@@ -212,7 +221,11 @@ def break_test(breaks: pd.DataFrame, ratio: CriticalBatchRatio) -> PredictorTest
             low, high = shift, (math.inf if censored else shift)
             fits_bn = (low <= B_OVER_N_SHIFT <= high) if censored else abs(shift - B_OVER_N_SHIFT) < 0.5
             fits_bc = (low - c) < 1 if censored else abs(shift - c) < 1
-            if not sep:
+            if not bcrit_valid:
+                predictor = "B/N" if fits_bn else "undecided"
+                why = (f"with equal steps the break moves {shift:+g} octaves as N grows 4x (B/N: +2); B_crit is not "
+                       f"valid at the smallest or largest N, so B/B_crit is not tested")
+            elif not sep:
                 predictor, why = "undecided", (f"B_crit moves {c:+.2f} octaves [{c_low:+.2f}, {c_high:+.2f}]: B/N and "
                                                f"B/B_crit are not separable")
             elif fits_bn and not fits_bc:
@@ -275,16 +288,18 @@ def _contrast(gaps: pd.DataFrame, arm: str, confidence: float = 0.95) -> tuple[f
     return t, t - half, t + half
 
 
-def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARGIN) -> PredictorTest:
+def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARGIN,
+             bcrit_valid: bool = True) -> PredictorTest:
     """Hoffer's gap. steps: at equal steps the gap closes (lower end above -margin, no diverged seed) at every
     N, and at equal epochs a gap (upper end below -margin) exists at some N. Otherwise, T = gap_steps(N_large)
     - gap_steps(N_small): B/N when T's interval lies above 0 (the gap shrinks as B/N falls), B/B_crit when it
     lies within [-margin, +margin] (the gap stays while B/N falls 4x, B_crit fixed), undecided when it
     straddles (seeds are added once, then inconclusive), none when it lies below 0. Verdict (Hoffer's claim:
     the number of updates): steps reproduced; B/N partly if the gap closes at equal steps at the largest N,
-    else not reproduced; B/B_crit and none not reproduced; undecided inconclusive."""
+    else not reproduced; B/B_crit and none not reproduced; undecided inconclusive. Without a valid B_crit at
+    the smallest and largest N (`bcrit_valid`: valid_at_ends) B/B_crit is not testable: steps, B/N or undecided."""
     c, c_low, c_high = octaves(ratio)
-    sep = separable(ratio)
+    sep = bcrit_valid and separable(ratio)
     problems = [f"N = {r.n}: {r.unfinished} runs not finished" for r in gaps.itertuples() if r.unfinished]
     problems += [f"N = {r.n}: fewer than 2 seeds in a group" for r in gaps.itertuples()
                  if min(r.sb_n, r.epochs_n, r.steps_n) < 2]
@@ -303,7 +318,10 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
     else:
         t, t_low, t_high = _contrast(table, "steps")
         shown = f"T = {100 * t:+.2f} [{100 * t_low:+.2f}, {100 * t_high:+.2f}] points"
-        if not sep:
+        if not bcrit_valid:
+            predictor = "B/N" if t_low > 0 else "undecided"
+            why = f"{shown}; B_crit is not valid at the smallest or largest N, so B/B_crit is not tested"
+        elif not sep:
             predictor, why = "undecided", f"B_crit moves {c:+.2f} octaves: B/N and B/B_crit are not separable"
         elif t_low > 0:
             predictor = "B/N"
@@ -402,7 +420,7 @@ def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = 3, min_batches: in
         rows.append(row)
     table = pd.DataFrame(rows)
     c = (math.nan, math.nan, math.nan)
-    if len(table) >= 2 and table["valid"].iloc[[0, -1]].all():
+    if valid_at_ends(table):
         small, large = int(table["n"].iloc[0]), int(table["n"].iloc[-1])
         shifts = np.log2(boots[large] / boots[small])
         tail = 100 * (1 - confidence) / 2
