@@ -374,3 +374,9 @@ def test_predictor_c_is_the_own_setting_c_where_it_is_measured_and_version_5s_pl
     assert not table["valid"].iloc[0]
     c, source, table = bn_budget.predictor_c(None, plain, "bcrit_v6")
     assert (c, source) == (plain, "plain-SGD c of version 5 (bcrit_v6 has not run)") and table.empty
+    # a sweep still running (one run pending, one failed) is not read, though its finished runs would give a c
+    running = runs.copy()
+    running.loc[running.index[:2], "state"] = ["pending", "failed"]
+    c, source, table = bn_budget.predictor_c(running, plain, "bcrit_v6", resamples=50)
+    assert c == plain and table.empty
+    assert source == f"plain-SGD c of version 5 (bcrit_v6: 2 of {len(runs)} runs have not ended ok or diverged)"

@@ -433,11 +433,16 @@ def predictor_c(own: pd.DataFrame | None, fallback: tuple[float, float, float], 
                 resamples: int = 2000) -> tuple[tuple[float, float, float], str, pd.DataFrame]:
     """c for version 6's predictor tests (docs/protocols.md#v6-predictors): B_crit's shift 10k -> 40k measured in
     the designs' own setting (`own`: the runs of bn_budget_bcrit_v6, through own_setting_steps and
-    own_setting_bcrit) where it is measured (valid at the smallest and largest N); otherwise `fallback`, version
-    5's plain-SGD c, as the protocol says. Returns c, where it comes from (in words, naming why the own-setting c
-    is not used) and the own-setting table (empty when `own` has no runs)."""
+    own_setting_bcrit) where it is measured (every run ended, valid at the smallest and largest N); otherwise
+    `fallback`, version 5's plain-SGD c, as the protocol says. Returns c, where it comes from (in words, naming why
+    the own-setting c is not used) and the own-setting table (empty when `own` has no runs or some have not
+    ended: a sweep still running is not read)."""
     if own is None or own.empty:
         return fallback, f"plain-SGD c of version 5 ({own_name} has not run)", pd.DataFrame()
+    open_runs = int((~own["state"].isin(goyal.FINISHED)).sum())
+    if open_runs:
+        return fallback, (f"plain-SGD c of version 5 ({own_name}: {open_runs} of {len(own)} runs have not ended ok "
+                          f"or diverged)"), pd.DataFrame()
     table, c = own_setting_bcrit(own_setting_steps(own), resamples=resamples)
     if all(math.isfinite(v) for v in c):
         return c, f"B_crit in the designs' own setting ({own_name})", table

@@ -24,10 +24,9 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
+from ..rundir import FINISHED_STATES as FINISHED  # the end states of a run that count (others are rerun)
 from ..stats import versus_within, welch_interval
 from .verdict import PreregisteredTest, Verdict
-
-FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
 
 
 def holding_batches(rows: pd.DataFrame, rule_value: str, metric: str = "test_acc", margin: float = 0.01,

@@ -25,11 +25,11 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
+from ..rundir import FINISHED_STATES as FINISHED  # the end states of a run that count (others are rerun)
 from ..stats import welch_interval
 from .verdict import PreregisteredTest, Verdict
 
 # ----------------------------------------------------------------------------- the pre-registered test
-FINISHED = ("ok", "diverged")   # end states of a run that count (others are rerun, not dropped)
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ import pandas as pd
 
 from .. import stats
 from ..config import ConfigError
+from ..rundir import FINISHED_STATES as FINISHED  # the end states of a run that count (others are rerun)
 from .verdict import PreregisteredTest, Verdict
 
 EPS = 0.01          # a branch keeps up when its loss is at most (1 + EPS) x that of the original batch size
-FINISHED = ("ok", "diverged")
 
 
 def _first(value: object) -> float:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ConfigError
+from ..rundir import FINISHED_STATES as FINISHED  # the end states of a run that count (others are rerun)
 from ..stats import t_interval, welch_interval
 from .verdict import PreregisteredTest, Verdict
 
@@ -36,7 +37,6 @@ MARGIN = 0.01          # 1 point: "the same accuracy"
 MIN_REACHED = 3        # seeds of 5 that must reach the target for a cell to count
 MIN_SPAN = 4.0         # lr/B alone must predict the accuracy over at least a factor 4 of lr (and of B)
 MIN_LRS = 3            # a diagonal needs this many cells that reach the target to be judged
-FINISHED = ("ok", "diverged")
 
 
 def _with_ratio(runs: pd.DataFrame, lr: str, batch: str) -> pd.DataFrame:
