@@ -29,9 +29,8 @@ from ..rundir import FINISHED_STATES as FINISHED  # the end states of a run that
 from ..stats import welch_interval
 from .verdict import PreregisteredTest, Verdict
 
+
 # ----------------------------------------------------------------------------- the pre-registered test
-
-
 @dataclass(frozen=True)
 class RecipeTest(PreregisteredTest):
     """docs/protocols.md#hoffer: the recipe (LB with sqrt lr, ghost BN and regime adaptation) against SB.
