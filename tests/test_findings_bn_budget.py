@@ -53,13 +53,13 @@ def by_n(epochs, steps):
 def test_the_break_test_names_each_predictor(epochs, steps, c, predictor, verdict):
     table = bn_budget.goyal_breaks(goyal_rows(by_n(epochs, steps)))
     assert len(table) == 6 and not any(table["problems"])
-    test = bn_budget.break_test(table, ratio(c))
+    test = bn_budget.break_test(table, ratio(c), bcrit_valid=True)
     assert (test.predictor, test.verdict) == (predictor, verdict), test.why
 
 
 def test_a_break_beyond_the_grid_at_the_largest_n_is_a_lower_bound():
     table = bn_budget.goyal_breaks(goyal_rows(by_n((500, 1000, 2000), (1000, 4000, math.inf))))
-    test = bn_budget.break_test(table, ratio(0.0))
+    test = bn_budget.break_test(table, ratio(0.0), bcrit_valid=True)
     assert test.shift == pytest.approx(math.log2(8000 / 1000)) and test.shift_high == math.inf
     assert test.predictor == "none"      # >= 3 octaves: neither B/N (+2) nor B_crit (0)
 
@@ -68,7 +68,7 @@ def test_a_best_lr_on_the_bottom_edge_makes_the_break_not_testable():
     rows = goyal_rows(by_n((500, 1000, 2000), (500, 1000, 2000)))
     k3 = np.isclose(rows["effective_lr"], 0.05 * rows["batch_size"] / 32 / 8) & (rows["batch_size"] == 250)
     rows.loc[k3, "test_acc"] += 0.01
-    test = bn_budget.break_test(bn_budget.goyal_breaks(rows), ratio(0.0))
+    test = bn_budget.break_test(bn_budget.goyal_breaks(rows), ratio(0.0), bcrit_valid=True)
     assert test.verdict == Verdict.NOT_TESTABLE and "bottom edge" in test.why
 
 
@@ -92,13 +92,13 @@ def hoffer_rows(at_epochs, at_steps, spread=0.002):
     ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), 0.0, "undecided", Verdict.NOT_TESTABLE),
 ])
 def test_the_gap_test_names_each_predictor(at_epochs, at_steps, c, predictor, verdict):
-    test = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_rows(at_epochs, at_steps)), ratio(c))
+    test = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_rows(at_epochs, at_steps)), ratio(c), bcrit_valid=True)
     assert (test.predictor, test.verdict) == (predictor, verdict), test.why
 
 
 def test_a_straddling_contrast_is_undecided_and_adds_seeds():
     test = bn_budget.gap_test(bn_budget.hoffer_gaps(hoffer_rows((-0.05,) * 3, (-0.03, -0.03, -0.02), 0.01)),
-                              ratio(0.0))
+                              ratio(0.0), bcrit_valid=True)
     assert test.predictor == "undecided" and test.extend_seeds and test.verdict == Verdict.INCONCLUSIVE
 
 

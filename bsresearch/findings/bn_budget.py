@@ -4,8 +4,9 @@
     bcrit = critical_batch_by_n(stt_runs)                   # per N: B_crit by the steps-to-target rules
     ratio = bcrit_shift(bcrit)                              # c = log2 B_crit(N_large) / B_crit(N_small), interval
     table = goyal_breaks(goyal_runs)                        # per (N, arm): the break at the held-out best lr
-    test = break_test(table, ratio)                         # which predicts Goyal's break, and the verdict
-    gaps = hoffer_gaps(hoffer_runs); gap = gap_test(gaps, ratio)   # which predicts Hoffer's gap
+    valid = valid_at_ends(bcrit)                            # B/B_crit can be tested (B_crit valid at both ends)
+    test = break_test(table, ratio, bcrit_valid=valid)      # which predicts Goyal's break, and the verdict
+    gap = gap_test(hoffer_gaps(hoffer_runs), ratio, bcrit_valid=valid)   # which predicts Hoffer's gap
     v6 = predictor_gap_test(hoffer_v6_runs, ratio)         # version 6: steps at one N, B/N at fixed steps
 
 Three explanations of where large batches start to lose, and what each predicts when N grows 4x (10 000 to
@@ -184,7 +185,7 @@ class PredictorTest(PreregisteredTest):
     problems: tuple[str, ...] = ()
 
 
-def break_test(breaks: pd.DataFrame, ratio: CriticalBatchRatio, bcrit_valid: bool = True) -> PredictorTest:
+def break_test(breaks: pd.DataFrame, ratio: CriticalBatchRatio, *, bcrit_valid: bool) -> PredictorTest:
     """Goyal's break. steps: the epochs arm breaks at every N and the steps arm at none. Otherwise, from the
     steps arm's break at the smallest and largest N, s = log2 b(N_large)/b(N_small) (a break beyond the grid
     at N_large: s >= log2(2 B_max / b(N_small))): B/N when s = 2, B/B_crit when |s - c| < 1, none otherwise.
@@ -288,8 +289,8 @@ def _contrast(gaps: pd.DataFrame, arm: str, confidence: float = 0.95) -> tuple[f
     return t, t - half, t + half
 
 
-def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARGIN,
-             bcrit_valid: bool = True) -> PredictorTest:
+def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARGIN, *,
+             bcrit_valid: bool) -> PredictorTest:
     """Hoffer's gap. steps: at equal steps the gap closes (lower end above -margin, no diverged seed) at every
     N, and at equal epochs a gap (upper end below -margin) exists at some N. Otherwise, T = gap_steps(N_large)
     - gap_steps(N_small): B/N when T's interval lies above 0 (the gap shrinks as B/N falls), B/B_crit when it
