@@ -30,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, time_steps, write_results  # noqa: E402
-from cpu_step import cpu_name  # noqa: E402
+
+from bsresearch.runtime import cpu_name  # noqa: E402
 
 SETTINGS = ("default", "retained")
 

@@ -28,12 +28,12 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, interleaved, start, time_steps, write_results  # noqa: E402
-from cpu_step import cpu_name  # noqa: E402
 
 from bsresearch import models  # noqa: E402
 from bsresearch.config import RunConfig
 from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.engine import train_next_batch  # noqa: E402
+from bsresearch.runtime import cpu_name  # noqa: E402
 from bsresearch.schedule import scaled_lr  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 

@@ -1,9 +1,7 @@
-"""Shared by the benchmark scripts: machine label, interleaved repeats, result files."""
+"""Shared by the benchmark scripts: interleaved repeats, result files named by the machine (device_label)."""
 from __future__ import annotations
 
 import argparse
-import platform
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -12,25 +10,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from bsresearch.systems.bench import device_label as machine_label
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def machine_label(device: torch.device) -> str:
-    """'cpu-<model>-<N>cores' or the GPU's name, filename-safe."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or "cpu"
-        try:
-            for line in open("/proc/cpuinfo"):
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1]
-                    break
-        except OSError:
-            pass
-        import os
-        name = f"cpu {name} {os.cpu_count()}cores"
-    return re.sub(r"[^A-Za-z0-9]+", "-", name.strip()).strip("-").lower()
 
 
 def interleaved(candidates: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:

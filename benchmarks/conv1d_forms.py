@@ -35,9 +35,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import benchmark_parser, int_list, interleaved, median_and_spread, start, time_steps, write_results  # noqa: E402
-from cpu_step import cpu_name  # noqa: E402
 
 from bsresearch.models import conv1d_as_matmul, window_rows_by_slices, window_rows_by_unfold  # noqa: E402
+from bsresearch.runtime import cpu_name  # noqa: E402
 
 WIDTH, LENGTH, CLASSES = 25, 40, 10
 LAYERS = [(1, 5), (WIDTH, 3), (WIDTH, 3)]   # (input channels, kernel); stride 2, padding 1

@@ -39,22 +39,12 @@ from common import benchmark_parser, int_list, interleaved, median_and_spread, s
 from bsresearch.config import RunConfig
 from bsresearch.data import DatasetUnavailable, dataset_for  # noqa: E402
 from bsresearch.engine import train_next_batch  # noqa: E402
+from bsresearch.runtime import cpu_name  # noqa: E402
 from bsresearch.schedule import scaled_lr  # noqa: E402
 from bsresearch.state import new_state  # noqa: E402
 
 DATASET = {"cnn1d": "mnist1d", "mlp": "mnist1d", "convnet": "fashion_mnist"}
 GEMM_SIZE = 1024
-
-
-def cpu_name() -> str:
-    """The processor's model name as lscpu prints it (/proc/cpuinfo's 'model name')."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown cpu"
 
 
 def gemm_timer(device: torch.device, seconds: float) -> Callable[[], float]:

@@ -25,7 +25,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,11 @@ from bsresearch.data import dataset_for  # noqa: E402
 from bsresearch.losses import loss_for  # noqa: E402
 from bsresearch.models import model_for  # noqa: E402
 from bsresearch.noise.device import GradientNorms, gradient_norms_hook  # noqa: E402
-from bsresearch.runtime import make_generator, prepare_process  # noqa: E402
+from bsresearch.runtime import (  # noqa: E402
+    cpu_name,  # noqa: E402
+    make_generator,
+    prepare_process,
+)
 from bsresearch.step import make_optimizer  # noqa: E402
 from bsresearch.train import run  # noqa: E402
 
@@ -160,15 +163,6 @@ def hook_overhead(cfg: RunConfig, rounds: int) -> dict[str, list[float]]:
         return json.loads(Path(f"{tmp}/rates.json").read_text())
 
 
-def lscpu_model() -> str:
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")),
-                "unknown")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -211,7 +205,7 @@ def main() -> None:
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         rows.append(row)
     frame = pd.DataFrame(rows)
-    frame["cpu"], frame["cores"] = lscpu_model(), os.cpu_count()
+    frame["cpu"], frame["cores"] = cpu_name(), os.cpu_count()
     frame["load_start"], frame["load_end"] = f"{load_start[0]:.2f}", f"{os.getloadavg()[0]:.2f}"
     frame["torch"] = torch.__version__
     kind = "devices_hook" if args.hook_rounds else "devices"

@@ -298,8 +298,9 @@ def budget_description(runs: pd.DataFrame) -> str:
 
 
 def provenance_caption(runs: pd.DataFrame) -> str:
-    """"Sweep demo (9 runs, seeds 0-2); commit 1a2b3c; budget: ..." for a figure's caption file. Runs of
-    an installed bsresearch (no git checkout) name its version instead of a commit."""
+    """"Sweep demo (9 runs, seeds 0-2); commit 1a2b3c; on AMD EPYC; budget: ..." for a figure's caption file: the
+    device is each run's recorded device_name (a CPU's model, a GPU's name). Runs of an installed bsresearch (no git
+    checkout) name its version instead of a commit."""
     sweeps = ", ".join(map(str, dict.fromkeys(runs["sweep"]))) if "sweep" in runs else "?"
     commits = sorted({str(c) for c in runs.get("git_commit", pd.Series(dtype=object)).dropna()})
     versions = sorted({str(v) for v in runs.get("bsresearch_version", pd.Series(dtype=object)).dropna()})
@@ -307,7 +308,9 @@ def provenance_caption(runs: pd.DataFrame) -> str:
         commits = [f"unknown (bsresearch {', '.join(versions)}, not a git checkout)"] if versions else ["unknown"]
     seeds = sorted(int(s) for s in runs["seed"].dropna().unique()) if "seed" in runs else []
     seed_text = f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if seeds else ""
-    return (f"Sweep {sweeps} ({len(runs)} runs{seed_text}); commit {', '.join(commits)}; "
+    devices = sorted({str(d) for d in runs.get("device_name", pd.Series(dtype=object)).dropna()})
+    device_text = f"on {', '.join(devices)}; " if devices else ""
+    return (f"Sweep {sweeps} ({len(runs)} runs{seed_text}); commit {', '.join(commits)}; {device_text}"
             f"budget: {budget_description(runs)}.")
 
 

@@ -183,10 +183,22 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cpu_name() -> str:
+    """The processor's model name, as lscpu prints it ("AMD EPYC", "Intel Xeon Processor"): /proc/cpuinfo's
+    'model name', else what the platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return name or platform.processor() or platform.machine() or "cpu"
+
+
 def device_name(device: torch.device) -> str:
+    """The GPU's model, or the CPU's: what every result names beside its numbers (runs record it in status.json)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_name()
 
 
 def provenance(device: torch.device) -> dict[str, object]:

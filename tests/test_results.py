@@ -152,6 +152,10 @@ def test_generalization_gap_and_captions(sweep):
     caption = results.provenance_caption(runs)
     assert "Sweep toy (12 runs, seeds 0, 1, 2)" in caption and "commit abc123" in caption
     assert "until train loss <= 0.1 (cap 5000 steps)" in caption
+    # the machine of each run, as its status.json recorded it: runs from two machines name both
+    assert "; on cpu; " in caption
+    two = runs.assign(device_name=["AMD EPYC", "Intel Xeon Processor"] * 6)
+    assert "; on AMD EPYC, Intel Xeon Processor; " in results.provenance_caption(two)
     fixed = runs.assign(budget="epochs", budget_amount=20.0)
     assert results.budget_description(fixed) == "fixed epochs: 20"
     caps = runs.assign(max_steps=[400, 40000] * 6)
@@ -231,7 +235,7 @@ def test_start_report_is_the_preamble_of_an_analysis_notebook(sweep, tmp_path, c
     pd.testing.assert_frame_equal(runs, expected)
     assert capsys.readouterr().out.splitlines() == [
         "sweep not_yet has not run yet",
-        "Sweep toy, toy2 (14 runs, seeds 0, 1, 2, 7); commit abc123; budget: until train loss <= 0.1 (cap 5000 "
+        "Sweep toy, toy2 (14 runs, seeds 0, 1, 2, 7); commit abc123; on cpu; budget: until train loss <= 0.1 (cap 5000 "
         "steps). States: ok 12, failed 1, pending 1"]
     with pytest.raises(results.SweepMissing, match=r"no runs of sweep 'absent' in .*: run `bsresearch sweep "):
         results.start_report(["absent", "toy"], tmp_path / "runs", tmp_path / "reports" / "absent")

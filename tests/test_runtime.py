@@ -56,3 +56,18 @@ def test_retained_memory_is_reused_without_page_faults():
 ], ids=["run", "fused group"])
 def test_runs_and_fused_groups_retain_freed_memory(setup):
     assert faults_after(setup) < 100
+
+
+def test_a_cpu_run_records_the_processors_model_name_not_its_architecture():
+    import platform
+
+    import torch
+
+    from bsresearch.runtime import cpu_name, device_name, provenance
+    try:
+        with open("/proc/cpuinfo") as f:
+            expected = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pytest.skip("no model name in /proc/cpuinfo here")
+    assert cpu_name() == expected != platform.machine()
+    assert device_name(torch.device("cpu")) == provenance(torch.device("cpu"))["device_name"] == expected

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 import re
 import time
 import traceback
@@ -252,16 +251,7 @@ def preset_workloads(preset: Preset, optimizer: str | None = None) -> list[Workl
 def device_label(device: torch.device | str) -> str:
     """Filename-safe machine name: the GPU model ('nvidia-h100-80gb-hbm3') or 'cpu-<model>-<N>cores'."""
     device = torch.device(device)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or "cpu"
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next((line.split(":", 1)[1] for line in f if line.startswith("model name")), name)
-        except OSError:
-            pass
-        name = f"cpu {name} {os.cpu_count()}cores"
+    name = device_name(device) if device.type == "cuda" else f"cpu {device_name(device)} {os.cpu_count()}cores"
     return re.sub(r"[^A-Za-z0-9]+", "-", name.strip()).strip("-").lower()
 
 
