@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,6 +24,8 @@ EXAMPLES = """examples:
   bsresearch sweep experiments/demo.yaml --cluster slurm --job-script   # print a worker job script
   bsresearch sweep experiments/demo.yaml --launcher srun --workers 4   # in salloc/sbatch: a job step per run
   bsresearch sweep experiments/demo.yaml --check            # damaged result files, unfinished runs
+  bsresearch sweep experiments/demo.yaml --pack archives/    # finished runs not yet archived -> a new .tar.xz
+  bsresearch sweep experiments/demo.yaml --unpack archives/  # on another machine: restore them, then resume
 Stop a sweep with Ctrl-C or `kill PID` (SIGTERM): either stops its workers, and the runs they held are redone
 by the next run of the sweep. Rerunning a sweep skips finished runs and redoes interrupted ones; --retry-failed
 also redoes failed, oom, timeout and died runs."""
@@ -79,6 +82,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="check the runs on disk: name each damaged result file and count the unfinished runs; "
                         "run nothing (exit 0 only when every run has ended with readable results)")
+    p.add_argument("--pack", metavar="FOLDER", type=Path,
+                   help="write the finished runs that no archive in FOLDER holds yet into a new archive there "
+                        "(<sweep>-<time>-<machine>.tar.xz: result files, no checkpoints); run nothing")
+    p.add_argument("--unpack", metavar="FOLDER", type=Path,
+                   help="restore the finished runs archived in FOLDER (by --pack, on any machine) that have not "
+                        "finished here; run nothing: the next sweep skips them")
     p.add_argument("--retry-failed", action="store_true", help="also redo runs that failed, ran out of memory, "
                                                                "timed out or died")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -104,6 +113,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     if args.check:
         return _check(spec, args.runs)
+    if args.pack or args.unpack:
+        return _archive(spec, args)
     if args.job_script:
         if not args.cluster:
             raise ConfigError("--job-script needs --cluster slurm or --cluster pbs")
@@ -130,6 +141,24 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     print(report.summary())
     return 0 if report.all_finished else 1
+
+
+def _archive(spec, args: argparse.Namespace) -> int:
+    from . import archive
+    from .spec import runs_folder
+    if args.pack and args.unpack:
+        raise ConfigError("--pack and --unpack: give one of them")
+    if not spec.has_runs:
+        raise ConfigError(f"spec {spec.name!r} defines no runs (it is analysis-only): nothing to archive")
+    if args.unpack:
+        restored = archive.unpack(spec, args.unpack, args.runs)
+        print(restored.summary(spec.name, args.unpack, runs_folder(spec, args.runs) / spec.name))
+        return 0
+    from ..rundir import check_writable
+    from ..systems.bench import device_label
+    check_writable(args.pack, "--pack")
+    print(archive.pack(spec, args.pack, args.runs, machine=device_label("cpu")).summary(spec.name, args.pack))
+    return 0
 
 
 def _check(spec, runs_root: str) -> int:
