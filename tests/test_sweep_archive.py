@@ -15,6 +15,7 @@ from bsresearch.cli import main
 from bsresearch.rundir import RunDir
 from bsresearch.sweep import expand, load_spec, run_sweep
 from bsresearch.sweep.archive import archives, pack, unpack
+from bsresearch.sweep.task import run_lock
 
 SMOKE = Path(__file__).resolve().parent.parent / "experiments" / "smoke.yaml"
 CRASHING = "batch_size=16 lr=0.2 seed=0"
@@ -73,6 +74,21 @@ def test_packed_runs_restore_elsewhere_as_they_were_and_the_sweep_resumes_with_t
     third = unpack(spec, folder, tmp_path / "c")
     assert third.restored == 4
     pd.testing.assert_frame_equal(loaded(tmp_path / "c"), loaded(second))
+
+
+def test_a_run_a_live_process_holds_is_neither_packed_nor_written_over(first_machine, tmp_path):
+    spec, folder = load_spec(SMOKE), tmp_path / "archives"
+    held = first_machine / "smoke" / next(p.run_id for p in expand(spec) if p.label != CRASHING)
+    with run_lock(held) as locked:   # finished, but its fused group (or another sweep) still holds it
+        assert locked
+        packed = pack(spec, folder, first_machine)
+        assert (packed.runs, packed.busy, packed.unfinished) == (2, 1, 1)
+        assert "1 held by a running sweep (pack after it ends)" in packed.summary("smoke", folder)
+    assert pack(spec, folder, first_machine).runs == 1     # once it is free, the next pack takes it
+    (held / "status.json").write_text("{}")                # then a sweep here starts it again, and holds it
+    with run_lock(held):
+        assert unpack(spec, folder, first_machine).restored == 0
+    assert (held / "status.json").read_text() == "{}"
 
 
 def test_unpack_never_writes_over_a_finished_run_and_replaces_a_failed_one(first_machine, tmp_path):

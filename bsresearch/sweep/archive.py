@@ -71,9 +71,11 @@ class Packed:
     runs: int              # runs written into it
     earlier: int           # finished runs already in FOLDER's archives
     unfinished: int        # runs of the spec not finished on disk (not packed)
+    busy: int = 0          # runs a live process holds (a sweep still running them, or their fused group): not packed
 
     def summary(self, sweep: str, folder: Path) -> str:
         rest = f"{self.earlier} already in {folder}'s archives, {self.unfinished} not finished here"
+        rest += f", {self.busy} held by a running sweep (pack after it ends)" if self.busy else ""
         if self.archive is None:
             return f"sweep {sweep}: nothing new to pack ({rest})"
         return f"sweep {sweep}: {self.runs} finished run(s) packed into {self.archive} ({rest})"
@@ -90,9 +92,10 @@ def pack(spec: SweepSpec, folder: str | Path, runs_root: str | Path | None = Non
         earlier |= set(_members(archive))
     finished = [p for p in planned if _finished_on_disk(p)]
     new = [p for p in finished if p.point.run_id not in earlier]
-    unfinished = len(planned) - len(finished)
+    busy = sum(p.action == BUSY for p in planned)
+    unfinished = len(planned) - len(finished) - busy
     if not new:
-        return Packed(None, 0, len(finished), unfinished)
+        return Packed(None, 0, len(finished), unfinished, busy)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     stem = f"{spec.name}-{stamp}{'-' + machine if machine else ''}"
     path = folder / f"{stem}{SUFFIX}"
@@ -108,7 +111,7 @@ def pack(spec: SweepSpec, folder: str | Path, runs_root: str | Path | None = Non
                 if source.exists():
                     tar.add(source, arcname=f"{p.point.run_id}/{name}")
     atomic_write_bytes(path, buffer.getvalue())
-    return Packed(path, len(new), len(finished) - len(new), unfinished)
+    return Packed(path, len(new), len(finished) - len(new), unfinished, busy)
 
 
 @dataclass(frozen=True)
