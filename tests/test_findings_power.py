@@ -22,17 +22,22 @@ POWER_INPUTS = ("lr_over_b_mnist1d/diagonals.csv", "lr_over_b_fashion/diagonals.
                 "lm_small_batch_v5/per_seed.csv", "lm_cbs_long/cbs_per_seed.csv")
 
 
+VERSION_6_COPY = Path(__file__).resolve().parent / "power_v6"   # power_v6/reports/<name>: those CSVs, copied
+
+
 @pytest.fixture(scope="module")
-def version_6_csvs(tmp_path_factory) -> Path:
-    """The power table's inputs as committed at version 6's commit, under root/reports (from git: bn_budget_goyal's
+def version_6_csvs() -> Path:
+    """A root whose reports/ holds the power table's inputs as committed at version 6's commit (bn_budget_goyal's
     gaps.csv has since been made again on another machine, with other variances)."""
-    root = tmp_path_factory.mktemp("v6")
+    return VERSION_6_COPY
+
+
+def test_the_copied_inputs_are_the_csvs_committed_at_version_6():
     for name in POWER_INPUTS:
-        shown = subprocess.run(["git", "show", f"{VERSION_6}:reports/{name}"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout
-        (root / "reports" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "reports" / name).write_text(shown)
-    return root
+        shown = subprocess.run(["git", "show", f"{VERSION_6}:reports/{name}"], cwd=ROOT, capture_output=True)
+        if shown.returncode != 0:
+            pytest.skip(f"no git history of {VERSION_6} here (an archive or a shallow clone)")
+        assert (VERSION_6_COPY / "reports" / name).read_bytes() == shown.stdout, name
 
 
 def simulated_power(n: int, sd: float, effect: float, decide, trials: int = 20000) -> float:

@@ -30,6 +30,7 @@ from scipy import stats as scipy_stats
 from .. import results, stats
 from ..config import ConfigError
 from ..paths import project_path
+from ..rundir import FINISHED_STATES as FINISHED  # the end states of a run that count (others are rerun)
 from ..stats import welch_interval
 from . import goyal
 from .adam_vs_sgd import CriticalBatchRatio, critical_batch_ratio
@@ -118,7 +119,7 @@ def goyal_breaks(rows: pd.DataFrame, arm: str = "arm", metric: str = "test_acc",
                                          margin=margin)
             top = test.best
             problems = []
-            unfinished = int((~mine["state"].isin(goyal.FINISHED)).sum())
+            unfinished = int((~mine["state"].isin(FINISHED)).sum())
             if unfinished:
                 problems.append(f"{unfinished} runs not finished")
             limit = top.first_failing if math.isfinite(top.first_failing) else test.per_batch["batch_size"].max()
@@ -157,7 +158,7 @@ def break_cells(rows: pd.DataFrame, arm: str = "arm", metric: str = "test_acc", 
                 d = welch_interval(ok, base, confidence)
                 out.append({"n": int(n), "arm": a, "batch_size": int(b), "lr": float(rate), "runs": len(cell),
                             "ok": len(ok), "diverged": int((cell["state"] == "diverged").sum()),
-                            "unfinished": int((~cell["state"].isin(goyal.FINISHED)).sum()),
+                            "unfinished": int((~cell["state"].isin(FINISHED)).sum()),
                             "mean": float(ok.mean()) if len(ok) else math.nan,
                             "std": float(ok.std(ddof=1)) if len(ok) > 1 else math.nan,
                             "diff": d.diff, "low": d.low, "high": d.high,
@@ -258,7 +259,7 @@ def hoffer_gaps(rows: pd.DataFrame, sb: str = "sb", at_epochs: str = "lb_sqrt_gb
         ref = pd.to_numeric(ok[ok[variant] == sb][metric], errors="coerce").dropna()
         row: dict[str, object] = {"n": int(n), "sb_mean": float(ref.mean()) if len(ref) else math.nan,
                                   "sb_var": float(ref.var(ddof=1)) if len(ref) > 1 else math.nan, "sb_n": len(ref),
-                                  "unfinished": int((~g["state"].isin(goyal.FINISHED)).sum())}
+                                  "unfinished": int((~g["state"].isin(FINISHED)).sum())}
         for arm, name in (("epochs", at_epochs), ("steps", at_steps)):
             values = pd.to_numeric(ok[ok[variant] == name][metric], errors="coerce").dropna()
             d = welch_interval(values, ref, confidence)
@@ -440,7 +441,7 @@ def predictor_c(own: pd.DataFrame | None, fallback: tuple[float, float, float], 
     ended: a sweep still running is not read)."""
     if own is None or own.empty:
         return fallback, f"plain-SGD c of version 5 ({own_name} has not run)", pd.DataFrame()
-    open_runs = int((~own["state"].isin(goyal.FINISHED)).sum())
+    open_runs = int((~own["state"].isin(FINISHED)).sum())
     if open_runs:
         return fallback, (f"plain-SGD c of version 5 ({own_name}: {open_runs} of {len(own)} runs have not ended ok "
                           f"or diverged)"), pd.DataFrame()
@@ -594,7 +595,7 @@ def predictor_gap_test(rows: pd.DataFrame, c: tuple[float, float, float] | None,
     names = sorted({name for cells in V6_CELLS.values() for name in cells.values()} | {n for *_, n in LADDER})
     for name in names:
         mine = rows[rows[variant] == name]
-        unfinished = int((~mine["state"].isin(goyal.FINISHED)).sum())
+        unfinished = int((~mine["state"].isin(FINISHED)).sum())
         if unfinished:
             problems.append(f"{name}: {unfinished} runs not finished")
         if len(group(name)) < 2:
