@@ -120,6 +120,18 @@ def test_pack_and_unpack_from_the_command_line(first_machine, tmp_path, capsys):
     assert "3 finished run(s) restored" in capsys.readouterr().out
 
 
+def test_a_damaged_archive_is_one_line_naming_it_and_nothing_is_restored(first_machine, tmp_path, capsys):
+    spec, folder = load_spec(SMOKE), tmp_path / "archives"
+    good = pack(spec, folder, first_machine).archive
+    assert good is not None
+    damaged = folder / good.name.replace(".tar.xz", "-2.tar.xz")
+    damaged.write_bytes(good.read_bytes()[: good.stat().st_size // 2])     # cut off, as by a full disk
+    assert main(["sweep", str(SMOKE), "--runs", str(tmp_path / "b"), "--unpack", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{damaged}: not a readable archive" in err and "to use the others" in err
+    assert not (tmp_path / "b" / "smoke").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--unpack", "{tmp}/nowhere"], "--unpack {tmp}/nowhere: no archive of sweep 'smoke' there"),
     (["--pack", "{tmp}/p", "--unpack", "{tmp}/p"], "--pack and --unpack: give one of them"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import lzma
 import re
 import shutil
 import tarfile
@@ -43,14 +44,18 @@ def archives(folder: Path, sweep: str) -> list[Path]:
 def _members(archive: Path) -> dict[str, dict[str, bytes]]:
     """run id -> {file name: contents} of one archive's finished runs; other names are ignored."""
     runs: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(archive, "r:xz") as tar:
-        for member in tar:
-            run_id, sep, name = member.name.partition("/")
-            if not (member.isfile() and sep and name in RESULT_FILES and re.fullmatch(r"[0-9a-f]+", run_id)):
-                continue
-            data = tar.extractfile(member)
-            if data is not None:
-                runs.setdefault(run_id, {})[name] = data.read()
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            for member in tar:
+                run_id, sep, name = member.name.partition("/")
+                if not (member.isfile() and sep and name in RESULT_FILES and re.fullmatch(r"[0-9a-f]+", run_id)):
+                    continue
+                data = tar.extractfile(member)
+                if data is not None:
+                    runs.setdefault(run_id, {})[name] = data.read()
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as exc:   # read whole before anything is written
+        raise ConfigError(f"{archive}: not a readable archive ({' '.join(str(exc).split()) or type(exc).__name__}); "
+                          f"move it out of {archive.parent} to use the others") from None
     return {run_id: files for run_id, files in runs.items() if _finished(files)}
 
 
@@ -135,8 +140,8 @@ def unpack(spec: SweepSpec, folder: str | Path, runs_root: str | Path | None = N
     points, sweep_dir = expand(spec), runs_folder(spec, runs_root) / spec.name
     planned = {p.point.run_id: p for p in plan(points, sweep_dir)}
     restored = kept = foreign = 0
-    for archive in found:
-        for run_id, files in _members(archive).items():
+    for members in [_members(archive) for archive in found]:   # every archive read before any run is written
+        for run_id, files in members.items():
             target = planned.get(run_id)
             if target is None:
                 foreign += 1
