@@ -120,6 +120,20 @@ def compared(metrics: dict) -> dict:
     return {k: metrics[k] for k in COMPARED}
 
 
+def crash_at_setup(monkeypatch: pytest.MonkeyPatch, batch_size: int, lr: float) -> None:
+    """train.run raises at setup for the runs of (batch_size, lr), as a crash would; the others train. Runs alone
+    only: a fused group does not call train.run."""
+    import bsresearch.train as train
+    real_run = train.run
+
+    def flaky_run(cfg, run_dir, **kw):
+        if cfg.batch_size == batch_size and cfg.lr == lr:
+            raise RuntimeError("simulated crash at setup")
+        return real_run(cfg, run_dir, **kw)
+
+    monkeypatch.setattr(train, "run", flaky_run)
+
+
 def tiny_config(**changes) -> RunConfig:
     """A synthetic-data MLP run that trains in well under a second."""
     base = dict(dataset="synthetic", train_size=256, model="mlp", width=16, depth=1, optimizer="sgd",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import compared
+from conftest import compared, crash_at_setup
 
 from bsresearch.cli import main
 from bsresearch.config import RunConfig
@@ -60,16 +60,10 @@ def test_smoke_sweep_through_papermill_then_rerun_skips_everything(tmp_path, cap
 
 
 def test_inline_sweep_calls_the_library_and_a_failing_run_does_not_stop_it(tmp_path, monkeypatch):
-    import bsresearch.train as train
-    real_run = train.run
-
-    def flaky_run(cfg, run_dir, **kw):
-        if cfg.batch_size == 16 and cfg.lr == 0.2:
-            raise RuntimeError("simulated crash at setup")
-        return real_run(cfg, run_dir, **kw)
-
-    monkeypatch.setattr(train, "run", flaky_run)  # each run alone: fused groups do not call train.run
-    report = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, fuse="off")
+    with monkeypatch.context() as crashing:
+        crash_at_setup(crashing, batch_size=16, lr=0.2)
+        report = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, fuse="off")
+        again = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, fuse="off")
     states = {o.label: o.state for o in report.outcomes}
     assert states == {"batch_size=16 lr=0.05 seed=0": "ok", "batch_size=16 lr=0.2 seed=0": "failed",
                       "batch_size=64 lr=0.05 seed=0": "ok", "batch_size=64 lr=0.2 seed=0": "ok"}
@@ -79,9 +73,7 @@ def test_inline_sweep_calls_the_library_and_a_failing_run_does_not_stop_it(tmp_p
     metrics = RunDir(tmp_path / "smoke" / point.run_id).metrics()
     assert compared(metrics) == compared(reference_metrics(point.config))
 
-    again = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, fuse="off")
     assert again.outcomes == ()  # failed runs are kept ...
-    monkeypatch.setattr(train, "run", real_run)
     retried = run_sweep(SMOKE, runs_root=tmp_path, executor="inline", progress=False, retry_failed=True, fuse="off")
     assert [(o.label, o.state) for o in retried.outcomes] == [("batch_size=16 lr=0.2 seed=0", "ok")]  # ... until asked
     assert RunDir(failed_dir := tmp_path / "smoke" / failed.run_id).status()["runner"]["attempt"] == 2, failed_dir

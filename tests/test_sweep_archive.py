@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import crash_at_setup
 
-import bsresearch.train as train
 from bsresearch import results
 from bsresearch.cli import main
 from bsresearch.rundir import RunDir
@@ -29,15 +29,8 @@ def loaded(runs_root: Path) -> pd.DataFrame:
 @pytest.fixture
 def first_machine(tmp_path, monkeypatch):
     """The smoke sweep (4 runs) with one run crashing at setup: 3 finished, 1 failed."""
-    real_run = train.run
-
-    def flaky_run(cfg, run_dir, **kw):
-        if cfg.batch_size == 16 and cfg.lr == 0.2:
-            raise RuntimeError("simulated crash at setup")
-        return real_run(cfg, run_dir, **kw)
-
     with monkeypatch.context() as m:
-        m.setattr(train, "run", flaky_run)
+        crash_at_setup(m, batch_size=16, lr=0.2)
         run_sweep(SMOKE, runs_root=tmp_path / "a", executor="inline", progress=False, fuse="off")
     return tmp_path / "a"
 
