@@ -1,4 +1,4 @@
-"""Carry a sweep's finished runs from one machine to another: `bsresearch sweep SPEC --pack FOLDER` / `--unpack FOLDER`.
+"""Carry a sweep's finished runs to another machine: `bsresearch sweep SPEC --pack FOLDER`, then `--unpack FOLDER`.
 
 A sweep that outlives its machine (a preemptible node, a session that ends, a laptop that goes home) keeps its
 finished runs as a folder of archives, one per pack. Each archive, FOLDER/<sweep>-<UTC time>-<machine>.tar.xz,
@@ -160,4 +160,3 @@ def unpack(spec: SweepSpec, folder: str | Path, runs_root: str | Path | None = N
     if restored:
         write_manifest(spec, sweep_dir, points)   # results.load reads the restored runs as the sweep's
     return Unpacked(restored, kept, foreign)
-
