@@ -57,13 +57,17 @@ def test_forward_backward_and_running_statistics_per_member(kind, batchnorm, gho
     grads = stacked.rows_to_torch(flat.grad)
     names = [slot.name for slot in stacked.slots]
     assert len(grads) == len(names) == len(list(members[0].parameters()))
+    # A ghost batch of 2 (ghost 5 over 12) normalizes by the spread of two values, which magnifies float32 rounding
+    # that depends on the order of the sums: 2.5e-6 on outputs of about 1 on an AMD EPYC (1e-7 elsewhere). A wrong
+    # split or statistic is off by O(1).
+    atol = 1e-5 if ghost and B % ghost == 2 else 1e-6
     for k, model in enumerate(members):
         expected = model(x[k])
-        torch.testing.assert_close(logits[k], expected, rtol=1e-5, atol=1e-6, msg=f"member {k}")
+        torch.testing.assert_close(logits[k], expected, rtol=1e-5, atol=atol, msg=f"member {k}")
         F.cross_entropy(expected, y[k]).backward()
         params = dict(model.named_parameters())
         for name, grad in zip(names, grads, strict=True):
-            torch.testing.assert_close(grad[k], params[name].grad, rtol=1e-4, atol=1e-6, msg=f"{k} {name}")
+            torch.testing.assert_close(grad[k], params[name].grad, rtol=1e-4, atol=atol, msg=f"{k} {name}")
         for key, module_name in stacked.buffer_modules.items():   # torch's update of the running statistics
             module = dict(model.named_children())[module_name]
             stats = ("running_mean", "running_var", "num_batches_tracked")
