@@ -139,14 +139,15 @@ def unpack(spec: SweepSpec, folder: str | Path, runs_root: str | Path | None = N
                           f"({spec.name}-<time>-<machine>{SUFFIX}, as --pack writes them)")
     points, sweep_dir = expand(spec), runs_folder(spec, runs_root) / spec.name
     planned = {p.point.run_id: p for p in plan(points, sweep_dir)}
-    restored = kept = foreign = 0
+    restored: set[str] = set()
+    kept = foreign = 0
     for members in [_members(archive) for archive in found]:   # every archive read before any run is written
         for run_id, files in members.items():
             target = planned.get(run_id)
             if target is None:
                 foreign += 1
                 continue
-            if _finished_on_disk(target) or target.action == BUSY:
+            if run_id in restored or _finished_on_disk(target) or target.action == BUSY:
                 kept += 1
                 continue
             if target.run_dir.exists():
@@ -154,9 +155,7 @@ def unpack(spec: SweepSpec, folder: str | Path, runs_root: str | Path | None = N
             for name in RESULT_FILES:
                 if name in files:
                     atomic_write_bytes(target.run_dir / name, files[name])
-            state = json.loads(files["status.json"])["state"]
-            planned[run_id] = PlannedRun(target.point, target.run_dir, state, "skip")   # a later archive keeps it
-            restored += 1
+            restored.add(run_id)
     if restored:
         write_manifest(spec, sweep_dir, points)   # results.load reads the restored runs as the sweep's
-    return Unpacked(restored, kept, foreign)
+    return Unpacked(len(restored), kept, foreign)
