@@ -32,6 +32,7 @@ import pandas as pd
 from bsresearch import results
 from bsresearch.findings import bn_budget
 from bsresearch.plots import save_figure
+from bsresearch.plots.findings import bn_budget as figures
 
 runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 c, c_source, bcrit = bn_budget.read_predictor_c(bcrit_sweep, runs_dir, fallback_c)
@@ -75,3 +76,17 @@ caption = ("Left: per N, the large-batch gap at equal epochs and at equal exampl
            f"points; c from {c_source}. Verdict: {test.verdict} ({test.predictor}).")
 save_figure(fig, out / "predictors", caption, runs=runs)
 plt.show()
+
+# %% [markdown]
+# B_crit in the design's own setting (bn_budget_bcrit_v6), drawn once it has run: steps to the target against B per
+# N and the fits in b_crit_own_setting.csv; c is read from it only where the protocol's rule counts it as measured.
+
+# %%
+if not bcrit.empty:
+    own = results.load(bcrit_sweep, runs_root=runs_dir)
+    own_steps = bn_budget.own_setting_steps(own)
+    own_steps.to_csv(out / "b_crit_steps.csv", index=False)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    caption = figures.bcrit_steps(ax, own_steps, bcrit)
+    save_figure(fig, out / "b_crit_own_setting", f"{caption} c: {c_source}.", runs=own)
+    plt.show()

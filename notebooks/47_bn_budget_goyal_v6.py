@@ -62,13 +62,28 @@ print(breaks.to_string(index=False))
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 4))
-figures.break_vs_n(ax, test, bcrit if not bcrit.empty else None, anchor_arms=("examples", "steps", "epochs"))
+figures.break_vs_n(ax, test, anchor_arms=("examples", "steps", "epochs"))   # B/B_crit: the slope of the c used
 shift = "undefined" if math.isnan(test.shift) else f"{test.shift:+g}" + (" (a lower bound)" if test.shift_censored
                                                                            else "")
 caption = ("The smallest batch that fails at its held-out best lr against N, per arm (equal epochs, equal steps, "
            "equal examples; a break beyond the grid drawn at 2x the largest batch, open marker), with the B/N line "
-           f"and, where measured, B_crit(N) scaled to it. s_X = {shift} octaves; A (steps matter) "
+           "and the B/B_crit line of the c the test used, both through one arm's break at its smallest N (the "
+           f"legend names it). s_X = {shift} octaves; A (steps matter) "
            f"{'holds' if test.steps_matter else 'fails'}; c = {c[0]:+.2f} [{c[1]:+.2f}, {c[2]:+.2f}] from "
            f"{c_source}. Verdict: {test.verdict} ({test.predictor}).")
 save_figure(fig, out / "predictors", caption, runs=runs)
 plt.show()
+
+# %% [markdown]
+# B_crit in the design's own setting (bn_budget_bcrit_v6), drawn once it has run: steps to the target against B per
+# N and the fits in b_crit_own_setting.csv; c is read from it only where the protocol's rule counts it as measured.
+
+# %%
+if not bcrit.empty:
+    own = results.load(bcrit_sweep, runs_root=runs_dir)
+    own_steps = bn_budget.own_setting_steps(own)
+    own_steps.to_csv(out / "b_crit_steps.csv", index=False)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    caption = figures.bcrit_steps(ax, own_steps, bcrit)
+    save_figure(fig, out / "b_crit_own_setting", f"{caption} c: {c_source}.", runs=own)
+    plt.show()

@@ -306,6 +306,30 @@ def test_the_v6_break_figure_draws_the_three_arms_and_the_lines_through_the_exam
     plt.close(fig)
 
 
+def test_the_v6_break_figure_draws_the_b_crit_line_from_the_c_the_test_used_when_no_table_is_given():
+    """Notebook 47 passes no B_crit table: the line is the c the test compared (here -1 octave from 10k to 40k, so
+    -0.5 an octave of N), whether it came from the own setting or version 5's plain SGD."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots.findings.bn_budget import break_vs_n
+    test = bn_budget.predictor_break_test(v6_breaks((500, 1000, 2000), (1000, 2000, 4000), (1000, 1000, 1000)),
+                                          (-1.0, -1.3, -0.7))
+    fig, ax = plt.subplots()
+    break_vs_n(ax, test, anchor_arms=("examples", "steps", "epochs"))
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    line = lines["B/B_crit fixed (c = -1.00 octaves), through the examples arm's break at N = 10000"]
+    assert list(line.get_ydata()) == pytest.approx([1000, 1000 / 2 ** 0.5, 500])
+    plt.close(fig)
+    unknown = bn_budget.predictor_break_test(v6_breaks((500, 1000, 2000), (1000, 2000, 4000), (1000, 1000, 1000)),
+                                             None)
+    fig, ax = plt.subplots()
+    break_vs_n(ax, unknown, anchor_arms=("examples", "steps", "epochs"))
+    assert not any(line.get_label().startswith("B/B_crit") for line in ax.get_lines())   # no c, no line
+    plt.close(fig)
+
+
 def test_goyal_breaks_reads_the_examples_arm_of_the_v6_design():
     rows = goyal_rows(by_n((500, 1000, 2000), (math.inf,) * 3))
     examples = rows[rows["arm"] == "steps"].assign(arm="examples")
@@ -380,3 +404,32 @@ def test_predictor_c_is_the_own_setting_c_where_it_is_measured_and_version_5s_pl
     c, source, table = bn_budget.predictor_c(running, plain, "bcrit_v6", resamples=50)
     assert c == plain and table.empty
     assert source == f"plain-SGD c of version 5 (bcrit_v6: 2 of {len(runs)} runs have not ended ok or diverged)"
+
+
+def test_the_own_setting_figure_draws_each_seed_the_fit_and_says_whether_b_crit_is_valid():
+    """Notebook 43 and 47's b_crit_own_setting: per N the fitted curve S_min (1 + B_crit / B) through the medians,
+    the batch sizes that too few seeds reached drawn open, and the protocol's validity in the label."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bsresearch.plots.findings.bn_budget import bcrit_steps
+    steps = bn_budget.own_setting_steps(own_setting_runs({10000: 100.0, 40000: 400.0}, s_min=600))
+    table, _ = bn_budget.own_setting_bcrit(steps, resamples=50)
+    fig, ax = plt.subplots()
+    caption = bcrit_steps(ax, steps, table)
+    labels = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert len(labels) == 2 and all(label.startswith(f"N = {n}: B_crit ") for label, n in zip(labels, (10000, 40000)))
+    for label, row in zip(labels, table.itertuples()):
+        assert ("(valid)" in label) == bool(row.valid)
+        assert label.endswith("(valid)") or f"not valid: {row.n_batches} batch sizes" in label
+    curves = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    for curve, row in zip(curves, table.itertuples()):
+        b, y = curve.get_xdata(), curve.get_ydata()
+        assert y == pytest.approx(row.s_min * (1 + row.b_crit / b))
+    # at 10k with S_min 600 the batch sizes >= 1000 never reach the target by 32 epochs: no marker for them at all,
+    # and every seed of the fitted ones is drawn
+    reached = steps.dropna(subset=["steps"])
+    drawn = sum(len(line.get_xdata()) for line in ax.get_lines() if line.get_marker() == ".")
+    assert drawn == len(reached) and "at least 3 seeds" in caption
+    plt.close(fig)

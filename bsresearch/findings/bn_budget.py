@@ -385,13 +385,18 @@ def own_setting_steps(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "l
     return pd.DataFrame(out)
 
 
-def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = 3, min_batches: int = 6, resamples: int = 2000,
+BCRIT_MIN_REACHED = 3   # a batch size enters the own-setting fit when this many seeds reached the target
+
+
+def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = BCRIT_MIN_REACHED, min_batches: int = 6,
+                      resamples: int = 2000,
                       confidence: float = 0.95) -> tuple[pd.DataFrame, tuple[float, float, float]]:
     """Per N, McCandlish's B_crit fitted to every seed's steps at the batch sizes where >= min_reached seeds reached
     the target, with a percentile bootstrap over seeds (`resamples`, generator seed 0) and validity (>= min_batches
     batch sizes in the fit, no held-out lr on its grid's edge there); and c = log2 B_crit(largest N) / B_crit(smallest
     N) with the bootstrap interval of the same resamples (seeds drawn within each N). Zhang et al.'s definition
-    (excess 20% over linear scaling from the smallest batch) beside it, secondary."""
+    (excess 20% over linear scaling from the smallest batch) beside it, secondary; s_min is the fit's S_min (the
+    curve S_min (1 + B_crit / B) a figure draws)."""
     from ..measure.critical import critical_batch_size
     rng = np.random.default_rng(0)
     rows, boots = [], {}
@@ -401,7 +406,7 @@ def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = 3, min_batches: in
         use = g[g["batch_size"].isin(fitted)].dropna(subset=["steps"])
         row: dict[str, object] = {"n": int(n), "n_batches": len(fitted), "edge": bool(use["edge"].any()),
                                   "b_crit": math.nan, "low": math.nan, "high": math.nan, "excess": math.nan,
-                                  "valid": False}
+                                  "valid": False, "s_min": math.nan}
         if len(fitted) >= 2:
             fit = critical_batch_size(use["batch_size"], use["steps"])
             excess = critical_batch_size(use["batch_size"], use["steps"], "excess")
@@ -418,7 +423,8 @@ def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = 3, min_batches: in
             tail = 100 * (1 - confidence) / 2
             row.update({"b_crit": fit.batch_size, "low": float(np.nanpercentile(values, tail)),
                         "high": float(np.nanpercentile(values, 100 - tail)), "excess": excess.batch_size,
-                        "valid": len(fitted) >= min_batches and not bool(use["edge"].any())})
+                        "valid": len(fitted) >= min_batches and not bool(use["edge"].any()),
+                        "s_min": fit.fit.s_min})
         rows.append(row)
     table = pd.DataFrame(rows)
     c = (math.nan, math.nan, math.nan)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from ...findings.bn_budget import BreakPredictorTest, PredictorTest
+from ...findings.bn_budget import BCRIT_MIN_REACHED, BreakPredictorTest, PredictorTest
 
 ARM_MARKERS = {"epochs": "o", "steps": "s", "examples": "^"}
 
@@ -14,10 +14,11 @@ ARM_MARKERS = {"epochs": "o", "steps": "s", "examples": "^"}
 def break_vs_n(ax: Axes, test: PredictorTest | BreakPredictorTest, bcrit: pd.DataFrame | None = None,
                anchor_arms: tuple[str, ...] = ("steps", "epochs")) -> None:
     """b(N, arm) for each arm of the test's table (a break beyond the grid drawn at 2x the largest batch, open
-    marker), the B/N line through the smallest N's break of the first of `anchor_arms` that breaks somewhere and,
-    if given, B_crit(N) scaled to it: the deciding statistic is the slope (version 5: the steps arm; version 6:
-    the examples arm). The label says which arm the lines go through, so the predictions are drawn whenever some
-    arm breaks."""
+    marker), the B/N line through the smallest N's break of the first of `anchor_arms` that breaks somewhere and
+    the B/B_crit line through it: B_crit(N) scaled to it when `bcrit` is given (version 5), else the slope of the
+    c the test used (version 6: c octaves from the smallest to the largest N, whichever B_crit it came from). The
+    deciding statistic is the slope (version 5: the steps arm; version 6: the examples arm). The label says which
+    arm the lines go through, so the predictions are drawn whenever some arm breaks."""
     table = test.table
     present = set(table["arm"])
     for arm, marker in ARM_MARKERS.items():
@@ -43,6 +44,10 @@ def break_vs_n(ax: Axes, test: PredictorTest | BreakPredictorTest, bcrit: pd.Dat
         if bcrit is not None and len(bcrit):
             ref = float(bcrit.sort_values("n")["b_crit"].iloc[0])
             ax.plot(bcrit["n"], b0 * bcrit["b_crit"] / ref, "k:", lw=1, label=f"B/B_crit fixed{through}")
+        elif isinstance(test, BreakPredictorTest) and np.isfinite(test.c[0]) and len(ns) > 1:
+            per_octave = test.c[0] / np.log2(ns[-1] / ns[0])
+            ax.plot(ns, b0 * (ns / n0) ** per_octave, "k:", lw=1,
+                    label=f"B/B_crit fixed (c = {test.c[0]:+.2f} octaves){through}")
     ax.set(xscale="log", yscale="log", xlabel="N (training examples)", ylabel="smallest batch that fails",
            title=f"break: {test.predictor} ({test.verdict})")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))   # below: the breaks fill the panel
@@ -60,3 +65,33 @@ def gap_vs_n(ax: Axes, test: PredictorTest) -> None:
     ax.set(xscale="log", xlabel="N (training examples)", ylabel="test accuracy gap (points)",
            title=f"gap: {test.predictor} ({test.verdict})")
     ax.legend(fontsize=7)
+
+
+def bcrit_steps(ax: Axes, steps: pd.DataFrame, table: pd.DataFrame, min_reached: int = BCRIT_MIN_REACHED) -> str:
+    """The own-setting B_crit (protocol v6): every seed's steps to the target against B per N (filled: the batch
+    sizes in the fit, where at least `min_reached` seeds reached the target; open: the others), the median per B,
+    and McCandlish's fit S_min (1 + B_crit / B) over the fitted batch sizes (own_setting_bcrit's table), its label
+    saying whether the protocol's rule counts it as measured. Returns the figure's caption."""
+    reached = steps.dropna(subset=["steps"])
+    for row in table.sort_values("n").itertuples():
+        mine = reached[reached["n"] == row.n]
+        in_fit = mine["batch_size"].isin(mine.groupby("batch_size").size().loc[lambda k: k >= min_reached].index)
+        median = mine[in_fit].groupby("batch_size")["steps"].median()
+        state = "valid" if row.valid else (f"not valid: {row.n_batches} batch sizes"
+                                           + (", a best lr on the edge" if row.edge else ""))
+        line, = ax.plot(median.index, median.values, "o",
+                        label=f"N = {row.n:g}: B_crit {row.b_crit:.0f} [{row.low:.0f}, {row.high:.0f}] ({state})")
+        ax.plot(mine["batch_size"][in_fit], mine["steps"][in_fit], ".", color=line.get_color(), alpha=0.4)
+        ax.plot(mine["batch_size"][~in_fit], mine["steps"][~in_fit], "o", color=line.get_color(), mfc="none")
+        if np.isfinite(row.b_crit) and len(median):
+            b = np.geomspace(median.index.min(), median.index.max(), 50)
+            ax.plot(b, row.s_min * (1 + row.b_crit / b), "-", color=line.get_color(), lw=1)
+    ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="steps to the target",
+           title="B_crit in the designs' own setting")
+    ax.legend(fontsize=7)
+    return ("Steps to the designs' target (B = 32's mean test accuracy at 16 epochs at its best lr, less 1 point) "
+            "against the batch size, per N: dots, each seed at its held-out best lr; filled markers, the median over "
+            f"the seeds at the batch sizes in the fit (at least {min_reached} seeds reached the target); open "
+            "markers, the seeds of the other batch sizes; lines, McCandlish's S_min (1 + B_crit / B) fitted to the "
+            "seeds (B_crit with its 95% bootstrap interval over seeds). The protocol counts B_crit as measured only "
+            "with at least 6 batch sizes in the fit and no held-out best lr on its grid's edge.")
