@@ -99,7 +99,7 @@ def best_lr(runs: pd.DataFrame, metric: str, by: str | Sequence[str] = "batch_si
                     "n_seeds": int(best["size"]), "n_lrs": len(lrs),
                     "interior": len(lrs) > 2 and lrs[0] < best[lr] < lrs[-1]})
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=[*by, lr, metric, "n_seeds", "n_lrs", "interior"])   # no runs: no rows
 
 
 # ----------------------------------------------------------------------------- differences between groups

@@ -57,6 +57,18 @@ def test_the_break_test_names_each_predictor(epochs, steps, c, predictor, verdic
     assert (test.predictor, test.verdict) == (predictor, verdict), test.why
 
 
+def test_a_partial_sweep_is_not_testable_and_names_its_unfinished_runs():
+    """`bsresearch report --partial` while the sweep runs: an (N, arm) whose runs beyond the baseline have none
+    finished reads as runs not finished, not as an error."""
+    rows = goyal_rows(by_n((500, 1000, 2000), (math.inf,) * 3))
+    pending = (rows["train_size"] == 40000) & (rows["arm"] == "steps") & (rows["batch_size"] != 32)
+    rows.loc[pending, ["state", "test_acc"]] = ["pending", math.nan]
+    table = bn_budget.goyal_breaks(rows)
+    steps40 = table[(table["n"] == 40000) & (table["arm"] == "steps")].iloc[0]
+    assert steps40["problems"] and "not finished" in steps40["problems"][0]
+    assert bn_budget.break_test(table, ratio(0.0), bcrit_valid=True).verdict == Verdict.NOT_TESTABLE
+
+
 def test_a_break_beyond_the_grid_at_the_largest_n_is_a_lower_bound():
     table = bn_budget.goyal_breaks(goyal_rows(by_n((500, 1000, 2000), (1000, 4000, math.inf))))
     test = bn_budget.break_test(table, ratio(0.0), bcrit_valid=True)

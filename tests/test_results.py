@@ -122,6 +122,8 @@ def test_best_lr_averages_over_seeds_and_counts_failures_as_worst():
     assert list(acc["lr"]) == [0.2, 0.2]
     edge = stats.best_lr(runs[runs["lr"] < 0.4], "steps_to_target")
     assert list(edge["interior"]) == [False, False]  # only two lrs: the best cannot be interior
+    none = stats.best_lr(runs.iloc[:0], "steps_to_target")      # a partial sweep: nothing finished in a group
+    assert none.empty and list(none.columns) == ["batch_size", "lr", "steps_to_target", "n_seeds", "n_lrs", "interior"]
 
 
 def test_steps_to_target_from_history_and_the_critical_batch_known_answer():
