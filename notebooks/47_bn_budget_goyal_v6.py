@@ -80,10 +80,5 @@ plt.show()
 
 # %%
 if not bcrit.empty:
-    own = results.load(bcrit_sweep, runs_root=runs_dir)
-    own_steps = bn_budget.own_setting_steps(own)
-    own_steps.to_csv(out / "b_crit_steps.csv", index=False)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    caption = figures.bcrit_steps(ax, own_steps, bcrit)
-    save_figure(fig, out / "b_crit_own_setting", f"{caption} c: {c_source}.", runs=own)
+    figures.report_bcrit_own_setting(bcrit_sweep, runs_dir, bcrit, c_source, out)
     plt.show()

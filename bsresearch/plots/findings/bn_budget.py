@@ -2,11 +2,16 @@
 and B_crit predict; the gap against N per arm."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from ...findings.bn_budget import BCRIT_MIN_REACHED, BreakPredictorTest, PredictorTest
+from ... import results
+from ...findings.bn_budget import BCRIT_MIN_REACHED, BreakPredictorTest, PredictorTest, own_setting_steps
+from .. import save_figure
 
 ARM_MARKERS = {"epochs": "o", "steps": "s", "examples": "^"}
 
@@ -95,3 +100,16 @@ def bcrit_steps(ax: Axes, steps: pd.DataFrame, table: pd.DataFrame, min_reached:
             "markers, the seeds of the other batch sizes; lines, McCandlish's S_min (1 + B_crit / B) fitted to the "
             "seeds (B_crit with its 95% bootstrap interval over seeds). The protocol counts B_crit as measured only "
             "with at least 6 batch sizes in the fit and no held-out best lr on its grid's edge.")
+
+
+def report_bcrit_own_setting(bcrit_sweep: str, runs_dir: str | Path, table: pd.DataFrame, c_source: str,
+                             out: Path) -> None:
+    """Notebooks 43 and 47: the own-setting sweep's steps to the target (`out`/b_crit_steps.csv) and their figure
+    (`out`/b_crit_own_setting, bcrit_steps beside `table`, own_setting_bcrit's fits), its caption naming where the
+    test's c came from (`c_source`)."""
+    own = results.load(bcrit_sweep, runs_root=runs_dir)
+    steps = own_setting_steps(own)
+    steps.to_csv(out / "b_crit_steps.csv", index=False)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    caption = bcrit_steps(ax, steps, table)
+    save_figure(fig, out / "b_crit_own_setting", f"{caption} c: {c_source}.", runs=own)
