@@ -95,7 +95,7 @@ def lab(tmp_path):
 
 
 def test_run_all_of_the_training_template_in_jupyterlab(lab, tmp_path):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
     url, token, project = lab
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -110,9 +110,10 @@ def test_run_all_of_the_training_template_in_jupyterlab(lab, tmp_path):
 
             # a small budget typed at the end of the parameters cell, as a user would
             # (identified by its first line: the editor renders only the lines in view, and the cell is
-            # longer than the window, so its later fields are not in the page's text)
+            # longer than the window, so its later fields are not in the page's text). The lab draws a cell's
+            # editor after the cell itself, so the check waits for the text rather than reading it once.
             parameters = notebook.locator(".jp-Cell").nth(1)
-            assert "Every RunConfig field" in parameters.inner_text()
+            expect(parameters).to_contain_text("Every RunConfig field", timeout=60_000)
             parameters.locator(".cm-content").click()
             page.keyboard.press("Control+End")
             page.keyboard.insert_text(EDIT.format(runs=str(tmp_path / "runs")))
