@@ -383,6 +383,16 @@ def test_own_setting_steps_are_the_first_rung_that_reaches_the_target_at_the_hel
         assert row.epochs == expected or (math.isnan(row.epochs) and math.isnan(expected))
 
 
+def test_a_batch_size_enters_the_own_setting_fit_when_enough_seeds_reached_the_target():
+    """in_fit, the one rule that the fit and its figure share: (N, B) with >= min_reached seeds that reached the
+    target, and of those only the seeds that did; the rule is per N, never pooled across N."""
+    steps = pd.DataFrame({"n": [10000] * 6 + [40000] * 3, "batch_size": [32, 32, 32, 64, 64, 64, 32, 32, 32],
+                          "seed": [50, 51, 52] * 3,
+                          "steps": [10.0, 12.0, math.nan, 5.0, 6.0, 7.0, 20.0, math.nan, math.nan]})
+    assert bn_budget.in_fit(steps, min_reached=2).tolist() == [True, True, False, True, True, True,
+                                                                False, False, False]
+    assert bn_budget.in_fit(steps, min_reached=3).tolist() == [False] * 3 + [True] * 3 + [False] * 3
+
 def test_own_setting_bcrit_recovers_a_known_critical_batch_and_its_shift():
     truth = {10000: 100.0, 40000: 400.0}
     table, c = bn_budget.own_setting_bcrit(bn_budget.own_setting_steps(own_setting_runs(truth, spread=0.3)),
@@ -444,4 +454,6 @@ def test_the_own_setting_figure_draws_each_seed_the_fit_and_says_whether_b_crit_
     reached = steps.dropna(subset=["steps"])
     drawn = sum(len(line.get_xdata()) for line in ax.get_lines() if line.get_marker() == ".")
     assert drawn == len(reached) and "at least 3 seeds" in caption
+    assert "B = 32's mean test accuracy at 16 epochs at its best lr, less 1 point)" in caption
+    assert "at least 6 batch sizes in the fit" in caption
     plt.close(fig)

@@ -349,8 +349,15 @@ def gap_test(gaps: pd.DataFrame, ratio: CriticalBatchRatio, margin: float = MARG
 
 
 # ------------------------------------------------------------------------------ version 6: own-setting B_crit
+TARGET_BATCH = 32          # the own-setting target: this batch size's mean accuracy at TARGET_EPOCHS, less MARGIN
+TARGET_EPOCHS = 16.0
+BCRIT_MIN_REACHED = 3      # a batch size enters the own-setting fit when this many seeds reached the target
+BCRIT_MIN_BATCHES = 6      # the own-setting B_crit counts as measured with this many batch sizes in its fit
+
+
 def own_setting_steps(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "lr", rung: str = "budget_amount",
-                      margin: float = MARGIN, target_batch: int = 32, target_epochs: float = 16) -> pd.DataFrame:
+                      margin: float = MARGIN, target_batch: int = TARGET_BATCH,
+                      target_epochs: float = TARGET_EPOCHS) -> pd.DataFrame:
     """bn_budget_bcrit_v6's steps to the designs' "holds", per (N, B, seed): target(N) = the mean `metric` of
     B = target_batch at target_epochs at its best lr (highest mean, a run not ok the worst) minus `margin`; at each
     rung (epochs budget) every seed is taken at the lr best on the other seeds; E* = the smallest rung whose run
@@ -385,10 +392,16 @@ def own_setting_steps(runs: pd.DataFrame, metric: str = "test_acc", lr: str = "l
     return pd.DataFrame(out)
 
 
-BCRIT_MIN_REACHED = 3   # a batch size enters the own-setting fit when this many seeds reached the target
+def in_fit(steps: pd.DataFrame, min_reached: int = BCRIT_MIN_REACHED) -> pd.Series:
+    """Per row of own_setting_steps: whether its (N, B) enters the own-setting fit (at least `min_reached` seeds
+    of that N and B reached the target) and the row itself reached it."""
+    reached = steps["steps"].notna()
+    counts = reached.groupby([steps["n"], steps["batch_size"]]).transform("sum")
+    return reached & (counts >= min_reached)
 
 
-def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = BCRIT_MIN_REACHED, min_batches: int = 6,
+def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = BCRIT_MIN_REACHED,
+                      min_batches: int = BCRIT_MIN_BATCHES,
                       resamples: int = 2000,
                       confidence: float = 0.95) -> tuple[pd.DataFrame, tuple[float, float, float]]:
     """Per N, McCandlish's B_crit fitted to every seed's steps at the batch sizes where >= min_reached seeds reached
@@ -400,10 +413,10 @@ def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = BCRIT_MIN_REACHED,
     from ..measure.critical import critical_batch_size
     rng = np.random.default_rng(0)
     rows, boots = [], {}
+    fitting = in_fit(steps, min_reached)
     for n, g in steps.groupby("n", sort=True):
-        counts = g.dropna(subset=["steps"]).groupby("batch_size").size()
-        fitted = [int(b) for b, k in counts.items() if k >= min_reached]
-        use = g[g["batch_size"].isin(fitted)].dropna(subset=["steps"])
+        use = g[fitting.loc[g.index]]
+        fitted = sorted(int(b) for b in use["batch_size"].unique())
         row: dict[str, object] = {"n": int(n), "n_batches": len(fitted), "edge": bool(use["edge"].any()),
                                   "b_crit": math.nan, "low": math.nan, "high": math.nan, "excess": math.nan,
                                   "valid": False, "s_min": math.nan}

@@ -10,7 +10,17 @@ import pandas as pd
 from matplotlib.axes import Axes
 
 from ... import results
-from ...findings.bn_budget import BCRIT_MIN_REACHED, BreakPredictorTest, PredictorTest, own_setting_steps
+from ...findings.bn_budget import (
+    BCRIT_MIN_BATCHES,
+    BCRIT_MIN_REACHED,
+    MARGIN,
+    TARGET_BATCH,
+    TARGET_EPOCHS,
+    BreakPredictorTest,
+    PredictorTest,
+    in_fit,
+    own_setting_steps,
+)
 from .. import save_figure
 
 ARM_MARKERS = {"epochs": "o", "steps": "s", "examples": "^"}
@@ -77,29 +87,31 @@ def bcrit_steps(ax: Axes, steps: pd.DataFrame, table: pd.DataFrame, min_reached:
     sizes in the fit, where at least `min_reached` seeds reached the target; open: the others), the median per B,
     and McCandlish's fit S_min (1 + B_crit / B) over the fitted batch sizes (own_setting_bcrit's table), its label
     saying whether the protocol's rule counts it as measured. Returns the figure's caption."""
-    reached = steps.dropna(subset=["steps"])
+    reached = steps.assign(_fit=in_fit(steps, min_reached)).dropna(subset=["steps"])
     for row in table.sort_values("n").itertuples():
         mine = reached[reached["n"] == row.n]
-        in_fit = mine["batch_size"].isin(mine.groupby("batch_size").size().loc[lambda k: k >= min_reached].index)
-        median = mine[in_fit].groupby("batch_size")["steps"].median()
+        fitted = mine["_fit"]
+        median = mine[fitted].groupby("batch_size")["steps"].median()
         state = "valid" if row.valid else (f"not valid: {row.n_batches} batch sizes"
                                            + (", a best lr on the edge" if row.edge else ""))
         line, = ax.plot(median.index, median.values, "o",
                         label=f"N = {row.n:g}: B_crit {row.b_crit:.0f} [{row.low:.0f}, {row.high:.0f}] ({state})")
-        ax.plot(mine["batch_size"][in_fit], mine["steps"][in_fit], ".", color=line.get_color(), alpha=0.4)
-        ax.plot(mine["batch_size"][~in_fit], mine["steps"][~in_fit], "o", color=line.get_color(), mfc="none")
+        ax.plot(mine["batch_size"][fitted], mine["steps"][fitted], ".", color=line.get_color(), alpha=0.4)
+        ax.plot(mine["batch_size"][~fitted], mine["steps"][~fitted], "o", color=line.get_color(), mfc="none")
         if np.isfinite(row.b_crit) and len(median):
             b = np.geomspace(median.index.min(), median.index.max(), 50)
             ax.plot(b, row.s_min * (1 + row.b_crit / b), "-", color=line.get_color(), lw=1)
     ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="steps to the target",
            title="B_crit in the designs' own setting")
     ax.legend(fontsize=7)
-    return ("Steps to the designs' target (B = 32's mean test accuracy at 16 epochs at its best lr, less 1 point) "
+    points = f"{100 * MARGIN:g} point" + ("" if 100 * MARGIN == 1 else "s")
+    return (f"Steps to the designs' target (B = {TARGET_BATCH}'s mean test accuracy at {TARGET_EPOCHS:g} epochs at "
+            f"its best lr, less {points}) "
             "against the batch size, per N: dots, each seed at its held-out best lr; filled markers, the median over "
             f"the seeds at the batch sizes in the fit (at least {min_reached} seeds reached the target); open "
             "markers, the seeds of the other batch sizes; lines, McCandlish's S_min (1 + B_crit / B) fitted to the "
             "seeds (B_crit with its 95% bootstrap interval over seeds). The protocol counts B_crit as measured only "
-            "with at least 6 batch sizes in the fit and no held-out best lr on its grid's edge.")
+            f"with at least {BCRIT_MIN_BATCHES} batch sizes in the fit and no held-out best lr on its grid's edge.")
 
 
 def report_bcrit_own_setting(bcrit_sweep: str, runs_dir: str | Path, table: pd.DataFrame, c_source: str,
