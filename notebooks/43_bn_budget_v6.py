@@ -35,7 +35,8 @@ from bsresearch.plots import save_figure
 from bsresearch.plots.findings import bn_budget as figures
 
 runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
-c, c_source, bcrit = bn_budget.read_predictor_c(bcrit_sweep, runs_dir, fallback_c)
+own_c = bn_budget.read_predictor_c(bcrit_sweep, runs_dir, fallback_c)   # c, where it came from, the fits
+c, c_source, bcrit = own_c.c, own_c.source, own_c.table
 print(f"c = {c[0]:+.2f} [{c[1]:+.2f}, {c[2]:+.2f}] octaves: {c_source}")
 if not bcrit.empty:
     bcrit.to_csv(out / "b_crit_own_setting.csv", index=False)
@@ -83,5 +84,5 @@ plt.show()
 
 # %%
 if not bcrit.empty:
-    figures.report_bcrit_own_setting(bcrit_sweep, runs_dir, bcrit, c_source, out)
+    figures.report_bcrit_own_setting(own_c, out)
     plt.show()

@@ -40,7 +40,8 @@ from bsresearch.plots.findings import bn_budget as figures
 
 runs_dir, out, runs = results.start_report(sweep, runs_dir, out_dir)
 runs = runs.assign(arm=runs["variant"].str[0].map({"e": "epochs", "s": "steps", "x": "examples"}))
-c, c_source, bcrit = bn_budget.read_predictor_c(bcrit_sweep, runs_dir, fallback_c)
+own_c = bn_budget.read_predictor_c(bcrit_sweep, runs_dir, fallback_c)   # c, where it came from, the fits
+c, c_source, bcrit = own_c.c, own_c.source, own_c.table
 print(f"{sweep}: {len(runs)} runs", dict(runs["state"].value_counts()))
 print(f"c = {c[0]:+.2f} [{c[1]:+.2f}, {c[2]:+.2f}] octaves: {c_source}")
 if not bcrit.empty:
@@ -80,5 +81,5 @@ plt.show()
 
 # %%
 if not bcrit.empty:
-    figures.report_bcrit_own_setting(bcrit_sweep, runs_dir, bcrit, c_source, out)
+    figures.report_bcrit_own_setting(own_c, out)
     plt.show()

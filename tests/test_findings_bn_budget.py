@@ -410,21 +410,26 @@ def test_own_setting_bcrit_recovers_a_known_critical_batch_and_its_shift():
 def test_predictor_c_is_the_own_setting_c_where_it_is_measured_and_version_5s_plain_sgd_c_otherwise():
     plain = (-0.06, -0.40, 0.29)
     runs = own_setting_runs({10000: 100.0, 40000: 400.0}, spread=0.3)
-    c, source, table = bn_budget.predictor_c(runs, plain, "bcrit_v6", resamples=200)
+    own = bn_budget.predictor_c(runs, plain, "bcrit_v6", resamples=200)
+    c, source, table = own.c, own.source, own.table
+    assert own.steps.equals(bn_budget.own_setting_steps(runs)) and own.runs is runs
     _, expected = bn_budget.own_setting_bcrit(bn_budget.own_setting_steps(runs), resamples=200)
     assert c == expected and source == "B_crit in the designs' own setting (bcrit_v6)" and table["valid"].all()
     # too few batch sizes reach the target at 10k (the largest need more than the 32-epoch rung): not measured
     short = own_setting_runs({10000: 100.0, 40000: 400.0}, s_min=1200)
-    c, source, table = bn_budget.predictor_c(short, plain, "bcrit_v6", resamples=50)
+    own = bn_budget.predictor_c(short, plain, "bcrit_v6", resamples=50)
+    c, source, table = own.c, own.source, own.table
     assert c == plain and source.startswith("plain-SGD c of version 5 (the own-setting c is not measured: N = 10000:")
     assert not table["valid"].iloc[0]
-    c, source, table = bn_budget.predictor_c(None, plain, "bcrit_v6")
-    assert (c, source) == (plain, "plain-SGD c of version 5 (bcrit_v6 has not run)") and table.empty
+    own = bn_budget.predictor_c(None, plain, "bcrit_v6")
+    assert (own.c, own.source) == (plain, "plain-SGD c of version 5 (bcrit_v6 has not run)")
+    assert own.table.empty and own.steps.empty and own.runs.empty
     # a sweep still running (one run pending, one failed) is not read, though its finished runs would give a c
     running = runs.copy()
     running.loc[running.index[:2], "state"] = ["pending", "failed"]
-    c, source, table = bn_budget.predictor_c(running, plain, "bcrit_v6", resamples=50)
-    assert c == plain and table.empty
+    own = bn_budget.predictor_c(running, plain, "bcrit_v6", resamples=50)
+    c, source, table = own.c, own.source, own.table
+    assert c == plain and table.empty and own.steps.empty
     assert source == f"plain-SGD c of version 5 (bcrit_v6: 2 of {len(runs)} runs have not ended ok or diverged)"
 
 
@@ -457,3 +462,20 @@ def test_the_own_setting_figure_draws_each_seed_the_fit_and_says_whether_b_crit_
     assert "B = 32's mean test accuracy at 16 epochs at its best lr, less 1 point)" in caption
     assert "at least 6 batch sizes in the fit" in caption
     plt.close(fig)
+
+
+def test_the_own_setting_report_writes_the_steps_it_was_given_and_names_the_c_source(tmp_path):
+    """report_bcrit_own_setting draws from predictor_c's own tables (no second read of the sweep): its CSV is
+    predictor_c's steps, and the caption names the runs it was given and where c came from."""
+    import matplotlib
+    matplotlib.use("Agg")
+
+    from bsresearch.plots.findings.bn_budget import report_bcrit_own_setting
+    runs = own_setting_runs({10000: 100.0, 40000: 400.0}, spread=0.3).assign(sweep="bcrit_v6", budget_kind="epochs")
+    own = bn_budget.predictor_c(runs, (-0.06, -0.40, 0.29), "bcrit_v6", resamples=50)
+    report_bcrit_own_setting(own, tmp_path)
+    written = pd.read_csv(tmp_path / "b_crit_steps.csv")
+    assert written[["n", "batch_size", "seed", "steps"]].equals(own.steps[["n", "batch_size", "seed", "steps"]])
+    caption = (tmp_path / "b_crit_own_setting.txt").read_text()
+    assert f"c: {own.source}." in caption and f"Sweep bcrit_v6 ({len(runs)} runs, seeds 50, 51, 52, 53, 54)" in caption
+    assert (tmp_path / "b_crit_own_setting.png").stat().st_size > 0

@@ -450,31 +450,42 @@ def own_setting_bcrit(steps: pd.DataFrame, min_reached: int = BCRIT_MIN_REACHED,
     return table, c
 
 
+@dataclass(frozen=True)
+class PredictorC:
+    """The c that version 6's predictor tests use and what it was read from (predictor_c)."""
+    c: tuple[float, float, float]  # B_crit's shift 10k -> 40k in octaves, with its interval
+    source: str                    # where c comes from, in words (naming why the own-setting c is not used)
+    table: pd.DataFrame            # own_setting_bcrit's fits (empty: the own-setting sweep not read)
+    steps: pd.DataFrame            # own_setting_steps, per (N, B, seed), that the fits are made from (empty: idem)
+    runs: pd.DataFrame             # the own-setting sweep's runs that were read (empty: idem)
+
+
 def predictor_c(own: pd.DataFrame | None, fallback: tuple[float, float, float], own_name: str = "own setting",
-                resamples: int = 2000) -> tuple[tuple[float, float, float], str, pd.DataFrame]:
+                resamples: int = 2000) -> PredictorC:
     """c for version 6's predictor tests (docs/protocols.md#v6-predictors): B_crit's shift 10k -> 40k measured in
     the designs' own setting (`own`: the runs of bn_budget_bcrit_v6, through own_setting_steps and
     own_setting_bcrit) where it is measured (every run ended, valid at the smallest and largest N); otherwise
-    `fallback`, version 5's plain-SGD c, as the protocol says. Returns c, where it comes from (in words, naming why
-    the own-setting c is not used) and the own-setting table (empty when `own` has no runs or some have not
-    ended: a sweep still running is not read)."""
+    `fallback`, version 5's plain-SGD c, as the protocol says. The own-setting tables are empty when `own` has no
+    runs or some have not ended: a sweep still running is not read."""
+    empty = pd.DataFrame()
     if own is None or own.empty:
-        return fallback, f"plain-SGD c of version 5 ({own_name} has not run)", pd.DataFrame()
+        return PredictorC(fallback, f"plain-SGD c of version 5 ({own_name} has not run)", empty, empty, empty)
     open_runs = int((~own["state"].isin(FINISHED)).sum())
     if open_runs:
-        return fallback, (f"plain-SGD c of version 5 ({own_name}: {open_runs} of {len(own)} runs have not ended ok "
-                          f"or diverged)"), pd.DataFrame()
-    table, c = own_setting_bcrit(own_setting_steps(own), resamples=resamples)
+        return PredictorC(fallback, (f"plain-SGD c of version 5 ({own_name}: {open_runs} of {len(own)} runs have "
+                                     f"not ended ok or diverged)"), empty, empty, empty)
+    steps = own_setting_steps(own)
+    table, c = own_setting_bcrit(steps, resamples=resamples)
     if all(math.isfinite(v) for v in c):
-        return c, f"B_crit in the designs' own setting ({own_name})", table
+        return PredictorC(c, f"B_crit in the designs' own setting ({own_name})", table, steps, own)
     why = "; ".join(f"N = {r.n}: {r.n_batches} batch sizes in the fit" + (", a best lr on its grid's edge"
                                                                           if r.edge else "")
                     for r in table.itertuples() if not r.valid)
-    return fallback, f"plain-SGD c of version 5 (the own-setting c is not measured: {why})", table
+    return PredictorC(fallback, f"plain-SGD c of version 5 (the own-setting c is not measured: {why})", table,
+                      steps, own)
 
 
-def read_predictor_c(bcrit_sweep: str, runs_dir: str | Path, fallback_csv: str | Path
-                     ) -> tuple[tuple[float, float, float], str, pd.DataFrame]:
+def read_predictor_c(bcrit_sweep: str, runs_dir: str | Path, fallback_csv: str | Path) -> PredictorC:
     """predictor_c for an analysis notebook: the own-setting sweep's runs under `runs_dir` (None when it has not
     run) and version 5's c from its committed report's test.csv (`fallback_csv`, columns c, c_low, c_high)."""
     row = pd.read_csv(project_path(fallback_csv)).iloc[0]

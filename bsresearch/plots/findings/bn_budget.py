@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from ... import results
 from ...findings.bn_budget import (
     BCRIT_MIN_BATCHES,
     BCRIT_MIN_REACHED,
@@ -17,9 +16,9 @@ from ...findings.bn_budget import (
     TARGET_BATCH,
     TARGET_EPOCHS,
     BreakPredictorTest,
+    PredictorC,
     PredictorTest,
     in_fit,
-    own_setting_steps,
 )
 from .. import save_figure
 
@@ -114,14 +113,10 @@ def bcrit_steps(ax: Axes, steps: pd.DataFrame, table: pd.DataFrame, min_reached:
             f"with at least {BCRIT_MIN_BATCHES} batch sizes in the fit and no held-out best lr on its grid's edge.")
 
 
-def report_bcrit_own_setting(bcrit_sweep: str, runs_dir: str | Path, table: pd.DataFrame, c_source: str,
-                             out: Path) -> None:
+def report_bcrit_own_setting(c: PredictorC, out: Path) -> None:
     """Notebooks 43 and 47: the own-setting sweep's steps to the target (`out`/b_crit_steps.csv) and their figure
-    (`out`/b_crit_own_setting, bcrit_steps beside `table`, own_setting_bcrit's fits), its caption naming where the
-    test's c came from (`c_source`)."""
-    own = results.load(bcrit_sweep, runs_root=runs_dir)
-    steps = own_setting_steps(own)
-    steps.to_csv(out / "b_crit_steps.csv", index=False)
+    (`out`/b_crit_own_setting, bcrit_steps beside the fits), its caption naming where the test's c came from."""
+    c.steps.to_csv(out / "b_crit_steps.csv", index=False)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    caption = bcrit_steps(ax, steps, table)
-    save_figure(fig, out / "b_crit_own_setting", f"{caption} c: {c_source}.", runs=own)
+    caption = bcrit_steps(ax, c.steps, c.table)
+    save_figure(fig, out / "b_crit_own_setting", f"{caption} c: {c.source}.", runs=c.runs)
