@@ -393,6 +393,7 @@ def test_a_batch_size_enters_the_own_setting_fit_when_enough_seeds_reached_the_t
                                                                 False, False, False]
     assert bn_budget.in_fit(steps, min_reached=3).tolist() == [False] * 3 + [True] * 3 + [False] * 3
 
+
 def test_own_setting_bcrit_recovers_a_known_critical_batch_and_its_shift():
     truth = {10000: 100.0, 40000: 400.0}
     table, c = bn_budget.own_setting_bcrit(bn_budget.own_setting_steps(own_setting_runs(truth, spread=0.3)),
